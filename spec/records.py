@@ -1,0 +1,48 @@
+"""The value records of the article's API: a block, a request's table, a usage report.
+
+Spec and impl hand out these same frozen records, so a test compares them with ``==``.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KVBlock:
+    """One fixed-size block of the KV pool: its id and how many tokens it holds when full."""
+
+    block_id: int
+    capacity_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBlockTable:
+    """A request's block table: its blocks in token order and the tokens they hold."""
+
+    request_id: str
+    block_ids: tuple[int, ...]
+    token_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVBlockUsage:
+    """A snapshot of the pool: blocks in use and free, requests, tokens held and reserved."""
+
+    block_size: int
+    total_blocks: int
+    used_blocks: int
+    free_blocks: int
+    request_count: int
+    allocated_tokens: int
+    reserved_tokens: int
+
+    @property
+    def internal_fragmentation_tokens(self) -> int:
+        """Token slots reserved in used blocks but not yet holding a token."""
+        return self.reserved_tokens - self.allocated_tokens
+
+    @property
+    def block_utilization(self) -> float:
+        """Share of reserved token slots that hold a token; 0.0 when nothing is reserved."""
+        if self.reserved_tokens == 0:
+            return 0.0
+        return self.allocated_tokens / self.reserved_tokens
