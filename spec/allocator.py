@@ -69,7 +69,7 @@ def block_table(state: AllocatorState, request_id: str) -> RequestBlockTable:
 
 
 def allocate(state: AllocatorState, request_id: str, token_count: int) -> AllocatorState:
-    """Give a new request the blocks for ``token_count`` tokens, taken from the free queue's head."""
+    """Give a new request the blocks for ``token_count`` tokens, from the free queue's head."""
     needed = blocks_for_tokens(state.block_size, token_count)
     if request_id in state.tables:
         raise ValueError(f"request {request_id!r} is already allocated")
@@ -84,7 +84,7 @@ def allocate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
 
 
 def append_tokens(state: AllocatorState, request_id: str, token_count: int = 1) -> AllocatorState:
-    """Grow a request by ``token_count`` tokens, adding blocks from the free queue's head as needed."""
+    """Grow a request by ``token_count`` tokens, taking blocks from the free queue's head."""
     if token_count < 0:
         raise ValueError(f"token_count must be >= 0, got {token_count}")
     table = state.tables[request_id]

@@ -14,7 +14,7 @@ V = TypeVar("V")
 class FrozenMap(Mapping[K, V]):
     """An immutable mapping; equal maps hash equal whatever their insertion order."""
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_hash", "_items")
 
     def __init__(self, items: Mapping[K, V] | None = None) -> None:
         self._items: dict[K, V] = dict(items) if items is not None else {}

@@ -1,0 +1,50 @@
+"""Hypothesis profiles for pagedkv's property and state-machine tests.
+
+Pick one with ``pytest --hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``:
+- ``ci``: bounded and deterministic (derandomized), prints the replay blob of a failure;
+  the default when the ``CI`` environment variable is set.
+- ``dev``: the default elsewhere; random, keeps failures in ``.hypothesis/``.
+- ``fuzz``: for long sessions; many examples, no deadline, at most 100 steps a case and
+  no explain phase (longer cases made shrinking take minutes and still not minimal).
+  Examples that fail are kept in a local directory database (``.hypothesis/fuzz-db``).
+
+Our ``ci`` profile replaces Hypothesis' built-in one of the same name, which Hypothesis
+would otherwise load on its own when ``CI`` is set.
+"""
+
+import os
+
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+settings.register_profile(
+    "ci",
+    max_examples=300,
+    stateful_step_count=50,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev",
+    max_examples=100,
+    stateful_step_count=50,
+    deadline=None,
+    print_blob=True,
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=20_000,
+    stateful_step_count=100,
+    deadline=None,
+    print_blob=True,
+    database=DirectoryBasedExampleDatabase(".hypothesis/fuzz-db"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    suppress_health_check=[HealthCheck.too_slow],
+    verbosity=Verbosity.normal,
+)
+
+_default_profile = "ci" if os.environ.get("CI") else "dev"
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default_profile))

@@ -1,0 +1,161 @@
+"""The model-vs-target state machine: spec (``self.model``) and impl (``self.target``) in lockstep.
+
+Every rule applies one operation to both, with valid and invalid arguments alike, and
+compares the return value or the raised error (type and message). After every step the
+invariants compare the whole states and run both invariant checks; a run ends by
+releasing everything and asserting that the pool is full again.
+
+``machine_for(cls)`` builds the machine against any ``KVBlockManager`` subclass, which is
+how the planted-bug tests point it at broken allocators.
+"""
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import spec
+from impl import KVBlockManager
+from spec import AllocatorState
+
+T = TypeVar("T")
+
+# A handful of ids, so duplicates and unknown ids come up often.
+REQUEST_IDS = st.sampled_from(["r0", "r1", "r2", "r3", "r4"])
+# Arbitrary counts, a few negative ones among them.
+TOKEN_COUNTS = st.integers(min_value=-2, max_value=40)
+
+
+def _outcome(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    try:
+        return call(), None
+    except (ValueError, KeyError, RuntimeError) as error:
+        return None, error
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    """Drives ``spec`` and one ``KVBlockManager`` class with the same operations."""
+
+    target_class: type[KVBlockManager] = KVBlockManager
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: AllocatorState = spec.init(1, 1)
+        self.target: KVBlockManager = self.target_class(1, 1)
+
+    @initialize(total_blocks=st.integers(1, 12), block_size=st.integers(1, 5))
+    def init_pool(self, total_blocks: int, block_size: int) -> None:
+        self.model = spec.init(total_blocks, block_size)
+        self.target = self.target_class(total_blocks, block_size)
+
+    def _step(
+        self,
+        model_op: Callable[[AllocatorState], AllocatorState],
+        target_op: Callable[[KVBlockManager], T],
+    ) -> tuple[AllocatorState, T | None]:
+        """Apply one operation to both; assert they agree on success or on the error."""
+        before = self.model
+        new_model, expected = _outcome(lambda: model_op(before))
+        result, actual = _outcome(lambda: target_op(self.target))
+        if expected is not None or actual is not None:
+            assert type(actual) is type(expected), f"spec raised {expected!r}, impl {actual!r}"
+            assert str(actual) == str(expected), f"messages differ: {expected} / {actual}"
+            return before, None
+        assert new_model is not None
+        self.model = new_model
+        return before, result
+
+    @rule(request_id=REQUEST_IDS, token_count=TOKEN_COUNTS)
+    def allocate(self, request_id: str, token_count: int) -> None:
+        _, table = self._step(
+            lambda s: spec.allocate(s, request_id, token_count),
+            lambda t: t.allocate(request_id, token_count),
+        )
+        if table is not None:
+            assert table == spec.block_table(self.model, request_id)
+
+    @rule(request_id=REQUEST_IDS, blocks=st.integers(0, 6), delta=st.sampled_from([-1, 0, 1]))
+    def allocate_at_block_boundary(self, request_id: str, blocks: int, delta: int) -> None:
+        self.allocate(request_id, blocks * self.model.block_size + delta)
+
+    @rule(request_id=REQUEST_IDS, token_count=st.integers(-1, 12))
+    def append_tokens(self, request_id: str, token_count: int) -> None:
+        _, table = self._step(
+            lambda s: spec.append_tokens(s, request_id, token_count),
+            lambda t: t.append_tokens(request_id, token_count),
+        )
+        if table is not None:
+            assert table == spec.block_table(self.model, request_id)
+
+    @rule(request_id=REQUEST_IDS)
+    def append_slot(self, request_id: str) -> None:
+        before, slot = self._step(
+            lambda s: spec.append_tokens(s, request_id, 1),
+            lambda t: t.append_slot(request_id),
+        )
+        if slot is not None:
+            table = spec.block_table(self.model, request_id)
+            position = before.tables[request_id].token_count
+            assert slot == spec.slot_index(self.model.block_size, table.block_ids, position)
+
+    @precondition(lambda self: len(self.model.tables) > 0)
+    @rule(data=st.data())
+    def decode_a_running_request_to_its_next_boundary(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(sorted(self.model.tables)))
+        remaining = -self.model.tables[request_id].token_count % self.model.block_size
+        for _ in range(remaining + 1):
+            self.append_slot(request_id)
+
+    @rule(request_id=REQUEST_IDS)
+    def release(self, request_id: str) -> None:
+        before, released = self._step(
+            lambda s: spec.release(s, request_id),
+            lambda t: t.release(request_id),
+        )
+        if released is not None:
+            assert released == list(before.tables[request_id].block_ids)
+
+    @rule(request_id=REQUEST_IDS)
+    def snapshot_request(self, request_id: str) -> None:
+        def model_lookup(state: AllocatorState) -> AllocatorState:
+            spec.block_table(state, request_id)  # raises KeyError for an unknown id
+            return state
+
+        _, table = self._step(model_lookup, lambda t: t.snapshot_request(request_id))
+        if table is not None:
+            assert table == spec.block_table(self.model, request_id)
+
+    @invariant()
+    def states_agree(self) -> None:
+        assert self.target.to_spec() == self.model
+        assert self.target.free_block_ids == self.model.free_block_ids
+        assert self.target.request_tables == dict(self.model.tables)
+        assert self.target.usage() == spec.usage(self.model)
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        assert spec.violated_invariants(self.model) == []
+        self.target.check_invariants()
+
+    def teardown(self) -> None:
+        for request_id in sorted(self.model.tables):
+            self.release(request_id)
+        assert self.target.num_free_blocks == self.target.total_blocks, "a block leaked"
+        assert sorted(self.target.free_block_ids) == list(range(self.target.total_blocks))
+        assert self.target.to_spec() == self.model
+
+
+def machine_for(target_class: type[KVBlockManager]) -> type[AllocatorMachine]:
+    """The state machine driving ``target_class`` against the spec."""
+    return type(
+        f"AllocatorMachineFor{target_class.__name__}",
+        (AllocatorMachine,),
+        {"target_class": target_class},
+    )
