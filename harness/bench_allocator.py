@@ -155,8 +155,8 @@ def replay(trace: Sequence[TraceRequest], allocator: Allocator, max_running: int
         times.appends += len(running)
         times.decode_ns += clock() - start
         # Release the requests that produced their last token (only the calls are timed).
-        finished = []
-        still_running = []
+        finished: list[str] = []
+        still_running: list[str] = []
         for request_id in running:
             remaining[request_id] -= 1
             (still_running if remaining[request_id] else finished).append(request_id)
