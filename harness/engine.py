@@ -72,6 +72,7 @@ class UsageSample:
     """The pool after one step's appends: blocks in use and tokens held/reserved in them."""
 
     used_blocks: int
+    request_count: int
     allocated_tokens: int
     reserved_tokens: int
 
@@ -94,6 +95,11 @@ class EngineResult:
     def peak_used_blocks(self) -> int:
         """The most blocks in use after any step."""
         return max((sample.used_blocks for sample in self.usage), default=0)
+
+    @property
+    def peak_requests(self) -> int:
+        """The most requests holding blocks after any step."""
+        return max((sample.request_count for sample in self.usage), default=0)
 
     @property
     def block_utilization(self) -> float:
@@ -277,7 +283,9 @@ class Engine:
 
     def _usage_sample(self) -> UsageSample:
         usage = self.manager.usage()
-        return UsageSample(usage.used_blocks, usage.allocated_tokens, usage.reserved_tokens)
+        return UsageSample(
+            usage.used_blocks, usage.request_count, usage.allocated_tokens, usage.reserved_tokens
+        )
 
 
 class BatchInvariantEngine(Engine):
