@@ -8,6 +8,7 @@ exactly that gap). Each state below is hand-built and breaks one rule.
 import pytest
 
 import spec
+from impl import KVBlockManager
 from spec import AllocatorState, FrozenMap, KVBlockUsage, RequestBlockTable
 from spec.invariants import (
     is_conserved,
@@ -106,3 +107,25 @@ def test_slot_index_refuses_a_negative_position_with_the_number() -> None:
 def test_spec_append_tokens_grows_by_one_token_by_default() -> None:
     state = spec.allocate(spec.init(2, 2), "a", 2)
     assert spec.append_tokens(state, "a").tables["a"] == RequestBlockTable("a", (0, 1), 3)
+
+
+def test_the_impl_check_names_the_invariants_a_lost_free_block_breaks() -> None:
+    pool = KVBlockManager(4, 2)
+    pool.allocate("a", 3)
+    pool._free.pop()  # corrupt it the way a leak would
+    with pytest.raises(AssertionError, match=r"^allocator invariants broken: conservation, "):
+        pool.check_invariants()
+
+
+def test_the_impl_check_catches_a_drifted_token_counter() -> None:
+    pool = KVBlockManager(4, 2)
+    pool.allocate("a", 3)
+    pool._allocated_tokens += 1
+    with pytest.raises(AssertionError, match=r"^allocator invariants broken: usage counters: "):
+        pool.check_invariants()
+
+
+def test_the_impl_check_passes_a_sound_pool() -> None:
+    pool = KVBlockManager(4, 2)
+    pool.allocate("a", 3)
+    pool.check_invariants()
