@@ -6,9 +6,11 @@ For each batch size, the same prompts (the built-in ones, cycled) run
 - hf-cb: transformers' own continuous batching, ``model.generate_batch``, if it runs here.
 Every request decodes exactly ``--max-new-tokens`` tokens (EOS ignored). Decode tokens/s
 is ``batch * (new_tokens - 1) / (t(new_tokens) - t(1))``: the time of a run that stops
-after its first token (prefill) is subtracted. Times are medians of ``--repeats`` runs after
-one warm-up. KV bytes: dense = the padded cache, ``batch * (longest prompt + new tokens)``
-tokens; paged = the blocks in use at the peak. It is a script, not a test.
+after its first token (prefill) is subtracted; NaN when fixed overheads make t(1) >= t(n).
+End-to-end tokens/s is ``batch * new_tokens / t(new_tokens)``. Times are medians of
+``--repeats`` runs after one warm-up. KV bytes: dense = the padded cache,
+``batch * (longest prompt + new tokens)`` tokens; paged = the blocks in use at the peak.
+It is a script, not a test.
 """
 
 import argparse
@@ -16,6 +18,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -86,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         f"model {loaded.name}; cpu threads {torch.get_num_threads()}; new tokens "
         f"{args.max_new_tokens}; block size {args.block_size}; median of {args.repeats}"
     )
-    print(f"{'method':<7} {'batch':>5} {'decode tok/s':>12} {'KV MiB':>8} {'vs dense':>8}")
+    print(
+        f"{'method':<7} {'batch':>5} {'decode tok/s':>12} {'vs dense':>9} {'e2e tok/s':>9} "
+        f"{'run s':>7} {'KV MiB':>8}"
+    )
     for batch_size in batch_sizes:
         batch = prompts[:batch_size]
         dense_kv = batch_size * (max(map(len, batch)) + args.max_new_tokens)
@@ -124,18 +130,37 @@ def _prompts(loaded: LoadedModel, count: int, seed: int) -> list[tuple[int, ...]
     return [rendered[i % len(rendered)] for i in range(count)]
 
 
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Median seconds of a full run and of a first-token-only run, and the rates from them."""
+
+    full_s: float
+    first_s: float
+    batch_size: int
+    new_tokens: int
+
+    @property
+    def decode(self) -> float:
+        """Decode tokens/s; NaN when the first-token run was not faster (fixed overheads)."""
+        if self.full_s <= self.first_s:
+            return float("nan")
+        return self.batch_size * (self.new_tokens - 1) / (self.full_s - self.first_s)
+
+    @property
+    def end_to_end(self) -> float:
+        """Generated tokens/s over the whole run, prefill included."""
+        return self.batch_size * self.new_tokens / self.full_s
+
+
 def _measure(
     method: str, run: Callable[[int], None], batch_size: int, args: argparse.Namespace
-) -> float:
-    """Decode tokens/s of ``run``; NaN when timing noise exceeds the decode time."""
+) -> Rates:
     print(f"[bench] {method} batch {batch_size}", file=sys.stderr, flush=True)
     new_tokens: int = args.max_new_tokens
     run(new_tokens)  # warm-up
     full = statistics.median(_timed(run, new_tokens) for _ in range(args.repeats))
     first = statistics.median(_timed(run, 1) for _ in range(args.repeats))
-    if full <= first:
-        return float("nan")
-    return batch_size * (new_tokens - 1) / (full - first)
+    return Rates(full, first, batch_size, new_tokens)
 
 
 def _timed(run: Callable[[int], None], new_tokens: int) -> float:
@@ -178,9 +203,12 @@ def _run_generate_batch(loaded: LoadedModel, batch: list[tuple[int, ...]], new_t
         raise RuntimeError(f"generate_batch returned {len(outputs)} of {len(batch)} requests")
 
 
-def _row(method: str, batch_size: int, rate: float, kv_bytes: int | None, dense: float) -> None:
+def _row(method: str, batch_size: int, rates: Rates, kv_bytes: int | None, dense: Rates) -> None:
     kv = "-" if kv_bytes is None else f"{kv_bytes / 2**20:.2f}"
-    print(f"{method:<7} {batch_size:>5} {rate:>12.1f} {kv:>8} {rate / dense:>7.2f}x")
+    print(
+        f"{method:<7} {batch_size:>5} {rates.decode:>12.1f} {rates.decode / dense.decode:>8.2f}x "
+        f"{rates.end_to_end:>9.1f} {rates.full_s:>7.2f} {kv:>8}"
+    )
 
 
 if __name__ == "__main__":
