@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default: torch's choice; 1 is faster on a busy machine)",
+        help="torch CPU threads (default: torch's choice, one per core); on a machine shared "
+        "with other jobs, 1 is several times faster: the per-request attention is many small ops",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
