@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 seconds=${1:-120}
+python -c "import crosshair" 2>/dev/null || python -m pip install --quiet crosshair-tool==0.0.113
 status=0
 for pair in blocks_for_tokens slot_of_next_token next_token_opens_a_block; do
     echo "== $pair (spec vs impl, at most ${seconds}s)"
