@@ -7,9 +7,9 @@
 # Runs on every core under the deterministic `ci` Hypothesis profile, so a mutant's
 # verdict does not depend on luck. mutmut keeps verdicts in mutants/ and checks only the
 # mutants it has no verdict for, so an interrupted run picks up where it stopped; delete
-# mutants/ for a run from scratch. Prints the score and the surviving mutants; each
-# survivor is either killed by a new test or explained as equivalent in
-# docs/verification.md. Bounded by MUTATION_SECONDS (default 3600).
+# mutants/ for a run from scratch. Prints the score and the surviving mutants, and exits 1
+# if any survived: each survivor is either killed by a new test or explained as
+# equivalent in docs/verification.md. Bounded by MUTATION_SECONDS (default 3600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -29,5 +29,9 @@ print(f"mutation: {checked} of {stats['total']} mutants checked, {killed} killed
       f"({stats['timeout']} by timeout), {stats['survived']} survived, "
       f"{stats['no_tests']} without tests; score {killed / max(checked, 1):.1%}")
 PY
-mutmut results | grep -v 'not checked' || true
+survivors=$(mutmut results | grep -E ': (survived|no tests)$' || true)
+if [ -n "$survivors" ]; then
+    echo "$survivors"
+    status=1
+fi
 exit "$status"

@@ -6,7 +6,7 @@ import pytest
 
 import spec
 from impl import KVBlockManager
-from spec import AllocatorState
+from spec import AllocatorState, FrozenMap
 from tests import bounded
 from tests.bounded import Bounds, Operation, all_bounds, check, operations
 from tests.planted_bugs import (
@@ -126,3 +126,41 @@ def test_the_command_line_exits_one_and_prints_the_path_on_a_planted_bug(
 def test_the_command_line_refuses_a_target_that_is_not_an_allocator() -> None:
     with pytest.raises(ValueError, match="is not a KVBlockManager class"):
         bounded.main(["--target", "spec:AllocatorState"])
+
+
+def test_a_spec_step_that_touches_another_requests_table_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def release_dropping_every_table(
+        state: AllocatorState, op: Operation
+    ) -> tuple[AllocatorState, object]:
+        released = list(spec.block_table(state, op.request_id).block_ids)
+        freed = state.free_block_ids + tuple(
+            block_id for table in state.tables.values() for block_id in reversed(table.block_ids)
+        )
+        return dataclasses.replace(state, free_block_ids=freed, tables=FrozenMap()), released
+
+    monkeypatch.setitem(bounded.SPEC_STEPS, "release", release_dropping_every_table)
+    violation = check(Bounds(2, 1, ("r0", "r1"), 2)).violation
+    assert violation is not None
+    assert violation.reason == "spec changed the table of a request it was not asked about"
+    assert [str(op) for op in violation.path] == [
+        "allocate('r0', 0)",
+        "allocate('r1', 0)",
+        "release('r0')",
+    ]
+
+
+def test_a_spec_step_that_raises_an_unspecified_error_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def snapshot_with_an_index_error(
+        state: AllocatorState, op: Operation
+    ) -> tuple[AllocatorState, object]:
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setitem(bounded.SPEC_STEPS, "snapshot_request", snapshot_with_an_index_error)
+    violation = check(Bounds(1, 1, ("r0",), 2)).violation
+    assert violation is not None
+    assert violation.path == (Operation("snapshot_request", "r0"),)
+    assert violation.reason == "spec raised an unspecified IndexError(tuple index out of range)"
