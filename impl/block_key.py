@@ -1,9 +1,9 @@
 """The prefix-cache key of a full block: its tokens, chained to the key of the block before.
 
-Two keys are equal only when their whole token prefixes are equal, compared token by
-token down the chain; the hash only picks the dict bucket. So a hash collision can cost
-a comparison, never hand one request another's K/V (the failure of vLLM advisory
-GHSA-rm76-4mrf-v9r8, where a hash match alone was trusted).
+The cache finds candidate blocks by hash, then confirms a hit by comparing token ids down
+the chain (``same_prefix``): a hash collision can cost a comparison, never hand one
+request another's K/V (the failure of vLLM advisory GHSA-rm76-4mrf-v9r8, where a hash
+match alone was trusted).
 """
 
 from collections.abc import Callable
@@ -19,7 +19,7 @@ def default_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockKey:
-    """A block's tokens and the key of its parent block (``None`` for a prompt's first block).
+    """A block's tokens, the key of its parent block (``None`` for a first block), a hash.
 
     The hash is computed once, when the key is made: each block is hashed once in the
     life of a request.
@@ -27,18 +27,17 @@ class BlockKey:
 
     __slots__ = ("hash_value", "parent", "token_ids")
 
-    def __init__(self, parent: "BlockKey | None", token_ids: tuple[int, ...], hash_value: int):
+    def __init__(
+        self, parent: "BlockKey | None", token_ids: tuple[int, ...], hash_value: int
+    ) -> None:
         self.parent = parent
         self.token_ids = token_ids
         self.hash_value = hash_value
 
-    def __hash__(self) -> int:
-        return self.hash_value
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, BlockKey):
-            return NotImplemented
-        # NOTE: a loop, not recursion: a chain is as long as a prompt has blocks.
+    def same_prefix(self, other: "BlockKey") -> bool:
+        """Whether both keys stand for the same whole token prefix, compared token by token."""
+        # NOTE: a loop, not recursion: a chain is as long as a prompt has blocks. Keys
+        # made while walking a cached chain share parents, so this ends at once.
         mine: BlockKey | None = self
         theirs: BlockKey | None = other
         while mine is not theirs:
@@ -55,11 +54,3 @@ class BlockKey:
             parts.append(key.token_ids)
             key = key.parent
         return tuple(token for part in reversed(parts) for token in part)
-
-
-def child_key(
-    parent: BlockKey | None, token_ids: tuple[int, ...], block_hash: BlockHash
-) -> BlockKey:
-    """The key of a block holding ``token_ids`` after the block keyed ``parent``."""
-    parent_hash = ROOT_HASH if parent is None else parent.hash_value
-    return BlockKey(parent, token_ids, block_hash(parent_hash, token_ids))

@@ -15,7 +15,7 @@ copies to make), and harness/ decides what lives in them.
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-from impl.block_key import BlockHash, BlockKey, child_key, default_block_hash
+from impl.block_key import ROOT_HASH, BlockHash, BlockKey, default_block_hash
 from spec import (
     AllocatorState,
     BlockAllocationError,
@@ -60,6 +60,7 @@ class KVBlockManager:
         "_block_hash",
         "_block_key",
         "_cache",
+        "_cached_blocks",
         "_cached_free",
         "_cow_copies",
         "_evictions",
@@ -96,8 +97,11 @@ class KVBlockManager:
         self._tables: dict[str, _Table] = {}
         self._ref_counts: list[int] = [0] * total_blocks
         self._block_hash = block_hash
-        self._cache: dict[BlockKey, int] = {}
+        # The prefix cache: hash -> the blocks holding a cached prefix with that hash (one,
+        # but for collisions); block -> its key. A lookup confirms by comparing tokens.
+        self._cache: dict[int, list[int]] = {}
         self._block_key: list[BlockKey | None] = [None] * total_blocks
+        self._cached_blocks = 0
         self._pending_copies: list[tuple[int, int]] = []
         self._allocated_tokens = 0
         self._shared_blocks = 0
@@ -158,7 +162,7 @@ class KVBlockManager:
             request_count=len(self._tables),
             allocated_tokens=self._allocated_tokens,
             reserved_tokens=used_blocks * self.block_size,
-            cached_blocks=len(self._cache),
+            cached_blocks=self._cached_blocks,
             shared_blocks=self._shared_blocks,
             prefix_hit_tokens=self._prefix_hit_tokens,
             evictions=self._evictions,
@@ -188,22 +192,27 @@ class KVBlockManager:
         """
         if request_id in self._tables:
             raise ValueError(f"request {request_id!r} is already allocated")
-        ids = list(token_ids)
+        ids = tuple(token_ids)
         block_size = self.block_size
-        cache = self._cache
+        block_hash = self._block_hash
+        block_key = self._block_key
         keys: list[BlockKey] = []
         hits: list[int] = []
         parent: BlockKey | None = None
+        parent_hash = ROOT_HASH
         hit_limit = (len(ids) - 1) // block_size
         while len(hits) < hit_limit:
             start = len(hits) * block_size
-            key = self._child_key(parent, tuple(ids[start : start + block_size]))
-            block_id = cache.get(key)
+            chunk = ids[start : start + block_size]
+            hash_value = block_hash(parent_hash, chunk)
+            block_id = self._lookup(parent, chunk, hash_value)
             if block_id is None:
-                keys.append(key)  # kept: the block gets this key if the prompt fills it
+                # Kept: the block gets this key if the prompt fills it, so no second hash.
+                keys.append(BlockKey(parent, chunk, hash_value))
                 break
-            parent = self._block_key[block_id]
+            parent = block_key[block_id]
             assert parent is not None, "a cached block has a key"
+            parent_hash = hash_value
             keys.append(parent)
             hits.append(block_id)
         needed = -(-len(ids) // block_size) - len(hits)
@@ -216,7 +225,7 @@ class KVBlockManager:
             del self._cached_free[block_id]
         for block_id in hits:
             self._add_reference(block_id)
-        table = _Table(hits + self._take(needed), len(ids), ids, keys)
+        table = _Table(hits + self._take(needed), len(ids), list(ids), keys)
         self._tables[request_id] = table
         self._allocated_tokens += len(ids)
         cached_tokens = len(hits) * block_size
@@ -362,7 +371,9 @@ class KVBlockManager:
                     if table.token_ids is not None
                 }
             ),
-            cache=FrozenMap({key.prefix(): block_id for key, block_id in self._cache.items()}),
+            cache=FrozenMap(
+                {key.prefix(): block_id for block_id, key in enumerate(self._block_key) if key}
+            ),
             pending_copies=tuple(self._pending_copies),
             counters=SharingCounters(
                 prefix_hit_tokens=self._prefix_hit_tokens,
@@ -378,9 +389,10 @@ class KVBlockManager:
         broken = violated_invariants(state)
         if self.usage() != spec_usage(state):
             broken.append(f"usage counters: {self.usage()} != {spec_usage(state)}")
-        keyed = {block_id: key for key, block_id in self._cache.items()}
-        if any(self._block_key[b] is not keyed.get(b) for b in range(self.total_blocks)):
-            broken.append("block keys: the block -> key index disagrees with the cache")
+        bucketed = {(h, b) for h, bucket in self._cache.items() for b in bucket}
+        keyed = {(key.hash_value, b) for b, key in enumerate(self._block_key) if key}
+        if bucketed != keyed or self._cached_blocks != len(keyed):
+            broken.append("cache index: hash buckets, block keys and count disagree")
         if broken:
             # An explicit raise, not ``assert``: it must survive ``python -O``.
             raise AssertionError(f"allocator invariants broken: {', '.join(broken)}")
@@ -402,17 +414,43 @@ class KVBlockManager:
                 block_id = free.popleft()
             else:
                 block_id, _ = self._cached_free.popitem(last=False)
-                key = self._block_key[block_id]
-                assert key is not None, "a cached free block has a key"
-                del self._cache[key]
-                self._block_key[block_id] = None
+                self._uncache(block_id)
                 self._evictions += 1
             ref_counts[block_id] = 1
             taken.append(block_id)
         return taken
 
-    def _child_key(self, parent: BlockKey | None, token_ids: tuple[int, ...]) -> BlockKey:
-        return child_key(parent, token_ids, self._block_hash)
+    def _lookup(
+        self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
+    ) -> int | None:
+        """The block caching the prefix ``parent`` + ``token_ids``, confirmed token by token.
+
+        ``None`` if no cached block holds it. The hash only narrows the candidates.
+        """
+        for block_id in self._cache.get(hash_value, ()):
+            cached = self._block_key[block_id]
+            assert cached is not None, "a block in the cache has a key"
+            if cached.token_ids != token_ids:
+                continue
+            # Walking a cached chain, the parents are the very same key objects.
+            if cached.parent is parent or (
+                cached.parent is not None
+                and parent is not None
+                and cached.parent.same_prefix(parent)
+            ):
+                return block_id
+        return None
+
+    def _uncache(self, block_id: int) -> None:
+        """Forget the prefix ``block_id`` holds: it is about to be overwritten."""
+        key = self._block_key[block_id]
+        assert key is not None, "an evicted block was cached"
+        bucket = self._cache[key.hash_value]
+        bucket.remove(block_id)
+        if not bucket:
+            del self._cache[key.hash_value]
+        self._block_key[block_id] = None
+        self._cached_blocks -= 1
 
     def _add_reference(self, block_id: int) -> None:
         count = self._ref_counts[block_id] + 1
@@ -467,15 +505,16 @@ class KVBlockManager:
         keys = table.keys
         assert token_ids is not None and keys is not None, "only token-tracking tables cache"
         block_size = self.block_size
-        cache = self._cache
         for index in range(first_index, len(token_ids) // block_size):
             if index == len(keys):
                 parent = keys[-1] if keys else None
                 start = index * block_size
                 chunk = tuple(token_ids[start : start + block_size])
-                keys.append(self._child_key(parent, chunk))
+                parent_hash = ROOT_HASH if parent is None else parent.hash_value
+                keys.append(BlockKey(parent, chunk, self._block_hash(parent_hash, chunk)))
             key = keys[index]
-            if key not in cache:
+            if self._lookup(key.parent, key.token_ids, key.hash_value) is None:
                 block_id = table.block_ids[index]
-                cache[key] = block_id
+                self._cache.setdefault(key.hash_value, []).append(block_id)
                 self._block_key[block_id] = key
+                self._cached_blocks += 1

@@ -76,15 +76,6 @@ class DecodeSlotFromStaleBlock(KVBlockManager):
         return slot if stale is None else stale
 
 
-class _HashOnlyKey(BlockKey):
-    __slots__ = ()
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BlockKey) and self.hash_value == other.hash_value
-
-    __hash__ = BlockKey.__hash__
-
-
 def weak_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
     """A deliberately weak hash: collides whenever two blocks' token sums match modulo 3."""
     return (parent_hash + sum(token_ids)) % 3
@@ -98,9 +89,11 @@ class TrustsHashOnWeakHash(KVBlockManager):
     def __init__(self, total_blocks: int, block_size: int = 16) -> None:
         super().__init__(total_blocks, block_size, block_hash=weak_block_hash)
 
-    def _child_key(self, parent: BlockKey | None, token_ids: tuple[int, ...]) -> BlockKey:
-        key = super()._child_key(parent, token_ids)
-        return _HashOnlyKey(key.parent, key.token_ids, key.hash_value)
+    def _lookup(
+        self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
+    ) -> int | None:
+        bucket = self._cache.get(hash_value)
+        return bucket[0] if bucket else None
 
 
 class WeakHashOnly(KVBlockManager):
@@ -148,17 +141,8 @@ class EvictedBlockStaysFindable(KVBlockManager):
 
     __slots__ = ()
 
-    def _take(self, count: int) -> list[int]:
-        evicted_keys = []
-        free_now = len(self._free)
-        for block_id in list(self._cached_free)[: max(0, count - free_now)]:
-            evicted_keys.append((self._block_key[block_id], block_id))
-        taken = super()._take(count)
-        for key, block_id in evicted_keys:
-            assert key is not None
-            self._cache[key] = block_id
-            self._block_key[block_id] = key
-        return taken
+    def _uncache(self, block_id: int) -> None:
+        self._cached_blocks -= 1  # counted as evicted, but the key and the bucket stay
 
 
 PLANTED_BUGS: list[type[KVBlockManager]] = [
