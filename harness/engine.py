@@ -24,7 +24,7 @@ import torch
 
 from harness.kv_pool import KVStore
 from harness.paged_attention import RequestSlice, StepMetadata, forward_step, using_paged_attention
-from impl import KVBlockManager
+from impl import KVBlockManager, RequestBlockTable
 from spec import blocks_for_tokens, slot_index
 
 
@@ -72,6 +72,7 @@ class UsageSample:
     """The pool after one step's appends: blocks in use and tokens held/reserved in them."""
 
     used_blocks: int
+    request_count: int
     allocated_tokens: int
     reserved_tokens: int
 
@@ -94,6 +95,11 @@ class EngineResult:
     def peak_used_blocks(self) -> int:
         """The most blocks in use after any step."""
         return max((sample.used_blocks for sample in self.usage), default=0)
+
+    @property
+    def peak_requests(self) -> int:
+        """The most requests holding blocks after any step."""
+        return max((sample.request_count for sample in self.usage), default=0)
 
     @property
     def block_utilization(self) -> float:
@@ -217,27 +223,28 @@ class Engine:
             pending_ids=list(request.prompt_ids),
         )
 
-    def _new_slots(self, running: _Running) -> list[int]:
-        """The slots of the tokens this forward feeds: the prompt's, or one appended token's."""
+    def _grow(self, running: _Running) -> tuple[list[int], RequestBlockTable]:
+        """The slots of the tokens this forward feeds (the prompt's, or one appended token's)
+        and the request's table after them."""
         manager = self.manager
         request_id = running.request.request_id
-        if not running.output.token_ids:
-            table = manager.snapshot_request(request_id)
-            return [
-                slot_index(manager.block_size, table.block_ids, position)
-                for position in range(table.token_count)
-            ]
-        return [manager.append_slot(request_id)]
+        if running.output.token_ids:
+            new_slots = [manager.append_slot(request_id)]
+            return new_slots, manager.snapshot_request(request_id)
+        table = manager.snapshot_request(request_id)
+        new_slots = [
+            slot_index(manager.block_size, table.block_ids, position)
+            for position in range(table.token_count)
+        ]
+        return new_slots, table
 
     def _forward(self, group: list[_Running]) -> None:
         input_ids: list[int] = []
         positions: list[int] = []
         slices: list[RequestSlice] = []
         for running in group:
-            request_id = running.request.request_id
-            new_slots = self._new_slots(running)
-            table = self.manager.snapshot_request(request_id)
-            plan = self.store.plan(request_id, table.block_ids, table.token_count, new_slots)
+            new_slots, table = self._grow(running)
+            plan = self.store.plan(table.request_id, table.block_ids, table.token_count, new_slots)
             start = len(input_ids)
             input_ids.extend(running.pending_ids)
             positions.extend(range(table.token_count - len(running.pending_ids), table.token_count))
@@ -277,7 +284,9 @@ class Engine:
 
     def _usage_sample(self) -> UsageSample:
         usage = self.manager.usage()
-        return UsageSample(usage.used_blocks, usage.allocated_tokens, usage.reserved_tokens)
+        return UsageSample(
+            usage.used_blocks, usage.request_count, usage.allocated_tokens, usage.reserved_tokens
+        )
 
 
 class BatchInvariantEngine(Engine):

@@ -308,6 +308,22 @@ def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -
     return report(None)
 
 
+def check_path(
+    bounds: Bounds, path: Sequence[Operation], target_class: type[KVBlockManager] = KVBlockManager
+) -> Violation | None:
+    """Run one path from ``init`` with every check of the walk; the first violation, if any."""
+    state = spec.init(bounds.total_blocks, bounds.block_size)
+    pool = target_class(bounds.total_blocks, bounds.block_size)
+    problem = _check_impl_state(pool, state)
+    if problem is not None:
+        return Violation(bounds, (), f"after init: {problem}")
+    for steps, op in enumerate(path, start=1):
+        state, problem = check_transition(state, op, pool)
+        if problem is not None:
+            return Violation(bounds, tuple(path[:steps]), problem)
+    return None
+
+
 def all_bounds(
     max_blocks: int, max_block_size: int, request_ids: int, max_token_count: int | None
 ) -> Iterator[Bounds]:

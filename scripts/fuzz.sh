@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Long fuzzing of the lockstep state machine on every core: the plain path, always there.
+#
+#   scripts/fuzz.sh [SECONDS] [WORKERS]     (defaults: 3600 s, one worker per core)
+#
+# Each worker runs pytest on tests/fuzz_targets.py under the `fuzz` Hypothesis profile
+# (many cases, at most 100 steps each, no explain phase) with a fresh random seed, again
+# and again until the time is up. Failing cases land in the local example database
+# .hypothesis/fuzz-db, so the next plain `pytest` there replays them; paste each one into
+# tests/test_regressions.py, since saved cases do not survive a Hypothesis upgrade.
+# Logs and tallies go to .hypothesis/fuzz-logs/. Exits 1 if any worker found a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-3600}
+workers=${2:-$(nproc)}
+logs=.hypothesis/fuzz-logs/$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$logs"
+. .venv/bin/activate
+
+fuzz_worker() {
+    local worker=$1 deadline=$(($(date +%s) + seconds)) left seed status
+    while left=$((deadline - $(date +%s))); [ "$left" -gt 0 ]; do
+        seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+        echo "== worker $worker seed $seed, ${left}s left" >>"$logs/worker-$worker.log"
+        status=0
+        # SIGINT, not SIGTERM, at the deadline: pytest then stops cleanly and the tally
+        # is written; -k 10 kills a worker that does not stop.
+        PAGEDKV_FUZZ_TALLY="$logs/tally-$worker.txt" HYPOTHESIS_PROFILE=fuzz \
+            timeout -s INT -k 10 "$left" \
+            python -m pytest -q -x -p no:cacheprovider tests/fuzz_targets.py \
+            --hypothesis-seed="$seed" >>"$logs/worker-$worker.log" 2>&1 || status=$?
+        case $status in
+            0 | 124) ;; # a run finished, or the deadline came
+            *)
+                echo "worker $worker: FAILURE with seed $seed (see $logs/worker-$worker.log)" >&2
+                return 1
+                ;;
+        esac
+    done
+}
+
+echo "fuzz: $workers worker(s) for ${seconds}s, logs in $logs" >&2
+started=$(date +%s)
+pids=()
+for worker in $(seq 1 "$workers"); do
+    fuzz_worker "$worker" &
+    pids+=($!)
+done
+failed=0
+for pid in "${pids[@]}"; do
+    wait "$pid" || failed=1
+done
+cat "$logs"/tally-*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(date +%s) - started)) '
+    { split($1, c, "="); split($2, s, "="); cases += c[2]; steps += s[2]; runs += 1 }
+    END { printf "fuzz: %d worker(s), %d s, %d pytest run(s), %d test cases, %d steps\n",
+          workers, wall, runs, cases, steps }' | tee "$logs/summary.txt"
+if [ "$failed" -ne 0 ]; then
+    echo "fuzz: a failure was found; replay it with plain pytest (it is in .hypothesis/fuzz-db)" >&2
+    exit 1
+fi
