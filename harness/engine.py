@@ -191,10 +191,8 @@ class Engine:
         block_size = self.manager.block_size
         owed = 0
         for other in running:
-            table_blocks = blocks_for_tokens(
-                block_size, len(other.request.prompt_ids) + len(other.output.token_ids)
-            )
-            owed += blocks_for_tokens(block_size, other.request.max_tokens) - table_blocks
+            table = self.manager.snapshot_request(other.request.request_id)
+            owed += blocks_for_tokens(block_size, other.request.max_tokens) - len(table.block_ids)
         needed = blocks_for_tokens(block_size, request.max_tokens)
         return self.manager.num_free_blocks - owed >= needed
 

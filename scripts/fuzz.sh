@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-3600}
 workers=${2:-$(nproc)}
 logs=.hypothesis/fuzz-logs/$(date -u +%Y%m%dT%H%M%SZ)
-mkdir -p "$logs"
+mkdir -p "$logs/tally"
 . .venv/bin/activate
 
 fuzz_worker() {
@@ -25,7 +25,7 @@ fuzz_worker() {
         status=0
         # SIGINT, not SIGTERM, at the deadline: pytest then stops cleanly and the tally
         # is written; -k 10 kills a worker that does not stop.
-        PAGEDKV_FUZZ_TALLY="$logs/tally-$worker.txt" HYPOTHESIS_PROFILE=fuzz \
+        PAGEDKV_FUZZ_TALLY="$logs/tally" HYPOTHESIS_PROFILE=fuzz \
             timeout -s INT -k 10 "$left" \
             python -m pytest -q -x -p no:cacheprovider tests/fuzz_targets.py \
             --hypothesis-seed="$seed" >>"$logs/worker-$worker.log" 2>&1 || status=$?
@@ -50,9 +50,9 @@ failed=0
 for pid in "${pids[@]}"; do
     wait "$pid" || failed=1
 done
-cat "$logs"/tally-*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(date +%s) - started)) '
+cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(date +%s) - started)) '
     { split($1, c, "="); split($2, s, "="); cases += c[2]; steps += s[2]; runs += 1 }
-    END { printf "fuzz: %d worker(s), %d s, %d pytest run(s), %d test cases, %d steps\n",
+    END { printf "fuzz: %d worker(s), %d s, %d process(es), %d test cases, %d steps\n",
           workers, wall, runs, cases, steps }' | tee "$logs/summary.txt"
 if [ "$failed" -ne 0 ]; then
     echo "fuzz: a failure was found; replay it with plain pytest (it is in .hypothesis/fuzz-db)" >&2

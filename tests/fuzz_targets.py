@@ -2,13 +2,15 @@
 
 Not collected by a plain ``pytest`` run (the file name does not start with ``test_``):
 ``scripts/fuzz.sh`` and ``hypothesis fuzz`` name it explicitly. It is the same machine as
-``tests/lockstep.py``; the only addition is a tally of test cases and steps, written to
-the file named by ``PAGEDKV_FUZZ_TALLY`` when the process exits, so a fuzzing session can
-report how much it ran.
+``tests/lockstep.py``; the only addition is a tally of test cases and steps. When
+``PAGEDKV_FUZZ_TALLY`` names a directory, each process keeps ``<pid>.txt`` there up to
+date (every 10 cases and at exit), so a fuzzing session can report how much it ran even
+when its worker processes are killed at the deadline (HypoFuzz's workers skip ``atexit``).
 """
 
 import atexit
 import os
+from pathlib import Path
 
 from hypothesis.stateful import invariant
 
@@ -35,6 +37,8 @@ class CountingAllocatorMachine(AllocatorMachine):
 
     def teardown(self) -> None:
         Tally.cases += 1
+        if Tally.cases % 10 == 0:
+            _write_tally()
         super().teardown()
 
 
@@ -42,10 +46,10 @@ TestFuzzImplAgreesWithSpec = CountingAllocatorMachine.TestCase
 
 
 def _write_tally() -> None:
-    path = os.environ.get("PAGEDKV_FUZZ_TALLY")
-    if path:
-        with open(path, "a", encoding="utf-8") as out:
-            out.write(f"cases={Tally.cases} steps={Tally.steps()}\n")
+    directory = os.environ.get("PAGEDKV_FUZZ_TALLY")
+    if directory and Tally.cases:
+        tally = Path(directory) / f"{os.getpid()}.txt"
+        tally.write_text(f"cases={Tally.cases} steps={Tally.steps()}\n", encoding="utf-8")
 
 
 atexit.register(_write_tally)

@@ -219,3 +219,15 @@ def test_a_request_larger_than_the_pool_is_refused_before_anything_runs() -> Non
     with pytest.raises(ValueError, match="needs up to"):
         run([request], PagedKVPool(pool_layout(), 2, 4), manager)
     assert manager.num_free_blocks == 2
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 5])
+def test_a_pool_of_exactly_the_largest_request_serves_everyone_without_running_dry(
+    block_size: int,
+) -> None:
+    requests = make_requests(6, max_new_tokens=7, arrival_gap=0, seed=block_size)
+    largest = max(blocks_for_tokens(block_size, request.max_tokens) for request in requests)
+    manager = KVBlockManager(largest, block_size)
+    result = run(requests, PoisonedKVPool(pool_layout(), largest, block_size), manager)
+    assert [len(result.outputs[r.request_id].token_ids) for r in requests] == [7] * 6
+    assert manager.num_free_blocks == largest

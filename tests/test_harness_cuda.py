@@ -1,0 +1,57 @@
+"""The same equivalence on CUDA, float32 and bfloat16 (marked ``cuda``; skipped without one).
+
+Unverified until run on a GPU machine (``scripts/gpu_check.sh``). Check 2 on CUDA needs
+deterministic kernels: run with ``CUBLAS_WORKSPACE_CONFIG=:4096:8``; the test turns on
+``torch.use_deterministic_algorithms``.
+"""
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from harness.engine import BatchInvariantEngine, Engine
+from harness.equivalence import PoolConfig, run_equivalence
+from harness.kv_pool import PoisonedKVPool
+from harness.models import LoadedModel, tiny_llama
+from tests.harness_cases import make_requests
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _deterministic() -> Iterator[None]:
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def _tiny_on_cuda(dtype: torch.dtype) -> LoadedModel:
+    loaded = tiny_llama(seed=0)
+    loaded.model.to(device="cuda", dtype=dtype)
+    return loaded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("engine_type", [Engine, BatchInvariantEngine])
+def test_paged_equals_dense_on_cuda(dtype: torch.dtype, engine_type: type[Engine]) -> None:
+    requests = make_requests(6, max_new_tokens=10, arrival_gap=1)
+    pool = PoolConfig(
+        num_blocks=24, block_size=4, engine_type=engine_type, pool_type=PoisonedKVPool
+    )
+    report = run_equivalence(_tiny_on_cuda(dtype), requests, pool, lambda _: None)
+    failures = [
+        check.detail
+        for row in report.rows
+        for check in (row.gate, row.bitwise, row.batched)
+        if not check.passed
+    ]
+    assert report.schedules_equal
+    assert not failures, failures
+    if engine_type is BatchInvariantEngine:
+        assert not any(row.batched.tie for row in report.rows)

@@ -1,0 +1,62 @@
+"""The paged pool's addressing (literal slots), poisoning, and the contiguous twin."""
+
+import torch
+
+from harness.kv_pool import ContiguousKVBuffers, KVLayout, PagedKVPool, PoisonedKVPool
+
+LAYOUT = KVLayout(
+    num_layers=2, num_kv_heads=2, head_dim=3, dtype=torch.float32, device=torch.device("cpu")
+)
+
+
+def _rows(count: int, start: float) -> torch.Tensor:
+    # [count, num_kv_heads, head_dim], row r filled with start + r
+    return (torch.arange(count, dtype=torch.float32) + start)[:, None, None].expand(count, 2, 3)
+
+
+def test_a_token_lands_in_its_block_at_its_offset() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    # A table (3, 1): tokens 0, 1 in block 3; token 2 in block 1, offset 0.
+    plan = pool.plan("a", (3, 1), 3, [6, 7, 2])
+    assert plan.read_index.tolist() == [6, 7, 2]
+    pool.write(1, plan, _rows(3, 10.0), _rows(3, 20.0))
+    assert pool.keys[1][3, 0, 0, 0] == 10.0
+    assert pool.keys[1][3, 1, 0, 0] == 11.0
+    assert pool.keys[1][1, 0, 0, 0] == 12.0
+    assert pool.values[1][1, 0, 1, 2] == 22.0
+    assert not pool.keys[0].any()  # another layer untouched
+    keys, values = pool.read(1, plan)
+    assert torch.equal(keys, _rows(3, 10.0))
+    assert torch.equal(values, _rows(3, 20.0))
+
+
+def test_the_pool_size_counts_k_and_v_of_every_layer() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    assert LAYOUT.bytes_per_token == 2 * 2 * 2 * 3 * 4
+    assert pool.nbytes == 8 * LAYOUT.bytes_per_token
+
+
+def test_a_poisoned_pool_fills_exactly_the_released_blocks_with_nan() -> None:
+    pool = PoisonedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool.release("a", [2, 0])
+    for tensor in (*pool.keys, *pool.values):
+        assert tensor[[0, 2]].isnan().all()
+        assert not tensor[[1, 3]].isnan().any()
+
+
+def test_a_plain_pool_leaves_released_blocks_as_they_were() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool.release("a", [2, 0])
+    assert not any(tensor.isnan().any() for tensor in pool.keys)
+
+
+def test_contiguous_buffers_store_by_position_and_ignore_block_ids() -> None:
+    buffers = ContiguousKVBuffers(LAYOUT, max_tokens=8)
+    first = buffers.plan("a", (3, 1), 2, [6, 7])
+    buffers.write(0, first, _rows(2, 1.0), _rows(2, 5.0))
+    second = buffers.plan("a", (3, 1), 3, [2])
+    assert second.write_index.tolist() == [2]
+    buffers.write(0, second, _rows(1, 3.0), _rows(1, 7.0))
+    keys, values = buffers.read(0, second)
+    assert keys[:, 0, 0].tolist() == [1.0, 2.0, 3.0]
+    assert values[:, 0, 0].tolist() == [5.0, 6.0, 7.0]

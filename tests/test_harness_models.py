@@ -1,0 +1,72 @@
+"""The bundled SmolLM2 through the real loading path (marked ``model``; runs in CI)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.__main__ import main
+from harness.models import find_bundled_gguf, get_cache_dir, load_model
+
+pytestmark = pytest.mark.model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_the_bundled_gguf_is_found_through_the_distribution() -> None:
+    path = find_bundled_gguf()
+    assert path.suffix == ".gguf"
+    assert path.is_file()
+
+
+def test_the_safetensors_cache_reloads_bit_identical_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGEDKV_CACHE_DIR", str(tmp_path))
+    assert get_cache_dir() == tmp_path
+    from_gguf = load_model(None, CPU, torch.float32)
+    (cached,) = tmp_path.iterdir()
+    assert (cached / "model.safetensors").is_file()
+    from_cache = load_model(None, CPU, torch.float32)
+    input_ids = torch.tensor([[1, 9690, 198, 2683, 314, 260, 3575, 282, 4649, 47]])
+    with torch.no_grad():
+        expected = from_gguf.model(input_ids).logits
+        actual = from_cache.model(input_ids).logits
+    assert torch.equal(expected, actual)
+
+
+def test_the_main_command_passes_all_checks_on_a_few_prompts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [
+        {"prompt": "What is the capital of France?"},
+        {"messages": [{"role": "user", "content": "Write a haiku about the sea."}]},
+        {"prompt": "Summarize: " + "paged attention stores keys in blocks. " * 20},
+    ]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--device", "cpu", "--prompts-file", str(prompts), "--max-new-tokens", "16"]
+    exit_code = main([*argv, "--block-size", "8", "--poison-freed", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert exit_code == 0, result
+    assert result["passed"] and result["schedules_equal"]
+    assert [r["alone_vs_generate"]["detail"] for r in result["requests"]] == ["bit-identical"] * 3
+    assert result["totals"]["peak_requests"] < 3  # the tight pool made a request wait
+
+
+def test_a_pool_too_small_for_one_request_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n')
+    argv = ["--device", "cpu", "--prompts-file", str(prompts), "--num-blocks", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--num-blocks 1 cannot hold even one request: r00 needs" in err
+    assert "Traceback" not in err

@@ -1,0 +1,131 @@
+"""The named invariants reject the broken states they exist for.
+
+The state machine and the bounded checker only ever show them sound states, so without
+these a predicate that always said "fine" would pass everything (mutation testing found
+exactly that gap). Each state below is hand-built and breaks one rule.
+"""
+
+import pytest
+
+import spec
+from impl import KVBlockManager
+from spec import AllocatorState, FrozenMap, KVBlockUsage, RequestBlockTable
+from spec.invariants import (
+    is_conserved,
+    is_keyed_by_request_id,
+    is_partitioned,
+    is_tightly_sized,
+    is_usage_consistent,
+    violated_invariants,
+)
+
+
+def pool(
+    free: tuple[int, ...], *tables: RequestBlockTable, keys: tuple[str, ...] = ()
+) -> AllocatorState:
+    """A 4-block pool of 2-token blocks with the given free queue and tables."""
+    names = keys or tuple(table.request_id for table in tables)
+    return AllocatorState(2, 4, free, FrozenMap(dict(zip(names, tables, strict=True))))
+
+
+SOUND = pool((3,), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2))
+
+
+def test_a_sound_state_breaks_no_invariant() -> None:
+    assert violated_invariants(SOUND) == []
+    assert is_usage_consistent(SOUND, spec.usage(SOUND))
+
+
+def test_a_lost_block_breaks_conservation_and_partition() -> None:
+    leaked = pool((), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2))
+    assert not is_conserved(leaked)
+    assert violated_invariants(leaked) == ["conservation", "partition"]
+
+
+def test_a_block_both_free_and_held_breaks_partition_only() -> None:
+    # Four places for four blocks, so the count adds up; block 2 is in two of them.
+    twice = pool((2,), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2))
+    assert is_conserved(twice)
+    assert not is_partitioned(twice)
+    assert violated_invariants(twice) == ["partition"]
+
+
+def test_a_block_id_out_of_range_breaks_partition() -> None:
+    stray = pool((4,), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2))
+    assert violated_invariants(stray) == ["partition"]
+
+
+def test_a_table_with_a_spare_block_breaks_tight_sizing() -> None:
+    spare = pool((), RequestBlockTable("a", (0, 1, 3), 3), RequestBlockTable("b", (2,), 2))
+    assert not is_tightly_sized(spare)
+    assert violated_invariants(spare) == ["tight_sizing"]
+
+
+def test_a_table_missing_a_block_breaks_tight_sizing() -> None:
+    short = pool((1, 3), RequestBlockTable("a", (0,), 3), RequestBlockTable("b", (2,), 2))
+    assert violated_invariants(short) == ["tight_sizing"]
+
+
+def test_a_negative_token_count_breaks_tight_sizing_without_raising() -> None:
+    negative = pool((0, 1, 3), RequestBlockTable("b", (2,), 2), RequestBlockTable("c", (), -1))
+    assert not is_tightly_sized(negative)
+
+
+def test_a_table_filed_under_another_id_breaks_keyed_by_request_id() -> None:
+    misfiled = pool(
+        (3,), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2), keys=("a", "x")
+    )
+    assert not is_keyed_by_request_id(misfiled)
+    assert violated_invariants(misfiled) == ["keyed_by_request_id"]
+
+
+def test_a_usage_report_with_wrong_token_counts_is_inconsistent() -> None:
+    report = spec.usage(SOUND)
+    wrong = KVBlockUsage(
+        block_size=report.block_size,
+        total_blocks=report.total_blocks,
+        used_blocks=report.used_blocks,
+        free_blocks=report.free_blocks,
+        request_count=report.request_count,
+        allocated_tokens=report.allocated_tokens + 1,
+        reserved_tokens=report.reserved_tokens,
+    )
+    assert not is_usage_consistent(SOUND, wrong)
+
+
+def test_a_usage_report_of_a_leaky_state_is_inconsistent_even_if_it_matches_the_tables() -> None:
+    leaked = pool((), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2))
+    # Computed from the tables, so it matches them, but used + free is 3 of 4 blocks.
+    assert not is_usage_consistent(leaked, spec.usage(leaked))
+
+
+def test_slot_index_refuses_a_negative_position_with_the_number() -> None:
+    with pytest.raises(ValueError, match=r"^position must be >= 0, got -1$"):
+        spec.slot_index(2, (0,), -1)
+
+
+def test_spec_append_tokens_grows_by_one_token_by_default() -> None:
+    state = spec.allocate(spec.init(2, 2), "a", 2)
+    assert spec.append_tokens(state, "a").tables["a"] == RequestBlockTable("a", (0, 1), 3)
+
+
+def test_the_impl_check_names_the_invariants_a_lost_free_block_breaks() -> None:
+    pool = KVBlockManager(4, 2)
+    pool.allocate("a", 3)
+    pool._free.pop()  # corrupt it the way a leak would
+    with pytest.raises(AssertionError, match=r"^allocator invariants broken: conservation, "):
+        pool.check_invariants()
+
+
+def test_the_impl_check_catches_a_drifted_token_counter() -> None:
+    pool = KVBlockManager(4, 2)
+    pool.allocate("a", 3)
+    pool._allocated_tokens += 1
+    with pytest.raises(AssertionError, match=r"^allocator invariants broken: usage counters: "):
+        pool.check_invariants()
+
+
+def test_the_impl_check_passes_a_sound_pool() -> None:
+    pool = KVBlockManager(4, 2)
+    pool.allocate("a", 3)
+    pool.check_invariants()
