@@ -108,7 +108,11 @@ def is_shared_only_over_a_common_prefix(state: AllocatorState) -> bool:
 
 def is_usage_consistent(state: AllocatorState, report: KVBlockUsage) -> bool:
     """A usage report agrees with the tables: blocks, requests and tokens all add up."""
-    return report == usage(state) and report.used_blocks + report.free_blocks == state.total_blocks
+    return (
+        report == usage(state)
+        and report.used_blocks == len(_held_block_ids(state))
+        and report.used_blocks + report.free_blocks == state.total_blocks
+    )
 
 
 INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
