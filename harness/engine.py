@@ -73,6 +73,16 @@ class Request:
         """The most tokens this request can hold: prompt plus every new token."""
         return len(self.prompt_ids) + self.max_new_tokens
 
+    def blocks_needed(self, block_size: int) -> int:
+        """The most blocks all its continuations hold at once, alone in a pool.
+
+        They share the prompt's full blocks; each needs the rest of its own up to
+        ``max_tokens`` (a copy of a shared partly filled block included).
+        """
+        shared = len(self.prompt_ids) // block_size
+        own = blocks_for_tokens(block_size, self.max_tokens) - shared
+        return shared + self.num_continuations * own
+
     @property
     def sequence_ids(self) -> list[str]:
         """The ids its continuations are reported under: its own, then the children's."""
@@ -298,11 +308,7 @@ class Engine:
     # -- scheduling ----------------------------------------------------------------------
 
     def _check_fit(self, requests: list[Request]) -> None:
-        """Refuse, before anything runs, a request whose continuations alone outgrow the pool.
-
-        Its ``n`` continuations share the prompt's full blocks and each needs the rest of
-        its own up to ``max_tokens`` (a copy of the shared partly filled block included).
-        """
+        """Refuse, before anything runs, a request whose continuations alone outgrow the pool."""
         block_size = self.manager.block_size
         for request in requests:
             if request.num_continuations < 1:
@@ -315,9 +321,7 @@ class Engine:
                     f"request {request.request_id!r}: several continuations are greedy with "
                     "distinct first tokens; sampling is not supported with them"
                 )
-            shared = len(request.prompt_ids) // block_size
-            own = blocks_for_tokens(block_size, request.max_tokens) - shared
-            needed = shared + request.num_continuations * own
+            needed = request.blocks_needed(block_size)
             if needed > self.manager.total_blocks:
                 raise ValueError(
                     f"request {request.request_id!r} needs up to {needed} blocks "
