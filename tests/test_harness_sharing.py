@@ -5,6 +5,7 @@ before it is written, of a freed block, or of a copy that never happened ruins t
 """
 
 import random
+from dataclasses import replace
 
 import torch
 
@@ -15,6 +16,7 @@ from harness.engine import (
     Engine,
     EngineResult,
     Request,
+    SamplingParams,
     _Running,
     continuation_first_tokens,
 )
@@ -214,3 +216,19 @@ def test_the_gate_stays_bitwise_through_preemption_and_fork() -> None:
                 sequence_id, trace(paged, sequence_id), trace(contiguous, sequence_id)
             )
             assert outcome.passed, outcome.detail
+
+
+def test_a_preempted_sampled_request_continues_its_random_stream() -> None:
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
+    requests = [
+        replace(request, sampling=sampling)
+        for request in make_requests(5, max_new_tokens=10, arrival_gap=0, seed=3)
+    ]
+    largest = max(blocks_for_tokens(4, r.max_tokens) for r in requests)
+    tight = run(requests, poisoned_pool(largest + 2, 4), KVBlockManager(largest + 2, 4))
+    roomy = run(requests, poisoned_pool(64, 4), KVBlockManager(64, 4))
+    assert tight.preemptions > 0 and roomy.preemptions == 0
+    # Same draws from the same generator: a preempted request does not restart its stream.
+    for request in requests:
+        request_id = request.request_id
+        assert tight.outputs[request_id].token_ids == roomy.outputs[request_id].token_ids
