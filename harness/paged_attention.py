@@ -99,7 +99,7 @@ def paged_attention_forward(
         start, end = part.query_start, part.query_end
         if part.mask is None and 1 < end - start < part.plan.token_count:
             # Our own bug if reached: SDPA's causal mask is top-left aligned, so a partial
-            # prefill without the bottom-right mask would let queries see their future.
+            # prefill without the bottom-right mask would hide most of each query's past.
             raise AssertionError(f"partial prefill of {part.plan.request_id!r} without a mask")
         # new_keys, new_values: [new_tokens, num_kv_heads, head_dim]
         new_keys = key[0, :, start:end, :].transpose(0, 1)
