@@ -166,7 +166,11 @@ class EngineResult:
 
     @property
     def block_utilization(self) -> float:
-        """Tokens held / token slots reserved, summed over all steps (1.0 = no waste)."""
+        """Tokens held / token slots reserved, summed over all steps (1.0 = no waste).
+
+        Tokens are counted per table, slots per block in use: with shared blocks (prefix
+        hits, forks) it can exceed 1.
+        """
         reserved = sum(sample.reserved_tokens for sample in self.usage)
         allocated = sum(sample.allocated_tokens for sample in self.usage)
         return allocated / reserved if reserved else 1.0
