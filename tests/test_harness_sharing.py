@@ -232,3 +232,23 @@ def test_a_preempted_sampled_request_continues_its_random_stream() -> None:
     for request in requests:
         request_id = request.request_id
         assert tight.outputs[request_id].token_ids == roomy.outputs[request_id].token_ids
+
+
+def test_a_copy_is_made_before_a_victim_in_the_same_step_frees_its_source() -> None:
+    # Block size 4, pool 5. Step 0 admits "p" (6 tokens, two continuations: blocks 0, 1,
+    # the second half full) and "x" (8 tokens: blocks 2, 3); "p/1" forks and runs last.
+    # Step 1: "p" appends into shared block 1 and copies it to block 4, the last free one;
+    # "x" opens a block, finds none and preempts "p/1", the last admitted, which frees
+    # block 1 (poisoned at once) for "x" to take. The copy must already have been made.
+    rng = random.Random(2)
+    vocab = tiny_model().model.config.vocab_size
+    parent = Request("p", tuple(rng.randrange(vocab) for _ in range(6)), 4, num_continuations=2)
+    other = Request("x", tuple(rng.randrange(vocab) for _ in range(8)), 4)
+    result = run([parent, other], poisoned_pool(5, 4), KVBlockManager(5, 4))
+    assert result.schedule[:2] == [("p", "x"), ("p", "x")]
+    assert result.cow_copies >= 1 and result.preemptions >= 1
+    reference = continuation_references(parent)["p"]
+    outcome = check_batched("p", trace(result, "p"), reference, TIE_MARGIN)
+    assert outcome.passed, outcome.detail
+    for outcome in batched_checks(result, [other]):
+        assert outcome.passed, outcome.detail
