@@ -176,7 +176,9 @@ class NoCopyPool(PoisonedKVPool):
 
 def test_without_the_copy_on_write_copy_a_continuation_is_ruined() -> None:
     request = fork_request(3)
-    result = run([request], NoCopyPool(pool_layout(), 12, 4), KVBlockManager(12, 4))
+    pool = NoCopyPool(pool_layout(), 12, 4)
+    pool.poison(list(range(12)))
+    result = run([request], pool, KVBlockManager(12, 4))
     references = continuation_references(request)
     failed = [
         sequence_id
