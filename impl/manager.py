@@ -35,9 +35,11 @@ class _Table:
 
     ``token_ids`` and ``keys`` are ``None`` for a request allocated by count; otherwise
     ``keys[i]`` is the prefix key of full block ``i``, made once when the block filled.
+    ``exclusive`` promises that every block is this table's alone and uncached (a request
+    allocated by count and never forked): its appends and release take a fast path.
     """
 
-    __slots__ = ("block_ids", "keys", "token_count", "token_ids")
+    __slots__ = ("block_ids", "exclusive", "keys", "token_count", "token_ids")
 
     def __init__(
         self,
@@ -50,6 +52,7 @@ class _Table:
         self.token_count = token_count
         self.token_ids = token_ids
         self.keys = keys
+        self.exclusive = token_ids is None
 
 
 class KVBlockManager:
@@ -271,6 +274,14 @@ class KVBlockManager:
         allocator as ``append_tokens(request_id, 1)``.
         """
         table = self._tables[request_id]
+        position = table.token_count
+        block_size = self.block_size
+        offset = position % block_size
+        if offset and table.exclusive:
+            # The decode fast path: the token lands in the request's own last block.
+            table.token_count = position + 1
+            self._allocated_tokens += 1
+            return table.block_ids[-1] * block_size + offset
         if table.token_ids is not None:
             raise ValueError(f"request {request_id!r} tracks token ids: use append_token_ids")
         return self._append_one(request_id, table)
@@ -308,6 +319,7 @@ class KVBlockManager:
         )
         for block_id in parent.block_ids:
             self._add_reference(block_id)
+        parent.exclusive = self._tables[child_id].exclusive = False
         self._allocated_tokens += parent.token_count
         return RequestBlockTable(child_id, tuple(parent.block_ids), parent.token_count)
 
@@ -321,6 +333,12 @@ class KVBlockManager:
         table = self._tables.pop(request_id)
         block_ids = table.block_ids
         ref_counts = self._ref_counts
+        self._allocated_tokens -= table.token_count
+        if table.exclusive:
+            for block_id in block_ids:
+                ref_counts[block_id] = 0
+            self._free.extend(reversed(block_ids))
+            return list(block_ids)
         block_key = self._block_key
         for block_id in reversed(block_ids):
             count = ref_counts[block_id] - 1
@@ -332,7 +350,6 @@ class KVBlockManager:
                     self._free.append(block_id)
                 else:
                     self._cached_free[block_id] = None
-        self._allocated_tokens -= table.token_count
         return list(block_ids)
 
     def preempt(self, request_id: str) -> list[int]:
@@ -408,6 +425,11 @@ class KVBlockManager:
         """Take ``count`` blocks, one reference each: free queue first, then evict cached."""
         free = self._free
         ref_counts = self._ref_counts
+        if count <= len(free):
+            taken = [free.popleft() for _ in range(count)]
+            for block_id in taken:
+                ref_counts[block_id] = 1
+            return taken
         taken = []
         for _ in range(count):
             if free:
