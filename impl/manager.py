@@ -199,6 +199,7 @@ class KVBlockManager:
         block_size = self.block_size
         block_hash = self._block_hash
         block_key = self._block_key
+        cache = self._cache
         keys: list[BlockKey] = []
         hits: list[int] = []
         parent: BlockKey | None = None
@@ -208,7 +209,16 @@ class KVBlockManager:
             start = len(hits) * block_size
             chunk = ids[start : start + block_size]
             hash_value = block_hash(parent_hash, chunk)
-            block_id = self._lookup(parent, chunk, hash_value)
+            bucket = cache.get(hash_value)
+            block_id = None
+            if bucket is not None:
+                # NOTE: the common hit inlined (one candidate, the very parent key object,
+                # equal tokens); anything else goes through the full check in _lookup.
+                candidate = block_key[bucket[0]]
+                if len(bucket) == 1 and candidate is not None and candidate.parent is parent:
+                    block_id = bucket[0] if candidate.token_ids == chunk else None
+                else:
+                    block_id = self._lookup(parent, chunk, hash_value)
             if block_id is None:
                 # Kept: the block gets this key if the prompt fills it, so no second hash.
                 keys.append(BlockKey(parent, chunk, hash_value))
