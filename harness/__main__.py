@@ -1,24 +1,40 @@
 """``python -m harness``: paged vs dense generation on a real model, three checks per request.
 
-Exit codes: 0 when every request passes all three checks, 1 when any check fails, 2 on
-bad input (a one-line error, no traceback).
+With sharing: prefix caching (on unless ``--no-prefix-cache``), ``--system-prompt`` to give
+every prompt a common prefix, ``--n`` continuations per prompt (fork, copy-on-write), and
+preemption when the pool is too small for the batch.
+
+Exit codes: 0 when every request and every continuation passes all three checks, 1 when
+any check fails, 2 on bad input (a one-line error, no traceback).
 """
 
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from harness.cli import OneLineParser, UsageError, fail
-from harness.engine import BatchInvariantEngine, Engine, Request
+from harness.engine import (
+    NO_PREFIX_CACHING,
+    PREFIX_CACHING,
+    BatchInvariantEngine,
+    Engine,
+    Request,
+)
 from harness.equivalence import EquivalenceReport, PoolConfig, run_equivalence
 from harness.kv_pool import PagedKVPool, PoisonedKVPool
 from harness.models import LoadedModel, ModelNotFoundError, load_model
 from harness.oracle import CheckResult
-from harness.prompts import BUILTIN_PROMPTS, PromptsFileError, load_prompts_file, render_prompt
-from spec import blocks_for_tokens
+from harness.prompts import (
+    BUILTIN_PROMPTS,
+    Messages,
+    PromptsFileError,
+    load_prompts_file,
+    render_prompt,
+)
 
 PROG = "python -m harness"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
             "allocator gate: the paged run and the same schedule on contiguous buffers give "
             "bit-identical logits; (2) each request alone on the pool is bit-identical to "
             "model.generate; (3) continuous batching (staggered arrivals, a pool too small for "
-            "all requests, so blocks are reused) emits generate's tokens, or diverges only at "
-            "a reported near-tie."
+            "all requests, so blocks are reused and requests are preempted, prefix caching) "
+            "emits generate's tokens, or diverges only at a reported near-tie. With --n, "
+            "every continuation is checked against generate forced to its first token."
         ),
         epilog="Exit status: 0 all checks pass, 1 a check failed, 2 bad input.",
     )
@@ -82,7 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-invariant",
         action="store_true",
         help="run each request's forward separately through the shared pool: check 3 "
-        "becomes bitwise",
+        "becomes bitwise for requests with no prefix hit and no preemption",
+    )
+    parser.add_argument(
+        "--system-prompt",
+        default=None,
+        metavar="TEXT",
+        help="a system message put before every prompt's messages, so all prompts share a "
+        "prefix (and its KV blocks)",
+    )
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=1,
+        help="continuations per prompt: greedy, continuation k starting from the prefill's "
+        "(k+1)-th best token; forked, sharing the prompt's blocks (default 1)",
+    )
+    parser.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="allocate every prompt afresh instead of reusing cached prefix blocks",
     )
     parser.add_argument(
         "--poison-freed",
@@ -111,12 +147,15 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         if args.arrival_gap < 0:
             raise UsageError(f"--arrival-gap must be >= 0, got {args.arrival_gap}")
+        if args.n < 1:
+            raise UsageError(f"--n must be >= 1, got {args.n}")
         if args.threads is not None:
             if args.threads < 1:
                 raise UsageError(f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
-        prompts = (
-            BUILTIN_PROMPTS if args.prompts_file is None else load_prompts_file(args.prompts_file)
+        prompts = _with_system_prompt(
+            BUILTIN_PROMPTS if args.prompts_file is None else load_prompts_file(args.prompts_file),
+            args.system_prompt,
         )
         _progress("loading model")
         loaded = load_model(args.model, device, dtype)
@@ -128,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 render_prompt(loaded.tokenizer, messages),
                 args.max_new_tokens,
                 arrival_step=number * args.arrival_gap,
+                num_continuations=args.n,
             )
             for number, messages in enumerate(prompts)
         ]
@@ -139,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size,
         engine_type=BatchInvariantEngine if args.batch_invariant else Engine,
         pool_type=PoisonedKVPool if args.poison_freed else PagedKVPool,
+        allocation=NO_PREFIX_CACHING if args.no_prefix_cache else PREFIX_CACHING,
     )
     report = run_equivalence(loaded, requests, pool, _progress)
     _progress("done")
@@ -163,8 +204,15 @@ def _device_and_dtype(
     return torch.device(device_name), DTYPES[dtype_name]
 
 
+def _with_system_prompt(prompts: Sequence[Messages], system_prompt: str | None) -> list[Messages]:
+    """Every prompt, with ``system_prompt`` as a first system message when one is given."""
+    if system_prompt is None:
+        return list(prompts)
+    return [(("system", system_prompt), *messages) for messages in prompts]
+
+
 def _num_blocks(requests: list[Request], block_size: int, requested: int | None) -> int:
-    needs = [blocks_for_tokens(block_size, request.max_tokens) for request in requests]
+    needs = [request.blocks_needed(block_size) for request in requests]
     if requested is None:
         # Tight on purpose: about a quarter of the demand, so blocks are freed and reused.
         return max(*needs, -(-sum(needs) // 4))
@@ -174,7 +222,8 @@ def _num_blocks(requests: list[Request], block_size: int, requested: int | None)
             f"--num-blocks {requested} cannot hold even one request: "
             f"{requests[longest].request_id} "
             f"needs {needs[longest]} blocks of {block_size} tokens "
-            f"({requests[longest].max_tokens} tokens)"
+            f"({requests[longest].max_tokens} tokens, {requests[longest].num_continuations} "
+            "continuations)"
         )
     return requested
 
@@ -192,7 +241,8 @@ def _mark(passed: bool, tie: bool = False) -> str:
 def _print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig) -> None:
     print(
         f"model {loaded.name}; pool {pool.num_blocks} blocks x {pool.block_size} tokens; "
-        f"{pool.engine_type.__name__}, {pool.pool_type.__name__}"
+        f"{pool.engine_type.__name__}, {pool.pool_type.__name__}, "
+        f"{type(pool.allocation).__name__}"
     )
     header = (
         f"{'request':<8} {'prompt':>6} {'gen':>4} {'gate':>5} {'alone':>5} {'batch':>5} "
@@ -216,8 +266,8 @@ def _print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfi
     mib = 1024 * 1024
     print()
     print(
-        f"requests passing all three checks: {identical}/{len(report.rows)} (ties: {ties}, "
-        f"tie margin {report.tie_margin:g})"
+        f"requests and continuations passing all three checks: {identical}/{len(report.rows)} "
+        f"(ties: {ties}, tie margin {report.tie_margin:g})"
     )
     print(f"paged and contiguous schedules identical: {report.schedules_equal}")
     print(
@@ -228,6 +278,12 @@ def _print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfi
     print(
         "block utilization (tokens held / slots reserved, over steps): "
         f"{report.block_utilization:.3f}"
+    )
+    print(
+        f"sharing: prefix hits {report.prefix_hit_tokens} tokens (prefill fed "
+        f"{report.prefill_tokens} tokens); copy-on-write copies {report.cow_copies}; "
+        f"preemptions {report.preemptions}; blocks saved by sharing (peak) "
+        f"{report.blocks_saved_by_sharing}"
     )
     print(
         f"decode throughput: dense generate (one request at a time) "
@@ -251,6 +307,9 @@ def _as_json(
         "block_size": pool.block_size,
         "batch_invariant": bool(args.batch_invariant),
         "poison_freed": bool(args.poison_freed),
+        "prefix_caching": not args.no_prefix_cache,
+        "system_prompt": args.system_prompt,
+        "n": args.n,
         "passed": report.passed,
         "schedules_equal": report.schedules_equal,
         "tie_margin": report.tie_margin,
@@ -275,6 +334,11 @@ def _as_json(
             "contiguous_bytes": report.contiguous_bytes,
             "block_utilization": report.block_utilization,
             "peak_requests": report.peak_requests,
+            "prefill_tokens": report.prefill_tokens,
+            "prefix_hit_tokens": report.prefix_hit_tokens,
+            "cow_copies": report.cow_copies,
+            "preemptions": report.preemptions,
+            "blocks_saved_by_sharing": report.blocks_saved_by_sharing,
         },
     }
 

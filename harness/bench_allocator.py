@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import spec
+from harness.bench_prefix import (
+    PREFIX_TABLE_HEADER,
+    prefix_heavy_trace,
+    revival_trace,
+    run_prefix_trace,
+)
 from harness.cli import OneLineParser, fail
 from impl import BlockAllocationError, KVBlockManager
 
@@ -240,6 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="timed replays (median taken)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     parser.add_argument("--skip-spec", action="store_true", help="time impl only")
+    parser.add_argument(
+        "--prefix-requests",
+        type=int,
+        default=2_000,
+        help="requests in each prefix-caching trace (0 skips them)",
+    )
     args = parser.parse_args(argv)
     if min(args.requests, args.total_blocks, args.block_size, args.max_running, args.runs) < 1:
         return fail(PROG, "--requests, --total-blocks, --block-size, --max-running, --runs: >= 1")
@@ -283,7 +295,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     for method in ("append_slot", "append_tokens"):
         median_ns = in_block_append_ns(method, repeats=7, appends=200_000)
         print(f"median in-block decode append, impl {method}, tight loop: {median_ns:.0f} ns")
+    if args.prefix_requests > 0:
+        print_prefix_tables(args.prefix_requests, args.seed)
     return 0
+
+
+def print_prefix_tables(request_count: int, seed: int) -> None:
+    """The prefix-heavy trace, and the revival trace at three pool sizes."""
+    rows = []
+    print("  prefix-heavy trace", file=sys.stderr, flush=True)
+    heavy = prefix_heavy_trace(request_count, seed)
+    rows.append(run_prefix_trace("prefix-heavy", heavy, 8192, 256, seed))
+    revival = revival_trace(request_count, seed)
+    for total_blocks in (8_192, 32_768, 131_072):
+        print(f"  revival trace, {total_blocks} blocks", file=sys.stderr, flush=True)
+        rows.append(run_prefix_trace("revival", revival, total_blocks, 4, seed))
+    print(PREFIX_TABLE_HEADER)
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from transformers import GenerationConfig
 
 from harness.cli import OneLineParser, fail
 from harness.dense import generate_dense_batch
-from harness.engine import Engine, Request
+from harness.engine import NO_PREFIX_CACHING, Engine, Request
 from harness.equivalence import kv_layout
 from harness.kv_pool import PagedKVPool
 from harness.models import LoadedModel, ModelNotFoundError, load_model, tiny_llama
@@ -186,7 +186,8 @@ def _run_paged(
     manager = KVBlockManager(num_blocks, block_size)
     pool = PagedKVPool(kv_layout(loaded), num_blocks, block_size)
     requests = [Request(f"r{i}", prompt, new_tokens) for i, prompt in enumerate(batch)]
-    result = Engine(loaded.model, manager, pool, None).run(requests)
+    # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
+    result = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING).run(requests)
     peak.append(result.peak_used_blocks)
 
 

@@ -2,20 +2,35 @@
 
 For a list of requests it runs
 - the dense reference, ``generate`` one request at a time (checks 2 and 3 compare to it);
-- each request alone through the paged engine, on a fresh manager over the same pool
-  (check 2), so the pool is full of an earlier request's stale K/V;
-- all requests with continuous batching on the paged pool (check 3);
-- the same batched schedule on contiguous per-request buffers (check 1, the gate);
-and gathers a row per request and the run's totals. It is *not* the command line.
+  a request with several continuations gets one ``generate`` per continuation, its first
+  token forced (``generate_dense_continuation``);
+- each request alone (with its continuations, each in its own forward) through the paged
+  engine, on a fresh manager over the same pool (check 2), so the pool is full of an
+  earlier request's stale K/V;
+- all requests with continuous batching on the paged pool (check 3), with the configured
+  allocation (prefix caching or not);
+- the allocator gate (check 1): the batched schedule without prefix caching on the paged
+  pool and on contiguous per-request buffers (contiguous buffers have no K/V for a prefix
+  hit; with prefix caching off the batched run is the gate's paged run);
+and gathers a row per continuation and the run's totals. It is *not* the command line.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from harness.dense import DenseOutput, generate_dense
-from harness.engine import Engine, EngineResult, Request, RequestOutput
+from harness.dense import DenseOutput, generate_dense, generate_dense_continuation
+from harness.engine import (
+    NO_PREFIX_CACHING,
+    PREFIX_CACHING,
+    Allocation,
+    BatchInvariantEngine,
+    Engine,
+    EngineResult,
+    Request,
+    RequestOutput,
+)
 from harness.kv_pool import ContiguousKVBuffers, KVLayout, PagedKVPool
 from harness.models import LoadedModel
 from harness.oracle import (
@@ -34,17 +49,18 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
-    """The paged pool to run on, and the engine and pool classes to run with."""
+    """The paged pool to run on, the engine and pool classes, and how prompts get blocks."""
 
     num_blocks: int
     block_size: int
     engine_type: type[Engine] = Engine
     pool_type: type[PagedKVPool] = PagedKVPool
+    allocation: Allocation = PREFIX_CACHING
 
 
 @dataclass(frozen=True, slots=True)
 class RequestReport:
-    """One request's row: sizes, the three checks, the logprob drift, blocks held."""
+    """One request's (or continuation's) row: sizes, the three checks, drift, blocks held."""
 
     request_id: str
     prompt_tokens: int
@@ -75,6 +91,11 @@ class EquivalenceReport:
     peak_requests: int
     tie_margin: float
     schedules_equal: bool
+    prefill_tokens: int
+    prefix_hit_tokens: int
+    cow_copies: int
+    preemptions: int
+    blocks_saved_by_sharing: int
 
     @property
     def passed(self) -> bool:
@@ -105,43 +126,75 @@ def run_equivalence(
     dense: dict[str, DenseOutput] = {}
     for number, request in enumerate(requests, 1):
         progress(f"dense generate: request {number}/{len(requests)}")
-        dense[request.request_id] = generate_dense(
-            loaded.model, request.prompt_ids, request.max_new_tokens, eos
-        )
+        dense.update(_generate_dense(loaded, request))
 
     paged_pool = pool.pool_type(layout, pool.num_blocks, pool.block_size)
     alone: dict[str, RequestOutput] = {}
     for number, request in enumerate(requests, 1):
         progress(f"paged, one request alone: request {number}/{len(requests)}")
         manager = KVBlockManager(pool.num_blocks, pool.block_size)
-        engine = Engine(loaded.model, manager, paged_pool, eos)
-        alone.update(engine.run([_arriving_now(request)]).outputs)
+        # Its continuations each in their own forward (M = 1), like generate's.
+        engine = BatchInvariantEngine(loaded.model, manager, paged_pool, eos, pool.allocation)
+        alone.update(engine.run([replace(request, arrival_step=0)]).outputs)
 
     progress(f"paged, continuous batching: {len(requests)} requests")
     batched = pool.engine_type(
-        loaded.model, KVBlockManager(pool.num_blocks, pool.block_size), paged_pool, eos
+        loaded.model,
+        KVBlockManager(pool.num_blocks, pool.block_size),
+        paged_pool,
+        eos,
+        pool.allocation,
     ).run(requests)
-    progress(f"contiguous buffers, same schedule: {len(requests)} requests")
+    gate_paged = batched
+    if pool.allocation is not NO_PREFIX_CACHING:
+        progress(f"paged, same batching without prefix caching (gate): {len(requests)} requests")
+        gate_paged = pool.engine_type(
+            loaded.model,
+            KVBlockManager(pool.num_blocks, pool.block_size),
+            paged_pool,
+            eos,
+            NO_PREFIX_CACHING,
+        ).run(requests)
+    progress(f"contiguous buffers, same schedule (gate): {len(requests)} requests")
     max_tokens = max(request.max_tokens for request in requests)
     contiguous = pool.engine_type(
         loaded.model,
         KVBlockManager(pool.num_blocks, pool.block_size),
         ContiguousKVBuffers(layout, max_tokens),
         eos,
+        NO_PREFIX_CACHING,
     ).run(requests)
     return _report(
         requests,
         dense=dense,
         alone=alone,
         batched=batched,
-        contiguous=contiguous,
+        gate=(gate_paged, contiguous),
         layout=layout,
         pool=pool,
     )
 
 
-def _arriving_now(request: Request) -> Request:
-    return Request(request.request_id, request.prompt_ids, request.max_new_tokens, 0)
+def _generate_dense(loaded: LoadedModel, request: Request) -> dict[str, DenseOutput]:
+    """The dense reference of every continuation of ``request``, by sequence id."""
+    model, eos = loaded.model, loaded.eos_token_id
+    if request.num_continuations == 1:
+        return {
+            request.request_id: generate_dense(
+                model, request.prompt_ids, request.max_new_tokens, eos
+            )
+        }
+    return {
+        sequence_id: generate_dense_continuation(
+            model,
+            request.prompt_ids,
+            request.max_new_tokens,
+            eos,
+            rank=rank,
+            num_continuations=request.num_continuations,
+        )
+        for rank, sequence_id in enumerate(request.sequence_ids)
+    }
 
 
 def _trace(output: RequestOutput | DenseOutput) -> TokenTrace:
@@ -154,28 +207,34 @@ def _report(
     dense: dict[str, DenseOutput],
     alone: dict[str, RequestOutput],
     batched: EngineResult,
-    contiguous: EngineResult,
+    gate: tuple[EngineResult, EngineResult],
     layout: KVLayout,
     pool: PoolConfig,
 ) -> EquivalenceReport:
     tie_margin = TIE_MARGINS.get(layout.dtype, TIE_MARGINS[torch.float32])
+    gate_paged, contiguous = gate
     rows = []
     for request in requests:
-        request_id = request.request_id
-        paged = batched.outputs[request_id]
-        reference = _trace(dense[request_id])
-        rows.append(
-            RequestReport(
-                request_id=request_id,
-                prompt_tokens=len(request.prompt_ids),
-                generated_tokens=len(paged.token_ids),
-                gate=check_gate(request_id, _trace(paged), _trace(contiguous.outputs[request_id])),
-                bitwise=check_bitwise(request_id, _trace(alone[request_id]), reference),
-                batched=check_batched(request_id, _trace(paged), reference, tie_margin),
-                max_logprob_delta=max_logprob_delta(_trace(paged), reference),
-                max_blocks=paged.max_blocks,
+        for sequence_id in request.sequence_ids:
+            paged = batched.outputs[sequence_id]
+            reference = _trace(dense[sequence_id])
+            gate_check = check_gate(
+                sequence_id,
+                _trace(gate_paged.outputs[sequence_id]),
+                _trace(contiguous.outputs[sequence_id]),
             )
-        )
+            rows.append(
+                RequestReport(
+                    request_id=sequence_id,
+                    prompt_tokens=len(request.prompt_ids),
+                    generated_tokens=len(paged.token_ids),
+                    gate=gate_check,
+                    bitwise=check_bitwise(sequence_id, _trace(alone[sequence_id]), reference),
+                    batched=check_batched(sequence_id, _trace(paged), reference, tie_margin),
+                    max_logprob_delta=max_logprob_delta(_trace(paged), reference),
+                    max_blocks=paged.max_blocks,
+                )
+            )
     dense_tokens = sum(len(output.token_ids) for output in dense.values())
     dense_seconds = sum(output.elapsed_s for output in dense.values())
     bytes_per_block = pool.block_size * layout.bytes_per_token
@@ -190,5 +249,10 @@ def _report(
         block_utilization=batched.block_utilization,
         peak_requests=batched.peak_requests,
         tie_margin=tie_margin,
-        schedules_equal=batched.schedule == contiguous.schedule,
+        schedules_equal=gate_paged.schedule == contiguous.schedule,
+        prefill_tokens=batched.prefill_tokens,
+        prefix_hit_tokens=batched.prefix_hit_tokens,
+        cow_copies=batched.cow_copies,
+        preemptions=batched.preemptions,
+        blocks_saved_by_sharing=batched.blocks_saved_by_sharing,
     )

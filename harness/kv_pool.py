@@ -57,7 +57,12 @@ class KVPlan:
 
 
 class KVStore(Protocol):
-    """What the attention hook needs from K/V memory: plan once per step, write, read."""
+    """What the attention hook needs from K/V memory: plan once per step, write, read.
+
+    The engine also tells it about the lifecycle: ``release`` (with the blocks that became
+    free and hold no cached prefix: a shared or cached block keeps valid K/V), ``fork``
+    and the copy-on-write ``copy_blocks``.
+    """
 
     def plan(
         self, request_id: str, block_ids: tuple[int, ...], token_count: int, new_slots: list[int]
@@ -70,6 +75,10 @@ class KVStore(Protocol):
     def read(self, layer_idx: int, plan: KVPlan) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def release(self, request_id: str, block_ids: list[int]) -> None: ...
+
+    def fork(self, parent_id: str, child_id: str) -> None: ...
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None: ...
 
 
 class PagedKVPool:
@@ -141,6 +150,23 @@ class PagedKVPool:
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """A request let go of ``block_ids``; their rows keep stale K/V until overwritten."""
 
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """Nothing to do: the child's table names the parent's blocks."""
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: every layer's K and V rows of each ``source`` block to ``destination``.
+
+        In order, so a destination of one pair could be a later pair's source.
+        """
+        device = self.layout.device
+        for source, destination in copies:
+            source_index = torch.tensor([source], dtype=torch.int64, device=device)
+            destination_index = torch.tensor([destination], dtype=torch.int64, device=device)
+            for keys, values in zip(self.keys, self.values, strict=True):
+                # keys.index_select(...): [1, block_size, num_kv_heads, head_dim]
+                keys.index_copy_(0, destination_index, keys.index_select(0, source_index))
+                values.index_copy_(0, destination_index, values.index_select(0, source_index))
+
     def poison(self, block_ids: list[int]) -> None:
         """Fill ``block_ids`` with NaN in every layer, so any later read of them shows."""
         if not block_ids:
@@ -157,6 +183,8 @@ class PoisonedKVPool(PagedKVPool):
     NOTE: a use-after-free or a stale block-table entry reads K/V another request wrote,
     which rarely moves a greedy token on a roomy pool; NaN turns any such read into NaN
     logits at once. It relies on attention reading exactly each request's own tokens.
+    The engine hands it only blocks no table holds and no prefix cache entry names: a
+    cached free block keeps its K/V for a later prefix hit, so it cannot be poisoned.
     """
 
     __slots__ = ()
@@ -213,3 +241,12 @@ class ContiguousKVBuffers:
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """Drop a finished request's buffers (its block ids mean nothing here)."""
         del self._buffers[request_id]
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """The child starts with a copy of the parent's buffers: nothing is shared here."""
+        self._buffers[child_id] = [
+            (keys.clone(), values.clone()) for keys, values in self._buffers[parent_id]
+        ]
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Nothing to copy: no two requests share a buffer."""

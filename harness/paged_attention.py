@@ -11,10 +11,17 @@ paged vs ``generate`` for one request) bit-identical, and it is why a NaN-poison
 block can only show up if a request really reads it (no padded read, no ``0 * NaN``).
 
 The model's own mask building costs nothing: ``"pagedkv"`` has no entry in
-``AttentionMaskInterface``, so ``create_causal_mask`` returns None at once. Causality is
-SDPA's ``is_causal`` for a prefill (queries are the last ``n`` of the request's tokens, and
-HF's wrapper only sets it when ``n == token_count``) and nothing for a decode (one query
-attends to all keys).
+``AttentionMaskInterface``, so ``create_causal_mask`` returns None at once. Causality, per
+request, with ``n`` queries over ``token_count`` keys:
+- a whole prefill (``n == token_count``): no mask, HF's wrapper sets SDPA's ``is_causal``,
+  exactly as ``generate``'s prefill does;
+- a decode or a one-token prefill tail (``n == 1``): no mask, the query attends to all keys;
+- a partial prefill (``1 < n < token_count``, after a prefix-cache hit or on recompute
+  after preemption): an explicit boolean mask ``[1, 1, n, token_count]`` aligned to the
+  bottom right, query ``i`` attending keys ``0 .. token_count - n + i``. SDPA's own
+  ``is_causal`` is aligned top-left, which would be wrong here, and HF's wrapper turns it
+  off whenever a mask is given. A mask also changes SDPA's kernel path (GQA by repeated
+  heads), so a partial prefill is not bit-identical to a whole one.
 
 It is *not* a ``Cache``: the model runs with ``use_cache=False`` and keeps no K/V itself.
 """
@@ -36,11 +43,29 @@ STEP_KWARG = "pagedkv_step"
 
 @dataclass(frozen=True, slots=True)
 class RequestSlice:
-    """One request's part of a packed step: its query rows ``[query_start, query_end)``."""
+    """One request's part of a packed step: its query rows ``[query_start, query_end)``.
+
+    ``mask`` is the partial-prefill mask (``partial_prefill_mask``), ``None`` otherwise.
+    """
 
     plan: KVPlan
     query_start: int
     query_end: int
+    mask: torch.Tensor | None = None  # [1, 1, query_count, token_count] bool, True = attend
+
+
+def partial_prefill_mask(
+    query_count: int, token_count: int, device: torch.device
+) -> torch.Tensor | None:
+    """The causal mask for the last ``query_count`` of ``token_count`` tokens, or ``None``.
+
+    ``None`` when no mask is needed: a whole prefill (SDPA's ``is_causal``) or one query.
+    """
+    if query_count <= 1 or query_count == token_count:
+        return None
+    # allowed[i, j]: query i sits at position token_count - query_count + i and sees key j <= it
+    allowed = torch.ones(query_count, token_count, dtype=torch.bool, device=device)
+    return allowed.tril(diagonal=token_count - query_count)[None, None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +97,10 @@ def paged_attention_forward(
     outputs = []
     for part in step.slices:
         start, end = part.query_start, part.query_end
-        if end - start > 1 and end - start != part.plan.token_count:
-            # Our own bug if reached: SDPA's causal mask is top-left aligned, so a multi-token
-            # slice must be a whole prefill (the engine never splits one).
-            raise AssertionError(f"partial prefill of {part.plan.request_id!r}")
+        if part.mask is None and 1 < end - start < part.plan.token_count:
+            # Our own bug if reached: SDPA's causal mask is top-left aligned, so a partial
+            # prefill without the bottom-right mask would hide most of each query's past.
+            raise AssertionError(f"partial prefill of {part.plan.request_id!r} without a mask")
         # new_keys, new_values: [new_tokens, num_kv_heads, head_dim]
         new_keys = key[0, :, start:end, :].transpose(0, 1)
         new_values = value[0, :, start:end, :].transpose(0, 1)
@@ -89,7 +114,13 @@ def paged_attention_forward(
         values = values.transpose(0, 1).unsqueeze(0)
         # output: [1, new_tokens, num_heads, head_dim]
         output, _ = sdpa_attention_forward(
-            module, query[:, :, start:end, :], keys, values, None, dropout=0.0, scaling=scaling
+            module,
+            query[:, :, start:end, :],
+            keys,
+            values,
+            part.mask,
+            dropout=0.0,
+            scaling=scaling,
         )
         outputs.append(output)
     if len(outputs) == 1:

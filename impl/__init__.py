@@ -4,13 +4,23 @@
 records and the error are the spec's own classes, so spec and impl compare with ``==``.
 """
 
+from impl.block_key import BlockKey, default_block_hash
 from impl.manager import KVBlockManager
-from spec import BlockAllocationError, KVBlock, KVBlockUsage, RequestBlockTable
+from spec import (
+    BlockAllocationError,
+    KVBlock,
+    KVBlockUsage,
+    PromptAllocation,
+    RequestBlockTable,
+)
 
 __all__ = [
     "BlockAllocationError",
+    "BlockKey",
     "KVBlock",
     "KVBlockManager",
     "KVBlockUsage",
+    "PromptAllocation",
     "RequestBlockTable",
+    "default_block_hash",
 ]

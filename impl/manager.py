@@ -1,46 +1,87 @@
 """The fast, mutable block allocator an engine calls on every step.
 
-It behaves exactly like ``spec.allocator`` (same block ids, same free-queue order, same
+It behaves exactly like ``spec.allocator`` (same block ids, same queue orders, same
 errors) and is tested against it in lockstep. What it adds is speed: O(1) amortised per
-operation, with no scan of the pool or of the tables on any hot path:
+operation, with no scan of the pool, the queues or the tables on any hot path:
 - the free queue is a ``deque`` (O(1) at both ends);
-- each request's table is a list that only grows at its end;
-- ``usage()`` is built from two running counters, not from the tables.
+- the cached free queue is an ``OrderedDict`` (see the NOTE in ``__init__``);
+- each request's table is a list that grows at its end; ref counts are a list by block id;
+- ``usage()`` is built from running counters, not from the tables.
 
-It is *not* the owner of KV tensors: it hands out block ids, and harness/ decides what
-lives in them.
+It is *not* the owner of KV tensors: it hands out block ids (and, for copy-on-write, the
+copies to make), and harness/ decides what lives in them.
 """
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Sequence
 
+from impl.block_key import ROOT_HASH, BlockHash, BlockKey, default_block_hash
 from spec import (
     AllocatorState,
     BlockAllocationError,
     FrozenMap,
     KVBlock,
     KVBlockUsage,
+    PromptAllocation,
     RequestBlockTable,
+    SharingCounters,
     violated_invariants,
 )
 from spec import usage as spec_usage
 
 
 class _Table:
-    """A request's mutable table: block ids in token order and the tokens they hold."""
+    """A request's mutable table: block ids in token order and the tokens they hold.
 
-    __slots__ = ("block_ids", "token_count")
+    ``token_ids`` and ``keys`` are ``None`` for a request allocated by count; otherwise
+    ``keys[i]`` is the prefix key of full block ``i``, made once when the block filled.
+    ``exclusive`` promises that every block is this table's alone and uncached (a request
+    allocated by count and never forked): its appends and release take a fast path.
+    """
 
-    def __init__(self, block_ids: list[int], token_count: int) -> None:
+    __slots__ = ("block_ids", "exclusive", "keys", "token_count", "token_ids")
+
+    def __init__(
+        self,
+        block_ids: list[int],
+        token_count: int,
+        token_ids: list[int] | None = None,
+        keys: list[BlockKey] | None = None,
+    ) -> None:
         self.block_ids = block_ids
         self.token_count = token_count
+        self.token_ids = token_ids
+        self.keys = keys
+        self.exclusive = token_ids is None
 
 
 class KVBlockManager:
     """A pool of ``total_blocks`` blocks of ``block_size`` tokens, lent to requests."""
 
-    __slots__ = ("_allocated_tokens", "_free", "_tables", "block_size", "blocks", "total_blocks")
+    __slots__ = (
+        "_allocated_tokens",
+        "_block_hash",
+        "_block_key",
+        "_cache",
+        "_cached_blocks",
+        "_cached_free",
+        "_cow_copies",
+        "_evictions",
+        "_free",
+        "_pending_copies",
+        "_preemptions",
+        "_prefix_hit_tokens",
+        "_ref_counts",
+        "_shared_blocks",
+        "_tables",
+        "block_size",
+        "blocks",
+        "total_blocks",
+    )
 
-    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
+    def __init__(
+        self, total_blocks: int, block_size: int = 16, block_hash: BlockHash = default_block_hash
+    ) -> None:
         if total_blocks < 1:
             raise ValueError(f"total_blocks must be >= 1, got {total_blocks}")
         if block_size < 1:
@@ -51,8 +92,26 @@ class KVBlockManager:
             KVBlock(block_id, block_size) for block_id in range(total_blocks)
         )
         self._free: deque[int] = deque(range(total_blocks))
+        # NOTE: an OrderedDict, not a deque: a prefix hit revives a cached free block from
+        # anywhere in the queue, and ``del`` is O(1) there where ``deque.remove`` scans
+        # (nano-vllm's scan costs 101 ms for 64 blocks among 131k free). ``popitem(last=
+        # False)`` evicts the least recently freed block in O(1).
+        self._cached_free: OrderedDict[int, None] = OrderedDict()
         self._tables: dict[str, _Table] = {}
+        self._ref_counts: list[int] = [0] * total_blocks
+        self._block_hash = block_hash
+        # The prefix cache: hash -> the blocks holding a cached prefix with that hash (one,
+        # but for collisions); block -> its key. A lookup confirms by comparing tokens.
+        self._cache: dict[int, list[int]] = {}
+        self._block_key: list[BlockKey | None] = [None] * total_blocks
+        self._cached_blocks = 0
+        self._pending_copies: list[tuple[int, int]] = []
         self._allocated_tokens = 0
+        self._shared_blocks = 0
+        self._prefix_hit_tokens = 0
+        self._evictions = 0
+        self._cow_copies = 0
+        self._preemptions = 0
 
     # -- read-only views (copies; not for the hot path) -------------------------------
 
@@ -62,54 +121,135 @@ class KVBlockManager:
         return tuple(self._free)
 
     @property
+    def cached_free_block_ids(self) -> tuple[int, ...]:
+        """Free blocks that still hold a cached prefix, least recently freed first."""
+        return tuple(self._cached_free)
+
+    @property
     def request_tables(self) -> dict[str, RequestBlockTable]:
         """A snapshot of every request's table, by request id."""
         return {request_id: self.snapshot_request(request_id) for request_id in self._tables}
 
     @property
     def num_free_blocks(self) -> int:
-        """How many blocks are free, in O(1)."""
-        return len(self._free)
+        """How many blocks an allocation may take (cached free ones included), in O(1)."""
+        return len(self._free) + len(self._cached_free)
+
+    @property
+    def pending_copies(self) -> tuple[tuple[int, int], ...]:
+        """Copy-on-write copies (source block, destination block) not yet taken."""
+        return tuple(self._pending_copies)
 
     def can_allocate(self, token_count: int) -> bool:
-        """Whether ``allocate`` of ``token_count`` tokens would find enough free blocks now."""
-        return self._blocks_for(token_count) <= len(self._free)
+        """Whether ``allocate`` of ``token_count`` tokens would find enough blocks now."""
+        return self._blocks_for(token_count) <= self.num_free_blocks
 
     def snapshot_request(self, request_id: str) -> RequestBlockTable:
         """A frozen copy of one request's table; ``KeyError`` if the request is unknown."""
         table = self._tables[request_id]
         return RequestBlockTable(request_id, tuple(table.block_ids), table.token_count)
 
+    def ref_count(self, block_id: int) -> int:
+        """How many tables hold ``block_id``."""
+        return self._ref_counts[block_id]
+
     def usage(self) -> KVBlockUsage:
         """The usage report, from running counters in O(1)."""
-        used_blocks = self.total_blocks - len(self._free)
+        free_blocks = len(self._free) + len(self._cached_free)
+        used_blocks = self.total_blocks - free_blocks
         return KVBlockUsage(
             block_size=self.block_size,
             total_blocks=self.total_blocks,
             used_blocks=used_blocks,
-            free_blocks=len(self._free),
+            free_blocks=free_blocks,
             request_count=len(self._tables),
             allocated_tokens=self._allocated_tokens,
             reserved_tokens=used_blocks * self.block_size,
+            cached_blocks=self._cached_blocks,
+            shared_blocks=self._shared_blocks,
+            prefix_hit_tokens=self._prefix_hit_tokens,
+            evictions=self._evictions,
+            cow_copies=self._cow_copies,
+            preemptions=self._preemptions,
         )
 
     # -- operations --------------------------------------------------------------------
 
     def allocate(self, request_id: str, token_count: int) -> RequestBlockTable:
-        """Give a new request the blocks for ``token_count`` tokens, from the free queue's head."""
+        """Give a new request blocks for ``token_count`` tokens whose ids are not tracked."""
         needed = self._blocks_for(token_count)
         if request_id in self._tables:
             raise ValueError(f"request {request_id!r} is already allocated")
-        free = self._free
-        if needed > len(free):
-            raise BlockAllocationError(request_id, needed, len(free))
-        block_ids = [free.popleft() for _ in range(needed)]
+        available = len(self._free) + len(self._cached_free)
+        if needed > available:
+            raise BlockAllocationError(request_id, needed, available)
+        block_ids = self._take(needed)
         self._tables[request_id] = _Table(block_ids, token_count)
         self._allocated_tokens += token_count
         return RequestBlockTable(request_id, tuple(block_ids), token_count)
 
+    def allocate_prompt(self, request_id: str, token_ids: Sequence[int]) -> PromptAllocation:
+        """Give a new request blocks for its prompt, reusing the longest cached prefix.
+
+        Hits never cover the prompt's last token. Every block the prompt fills is cached.
+        """
+        if request_id in self._tables:
+            raise ValueError(f"request {request_id!r} is already allocated")
+        ids = tuple(token_ids)
+        block_size = self.block_size
+        block_hash = self._block_hash
+        block_key = self._block_key
+        cache = self._cache
+        keys: list[BlockKey] = []
+        hits: list[int] = []
+        parent: BlockKey | None = None
+        parent_hash = ROOT_HASH
+        hit_limit = (len(ids) - 1) // block_size
+        while len(hits) < hit_limit:
+            start = len(hits) * block_size
+            chunk = ids[start : start + block_size]
+            hash_value = block_hash(parent_hash, chunk)
+            bucket = cache.get(hash_value)
+            block_id = None
+            if bucket is not None:
+                # NOTE: the common hit inlined (one candidate, the very parent key object,
+                # equal tokens); anything else goes through the full check in _lookup.
+                candidate = block_key[bucket[0]]
+                if len(bucket) == 1 and candidate is not None and candidate.parent is parent:
+                    block_id = bucket[0] if candidate.token_ids == chunk else None
+                else:
+                    block_id = self._lookup(parent, chunk, hash_value)
+            if block_id is None:
+                # Kept: the block gets this key if the prompt fills it, so no second hash.
+                keys.append(BlockKey(parent, chunk, hash_value))
+                break
+            parent = block_key[block_id]
+            assert parent is not None, "a cached block has a key"
+            parent_hash = hash_value
+            keys.append(parent)
+            hits.append(block_id)
+        needed = -(-len(ids) // block_size) - len(hits)
+        ref_counts = self._ref_counts
+        revived = [block_id for block_id in hits if ref_counts[block_id] == 0]
+        available = len(self._free) + len(self._cached_free) - len(revived)
+        if needed > available:
+            raise BlockAllocationError(request_id, needed, available)
+        for block_id in revived:
+            del self._cached_free[block_id]
+        for block_id in hits:
+            self._add_reference(block_id)
+        table = _Table(hits + self._take(needed), len(ids), list(ids), keys)
+        self._tables[request_id] = table
+        self._allocated_tokens += len(ids)
+        cached_tokens = len(hits) * block_size
+        self._prefix_hit_tokens += cached_tokens
+        self._cache_full_blocks(table, len(hits))
+        return PromptAllocation(
+            RequestBlockTable(request_id, tuple(table.block_ids), len(ids)), cached_tokens
+        )
+
     def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable:
-        """Grow a request by ``token_count`` tokens; returns a snapshot of its table.
+        """Grow a request allocated by count by ``token_count`` tokens; returns a snapshot.
 
         The snapshot copies the table (O(blocks)); a decode loop should call
         ``append_slot``, which does O(1) work and returns nothing to copy.
@@ -117,60 +257,157 @@ class KVBlockManager:
         if token_count < 0:
             raise ValueError(f"token_count must be >= 0, got {token_count}")
         table = self._tables[request_id]
-        new_token_count = table.token_count + token_count
-        block_ids = table.block_ids
-        needed = self._blocks_for(new_token_count) - len(block_ids)
-        free = self._free
-        if needed > len(free):
-            raise BlockAllocationError(request_id, needed, len(free))
-        for _ in range(needed):
-            block_ids.append(free.popleft())
-        table.token_count = new_token_count
-        self._allocated_tokens += token_count
-        return RequestBlockTable(request_id, tuple(block_ids), new_token_count)
+        if table.token_ids is not None:
+            raise ValueError(f"request {request_id!r} tracks token ids: use append_token_ids")
+        self._grow(request_id, table, token_count)
+        return RequestBlockTable(request_id, tuple(table.block_ids), table.token_count)
+
+    def append_token_ids(self, request_id: str, token_ids: Sequence[int]) -> RequestBlockTable:
+        """Grow a request allocated by ``allocate_prompt`` by these tokens; returns a snapshot.
+
+        Every block the new tokens fill becomes cached.
+        """
+        table = self._tables[request_id]
+        if table.token_ids is None:
+            raise ValueError(f"request {request_id!r} was allocated by count: use append_tokens")
+        first_index = table.token_count // self.block_size
+        self._grow(request_id, table, len(token_ids))
+        table.token_ids.extend(token_ids)
+        self._cache_full_blocks(table, first_index)
+        return RequestBlockTable(request_id, tuple(table.block_ids), table.token_count)
 
     def append_slot(self, request_id: str) -> int:
-        """Grow a request by one token and return that token's slot in the pool.
+        """Grow a request allocated by count by one token; return that token's pool slot.
 
-        The hot path of decoding: O(1), no copy. The slot is
-        ``block_id * block_size + offset``, the row of the KV pool the new token's K/V
-        go to. Same effect on the allocator as ``append_tokens(request_id, 1)``.
+        The hot path of decoding: O(1), no copy. The slot is ``block_id * block_size +
+        offset``, the row of the KV pool the new token's K/V go to. Same effect on the
+        allocator as ``append_tokens(request_id, 1)``.
         """
         table = self._tables[request_id]
         position = table.token_count
         block_size = self.block_size
         offset = position % block_size
-        block_ids = table.block_ids
-        if offset == 0:
-            # NOTE: the new token starts a block; the one place a decode step allocates.
-            free = self._free
-            if not free:
-                raise BlockAllocationError(request_id, 1, 0)
-            block_ids.append(free.popleft())
-        table.token_count = position + 1
-        self._allocated_tokens += 1
-        return block_ids[-1] * block_size + offset
+        if offset and table.exclusive:
+            # The decode fast path: the token lands in the request's own last block.
+            table.token_count = position + 1
+            self._allocated_tokens += 1
+            return table.block_ids[-1] * block_size + offset
+        if table.token_ids is not None:
+            raise ValueError(f"request {request_id!r} tracks token ids: use append_token_ids")
+        return self._append_one(request_id, table)
+
+    def append_token_slot(self, request_id: str, token_id: int) -> int:
+        """Grow a request allocated by ``allocate_prompt`` by one token; return its slot.
+
+        The hot path of decoding with prefix caching; O(1) but when the token fills a
+        block, which is then hashed and cached. Same effect as ``append_token_ids``.
+        """
+        table = self._tables[request_id]
+        token_ids = table.token_ids
+        if token_ids is None:
+            raise ValueError(f"request {request_id!r} was allocated by count: use append_tokens")
+        slot = self._append_one(request_id, table)
+        token_ids.append(token_id)
+        if table.token_count % self.block_size == 0:
+            self._cache_full_blocks(table, table.token_count // self.block_size - 1)
+        return slot
+
+    def fork(self, parent_id: str, child_id: str) -> RequestBlockTable:
+        """Give ``child_id`` a table sharing every block of ``parent_id``; O(blocks).
+
+        Takes no block. Whichever side later appends into a shared, partly filled last
+        block gets a copy of it first (see ``take_copies``).
+        """
+        parent = self._tables[parent_id]
+        if child_id in self._tables:
+            raise ValueError(f"request {child_id!r} is already allocated")
+        self._tables[child_id] = _Table(
+            list(parent.block_ids),
+            parent.token_count,
+            None if parent.token_ids is None else list(parent.token_ids),
+            None if parent.keys is None else list(parent.keys),
+        )
+        for block_id in parent.block_ids:
+            self._add_reference(block_id)
+        parent.exclusive = self._tables[child_id].exclusive = False
+        self._allocated_tokens += parent.token_count
+        return RequestBlockTable(child_id, tuple(parent.block_ids), parent.token_count)
 
     def release(self, request_id: str) -> list[int]:
-        """Drop a request; its blocks join the free queue's tail last block first.
+        """Drop a request; each block loses a reference, last block first.
 
-        Returns the released block ids in table order.
+        A block left unreferenced joins the tail of the cached free queue if it holds a
+        cached prefix, else the tail of the free queue. Returns the request's block ids in
+        table order.
         """
         table = self._tables.pop(request_id)
         block_ids = table.block_ids
-        self._free.extend(reversed(block_ids))
+        ref_counts = self._ref_counts
         self._allocated_tokens -= table.token_count
+        if table.exclusive:
+            for block_id in block_ids:
+                ref_counts[block_id] = 0
+            self._free.extend(reversed(block_ids))
+            return list(block_ids)
+        block_key = self._block_key
+        for block_id in reversed(block_ids):
+            count = ref_counts[block_id] - 1
+            ref_counts[block_id] = count
+            if count == 1:
+                self._shared_blocks -= 1
+            elif count == 0:
+                if block_key[block_id] is None:
+                    self._free.append(block_id)
+                else:
+                    self._cached_free[block_id] = None
         return list(block_ids)
+
+    def preempt(self, request_id: str) -> list[int]:
+        """Release a request the engine preempts to recompute later; counts the preemption."""
+        released = self.release(request_id)
+        self._preemptions += 1
+        return released
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write copies (source, destination) to perform now, in order; clears them.
+
+        The engine copies each source block's K/V to its destination before the step's
+        forward pass writes into the destination.
+        """
+        copies = self._pending_copies
+        self._pending_copies = []
+        return copies
 
     # -- checking ----------------------------------------------------------------------
 
     def to_spec(self) -> AllocatorState:
-        """The spec state this allocator is in (for tests and checkers)."""
+        """The spec state this allocator is in (for tests and checkers; O(pool))."""
         return AllocatorState(
             block_size=self.block_size,
             total_blocks=self.total_blocks,
             free_block_ids=tuple(self._free),
             tables=FrozenMap(self.request_tables),
+            cached_free_block_ids=tuple(self._cached_free),
+            ref_counts=FrozenMap(
+                {block_id: count for block_id, count in enumerate(self._ref_counts) if count}
+            ),
+            token_ids=FrozenMap(
+                {
+                    request_id: tuple(table.token_ids)
+                    for request_id, table in self._tables.items()
+                    if table.token_ids is not None
+                }
+            ),
+            cache=FrozenMap(
+                {key.prefix(): block_id for block_id, key in enumerate(self._block_key) if key}
+            ),
+            pending_copies=tuple(self._pending_copies),
+            counters=SharingCounters(
+                prefix_hit_tokens=self._prefix_hit_tokens,
+                evictions=self._evictions,
+                cow_copies=self._cow_copies,
+                preemptions=self._preemptions,
+            ),
         )
 
     def check_invariants(self) -> None:
@@ -179,11 +416,137 @@ class KVBlockManager:
         broken = violated_invariants(state)
         if self.usage() != spec_usage(state):
             broken.append(f"usage counters: {self.usage()} != {spec_usage(state)}")
+        bucketed = {(h, b) for h, bucket in self._cache.items() for b in bucket}
+        keyed = {(key.hash_value, b) for b, key in enumerate(self._block_key) if key}
+        if bucketed != keyed or self._cached_blocks != len(keyed):
+            broken.append("cache index: hash buckets, block keys and count disagree")
         if broken:
             # An explicit raise, not ``assert``: it must survive ``python -O``.
             raise AssertionError(f"allocator invariants broken: {', '.join(broken)}")
+
+    # -- building blocks ----------------------------------------------------------------
 
     def _blocks_for(self, token_count: int) -> int:
         if token_count < 0:
             raise ValueError(f"token_count must be >= 0, got {token_count}")
         return -(-token_count // self.block_size)
+
+    def _take(self, count: int) -> list[int]:
+        """Take ``count`` blocks, one reference each: free queue first, then evict cached."""
+        free = self._free
+        ref_counts = self._ref_counts
+        if count <= len(free):
+            taken = [free.popleft() for _ in range(count)]
+            for block_id in taken:
+                ref_counts[block_id] = 1
+            return taken
+        taken = []
+        for _ in range(count):
+            if free:
+                block_id = free.popleft()
+            else:
+                block_id, _ = self._cached_free.popitem(last=False)
+                self._uncache(block_id)
+                self._evictions += 1
+            ref_counts[block_id] = 1
+            taken.append(block_id)
+        return taken
+
+    def _lookup(
+        self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
+    ) -> int | None:
+        """The block caching the prefix ``parent`` + ``token_ids``, confirmed token by token.
+
+        ``None`` if no cached block holds it. The hash only narrows the candidates.
+        """
+        for block_id in self._cache.get(hash_value, ()):
+            cached = self._block_key[block_id]
+            assert cached is not None, "a block in the cache has a key"
+            if cached.token_ids != token_ids:
+                continue
+            # Walking a cached chain, the parents are the very same key objects.
+            if cached.parent is parent or (
+                cached.parent is not None
+                and parent is not None
+                and cached.parent.same_prefix(parent)
+            ):
+                return block_id
+        return None
+
+    def _uncache(self, block_id: int) -> None:
+        """Forget the prefix ``block_id`` holds: it is about to be overwritten."""
+        key = self._block_key[block_id]
+        assert key is not None, "an evicted block was cached"
+        bucket = self._cache[key.hash_value]
+        bucket.remove(block_id)
+        if not bucket:
+            del self._cache[key.hash_value]
+        self._block_key[block_id] = None
+        self._cached_blocks -= 1
+
+    def _add_reference(self, block_id: int) -> None:
+        count = self._ref_counts[block_id] + 1
+        self._ref_counts[block_id] = count
+        if count == 2:
+            self._shared_blocks += 1
+
+    def _append_one(self, request_id: str, table: _Table) -> int:
+        """Add one token to ``table``; return its slot. In-block appends touch nothing else."""
+        position = table.token_count
+        block_size = self.block_size
+        offset = position % block_size
+        block_ids = table.block_ids
+        if offset == 0 or self._ref_counts[block_ids[-1]] > 1:
+            # NOTE: the token opens a block or lands in a shared one: the only cases that
+            # take a block, so the only ones off the O(1) fast path below.
+            self._grow(request_id, table, 1)
+            return block_ids[-1] * block_size + offset
+        table.token_count = position + 1
+        self._allocated_tokens += 1
+        return block_ids[-1] * block_size + offset
+
+    def _grow(self, request_id: str, table: _Table, token_count: int) -> None:
+        """Add ``token_count`` tokens, copying a shared partly filled last block first."""
+        block_size = self.block_size
+        block_ids = table.block_ids
+        position = table.token_count
+        copy_on_write = (
+            token_count > 0 and position % block_size != 0 and self._ref_counts[block_ids[-1]] > 1
+        )
+        needed = -(-(position + token_count) // block_size) - len(block_ids) + copy_on_write
+        available = len(self._free) + len(self._cached_free)
+        if needed > available:
+            raise BlockAllocationError(request_id, needed, available)
+        taken = self._take(needed)
+        if copy_on_write:
+            source = block_ids[-1]
+            destination = taken.pop(0)
+            block_ids[-1] = destination
+            self._ref_counts[source] -= 1
+            if self._ref_counts[source] == 1:
+                self._shared_blocks -= 1
+            self._pending_copies.append((source, destination))
+            self._cow_copies += 1
+        block_ids.extend(taken)
+        table.token_count = position + token_count
+        self._allocated_tokens += token_count
+
+    def _cache_full_blocks(self, table: _Table, first_index: int) -> None:
+        """Key and cache every full block from ``first_index`` on, unless its prefix is cached."""
+        token_ids = table.token_ids
+        keys = table.keys
+        assert token_ids is not None and keys is not None, "only token-tracking tables cache"
+        block_size = self.block_size
+        for index in range(first_index, len(token_ids) // block_size):
+            if index == len(keys):
+                parent = keys[-1] if keys else None
+                start = index * block_size
+                chunk = tuple(token_ids[start : start + block_size])
+                parent_hash = ROOT_HASH if parent is None else parent.hash_value
+                keys.append(BlockKey(parent, chunk, self._block_hash(parent_hash, chunk)))
+            key = keys[index]
+            if self._lookup(key.parent, key.token_ids, key.hash_value) is None:
+                block_id = table.block_ids[index]
+                self._cache.setdefault(key.hash_value, []).append(block_id)
+                self._block_key[block_id] = key
+                self._cached_blocks += 1

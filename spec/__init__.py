@@ -6,19 +6,27 @@ impl/ is tested against it.
 
 from spec.allocator import (
     AllocatorState,
+    SharingCounters,
     allocate,
+    allocate_prompt,
+    append_token_ids,
     append_tokens,
+    available_blocks,
     block_table,
     blocks_for_tokens,
+    cached_prefix_blocks,
+    fork,
     init,
+    preempt,
     release,
     slot_index,
+    take_copies,
     usage,
 )
 from spec.errors import BlockAllocationError
 from spec.frozen_map import FrozenMap
 from spec.invariants import INVARIANTS, is_usage_consistent, violated_invariants
-from spec.records import KVBlock, KVBlockUsage, RequestBlockTable
+from spec.records import KVBlock, KVBlockUsage, PromptAllocation, RequestBlockTable
 
 __all__ = [
     "INVARIANTS",
@@ -27,15 +35,24 @@ __all__ = [
     "FrozenMap",
     "KVBlock",
     "KVBlockUsage",
+    "PromptAllocation",
     "RequestBlockTable",
+    "SharingCounters",
     "allocate",
+    "allocate_prompt",
+    "append_token_ids",
     "append_tokens",
+    "available_blocks",
     "block_table",
     "blocks_for_tokens",
+    "cached_prefix_blocks",
+    "fork",
     "init",
     "is_usage_consistent",
+    "preempt",
     "release",
     "slot_index",
+    "take_copies",
     "usage",
     "violated_invariants",
 ]

@@ -24,8 +24,25 @@ class RequestBlockTable:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptAllocation:
+    """What ``allocate_prompt`` gives: the new table and how many prompt tokens hit the cache.
+
+    The first ``cached_tokens`` tokens' K/V are already in the pool; the engine computes
+    only the rest.
+    """
+
+    table: RequestBlockTable
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class KVBlockUsage:
-    """A snapshot of the pool: blocks in use and free, requests, tokens held and reserved."""
+    """A snapshot of the pool: blocks in use and free, requests, tokens, and sharing counters.
+
+    ``free_blocks`` counts every block an allocation may take, cached ones included.
+    ``allocated_tokens`` sums the tables' token counts, so with shared blocks it can
+    exceed ``reserved_tokens`` (the tokens' K/V is stored once, counted per request).
+    """
 
     block_size: int
     total_blocks: int
@@ -34,6 +51,12 @@ class KVBlockUsage:
     request_count: int
     allocated_tokens: int
     reserved_tokens: int
+    cached_blocks: int = 0
+    shared_blocks: int = 0
+    prefix_hit_tokens: int = 0
+    evictions: int = 0
+    cow_copies: int = 0
+    preemptions: int = 0
 
     @property
     def internal_fragmentation_tokens(self) -> int:

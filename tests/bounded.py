@@ -27,11 +27,11 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import spec
 from impl import KVBlockManager
-from spec import AllocatorState, BlockAllocationError
+from spec import AllocatorState, BlockAllocationError, PromptAllocation, SharingCounters
 
 # The errors the spec may raise for a refused operation; anything else is a bug.
 SPECIFIED_ERRORS = (ValueError, KeyError, BlockAllocationError)
@@ -45,11 +45,16 @@ class Bounds:
     block_size: int
     request_ids: tuple[str, ...]
     max_token_count: int
+    # Prompts for the sharing operations (allocate_prompt, token appends, fork, preempt,
+    # take_copies); none means the walk tries only the count-based operations.
+    prompts: tuple[tuple[int, ...], ...] = ()
 
     def __str__(self) -> str:
+        sharing = f" prompts={len(self.prompts)}" if self.prompts else ""
         return (
             f"blocks={self.total_blocks} block_size={self.block_size} "
             f"request_ids={len(self.request_ids)} token_counts=-1..{self.max_token_count}"
+            f"{sharing}"
         )
 
 
@@ -60,12 +65,20 @@ class Operation:
     name: str
     request_id: str = ""
     token_count: int = 0
+    token_ids: tuple[int, ...] = ()
+    child_id: str = ""
 
     def __str__(self) -> str:
         if self.name in _TAKES_REQUEST_AND_COUNT:
             return f"{self.name}({self.request_id!r}, {self.token_count})"
         if self.name in _TAKES_COUNT:
             return f"{self.name}({self.token_count})"
+        if self.name in _TAKES_REQUEST_AND_TOKENS:
+            return f"{self.name}({self.request_id!r}, {list(self.token_ids)})"
+        if self.name == "fork":
+            return f"fork({self.request_id!r}, {self.child_id!r})"
+        if self.name == "take_copies":
+            return "take_copies()"
         return f"{self.name}({self.request_id!r})"
 
 
@@ -102,6 +115,7 @@ class Report:
 
 _TAKES_REQUEST_AND_COUNT = ("allocate", "append_tokens")
 _TAKES_COUNT = ("can_allocate",)
+_TAKES_REQUEST_AND_TOKENS = ("allocate_prompt", "append_token_ids", "append_token_slot")
 
 # -- what each operation means in the spec, and how to call it on the impl ----------------
 
@@ -138,7 +152,40 @@ def _spec_snapshot_request(state: AllocatorState, op: Operation) -> tuple[Alloca
 
 def _spec_can_allocate(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
     needed = spec.blocks_for_tokens(state.block_size, op.token_count)
-    return state, needed <= len(state.free_block_ids)
+    return state, needed <= spec.available_blocks(state)
+
+
+def _spec_allocate_prompt(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    hits = spec.cached_prefix_blocks(state, op.token_ids)
+    after = spec.allocate_prompt(state, op.request_id, op.token_ids)
+    table = spec.block_table(after, op.request_id)
+    return after, PromptAllocation(table, len(hits) * state.block_size)
+
+
+def _spec_append_token_ids(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    after = spec.append_token_ids(state, op.request_id, op.token_ids)
+    return after, spec.block_table(after, op.request_id)
+
+
+def _spec_append_token_slot(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    after = spec.append_token_ids(state, op.request_id, op.token_ids)
+    position = state.tables[op.request_id].token_count
+    block_ids = spec.block_table(after, op.request_id).block_ids
+    return after, spec.slot_index(state.block_size, block_ids, position)
+
+
+def _spec_fork(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    after = spec.fork(state, op.request_id, op.child_id)
+    return after, spec.block_table(after, op.child_id)
+
+
+def _spec_preempt(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    released = list(spec.block_table(state, op.request_id).block_ids)
+    return spec.preempt(state, op.request_id), released
+
+
+def _spec_take_copies(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    return spec.take_copies(state), list(state.pending_copies)
 
 
 SPEC_STEPS: dict[str, SpecStep] = {
@@ -148,6 +195,12 @@ SPEC_STEPS: dict[str, SpecStep] = {
     "release": _spec_release,
     "snapshot_request": _spec_snapshot_request,
     "can_allocate": _spec_can_allocate,
+    "allocate_prompt": _spec_allocate_prompt,
+    "append_token_ids": _spec_append_token_ids,
+    "append_token_slot": _spec_append_token_slot,
+    "fork": _spec_fork,
+    "preempt": _spec_preempt,
+    "take_copies": _spec_take_copies,
 }
 
 IMPL_STEPS: dict[str, ImplStep] = {
@@ -157,6 +210,12 @@ IMPL_STEPS: dict[str, ImplStep] = {
     "release": lambda pool, op: pool.release(op.request_id),
     "snapshot_request": lambda pool, op: pool.snapshot_request(op.request_id),
     "can_allocate": lambda pool, op: pool.can_allocate(op.token_count),
+    "allocate_prompt": lambda pool, op: pool.allocate_prompt(op.request_id, op.token_ids),
+    "append_token_ids": lambda pool, op: pool.append_token_ids(op.request_id, op.token_ids),
+    "append_token_slot": lambda pool, op: pool.append_token_slot(op.request_id, *op.token_ids),
+    "fork": lambda pool, op: pool.fork(op.request_id, op.child_id),
+    "preempt": lambda pool, op: pool.preempt(op.request_id),
+    "take_copies": lambda pool, op: pool.take_copies(),
 }
 
 
@@ -170,6 +229,16 @@ def operations(bounds: Bounds) -> list[Operation]:
         ops += [Operation(name, request_id) for name in ("append_slot", "release")]
         ops.append(Operation("snapshot_request", request_id))
     ops += [Operation("can_allocate", token_count=n) for n in token_counts]
+    if not bounds.prompts:
+        return ops
+    for request_id in bounds.request_ids:
+        ops += [Operation("allocate_prompt", request_id, token_ids=p) for p in bounds.prompts]
+        for token_id in (0, 1):
+            ops.append(Operation("append_token_ids", request_id, token_ids=(token_id,)))
+            ops.append(Operation("append_token_slot", request_id, token_ids=(token_id,)))
+        ops += [Operation("fork", request_id, child_id=child) for child in bounds.request_ids]
+        ops.append(Operation("preempt", request_id))
+    ops.append(Operation("take_copies"))
     return ops
 
 
@@ -191,8 +260,9 @@ def _check_spec_step(before: AllocatorState, op: Operation, after: AllocatorStat
         return f"spec breaks invariant(s) {', '.join(broken)}"
     if (after.total_blocks, after.block_size) != (before.total_blocks, before.block_size):
         return "spec changed the pool's shape"
-    others_before = {k: v for k, v in before.tables.items() if k != op.request_id}
-    others_after = {k: v for k, v in after.tables.items() if k != op.request_id}
+    touched = {op.request_id, op.child_id}
+    others_before = {k: v for k, v in before.tables.items() if k not in touched}
+    others_after = {k: v for k, v in after.tables.items() if k not in touched}
     if others_before != others_after:
         return "spec changed the table of a request it was not asked about"
     return None
@@ -206,8 +276,8 @@ def _check_impl_state(pool: KVBlockManager, expected: AllocatorState) -> str | N
     report = pool.usage()
     if not spec.is_usage_consistent(expected, report):
         return f"impl usage {report} != spec usage {spec.usage(expected)}"
-    if pool.num_free_blocks != len(expected.free_block_ids):
-        return f"impl num_free_blocks {pool.num_free_blocks} != {len(expected.free_block_ids)}"
+    if pool.num_free_blocks != spec.available_blocks(expected):
+        return f"impl num_free_blocks {pool.num_free_blocks} != {spec.available_blocks(expected)}"
     try:
         pool.check_invariants()
     except AssertionError as error:
@@ -276,6 +346,21 @@ def _path_to(
     return path
 
 
+# Copy-on-write copies pile up until ``take_copies``; a state with more than this many
+# pending is checked on arrival but not walked from, or the reachable space is infinite.
+MAX_PENDING = 1
+
+
+def _identity(state: AllocatorState) -> AllocatorState:
+    """A state without its running counters: what makes two states the same for the walk.
+
+    NOTE: the counters (hits, evictions, copies, preemptions) only grow, so with them the
+    reachable space of the sharing operations would be infinite. Every transition still
+    compares them between spec and impl.
+    """
+    return replace(state, counters=SharingCounters())
+
+
 def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -> Report:
     """Walk every reachable state within ``bounds``; stop at the first violation."""
     started = time.perf_counter()
@@ -295,15 +380,15 @@ def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -
         return report(Violation(bounds, (), f"after init: {problem}"))
     while frontier:
         state, depth = frontier.popleft()
-        path = _path_to(state, parents)
+        path = _path_to(_identity(state), parents)
         for op in ops:
             transitions += 1
             pool = _replay(target_class, bounds, path)
             after, problem = check_transition(state, op, pool)
             if problem is not None:
                 return report(Violation(bounds, (*path, op), problem))
-            if after not in parents:
-                parents[after] = (state, op)
+            if _identity(after) not in parents and len(after.pending_copies) <= MAX_PENDING:
+                parents[_identity(after)] = (_identity(state), op)
                 frontier.append((after, depth + 1))
     return report(None)
 
@@ -322,6 +407,26 @@ def check_path(
         if problem is not None:
             return Violation(bounds, tuple(path[:steps]), problem)
     return None
+
+
+def sharing_prompts(block_size: int) -> tuple[tuple[int, ...], ...]:
+    """Prompts that make every sharing case reachable in a tiny pool: a prefix hit (the
+    first two share a full block), a hit capped at the last token (the third is exactly
+    that block), and a prompt that shares nothing."""
+    full = (0,) * block_size
+    return ((*full, 1), (*full, 0), full, (1,))
+
+
+def all_sharing_bounds(max_blocks: int, max_block_size: int, request_ids: int) -> Iterator[Bounds]:
+    """Every pool shape up to the maxima with the sharing operations, smallest first.
+
+    Token counts for the count-based operations stay at -1..1: those are walked in full by
+    ``all_bounds``; here they only mix count-based requests into the sharing ones.
+    """
+    ids = tuple(f"r{i}" for i in range(request_ids))
+    for total_blocks in range(1, max_blocks + 1):
+        for block_size in range(1, max_block_size + 1):
+            yield Bounds(total_blocks, block_size, ids, 1, sharing_prompts(block_size))
 
 
 def all_bounds(
@@ -362,13 +467,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--target", default="impl:KVBlockManager", help="module:Class of the allocator to check"
     )
+    parser.add_argument(
+        "--sharing",
+        action="store_true",
+        help="walk the sharing operations (prompts, token appends, fork, preempt, copies) "
+        "instead of the count-based ones; token counts -1..1",
+    )
     args = parser.parse_args(argv)
     target_class = load_target(args.target)
     total_states = total_transitions = 0
     started = time.perf_counter()
-    for bounds in all_bounds(
-        args.max_blocks, args.max_block_size, args.request_ids, args.max_token_count
-    ):
+    if args.sharing:
+        walks = all_sharing_bounds(args.max_blocks, args.max_block_size, args.request_ids)
+    else:
+        walks = all_bounds(
+            args.max_blocks, args.max_block_size, args.request_ids, args.max_token_count
+        )
+    for bounds in walks:
         result = check(bounds, target_class)
         print(result, flush=True)
         total_states += result.states

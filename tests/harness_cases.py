@@ -8,7 +8,15 @@ import functools
 import random
 
 from harness.dense import DenseOutput, generate_dense
-from harness.engine import Engine, EngineResult, Request, _Running
+from harness.engine import (
+    NO_PREFIX_CACHING,
+    PREFIX_CACHING,
+    Allocation,
+    Engine,
+    EngineResult,
+    Request,
+    _Running,
+)
 from harness.equivalence import kv_layout
 from harness.kv_pool import ContiguousKVBuffers, KVLayout, KVStore, PagedKVPool
 from harness.models import LoadedModel, tiny_llama
@@ -45,9 +53,10 @@ def run(
     store: KVStore,
     manager: KVBlockManager,
     engine_type: type[Engine] = Engine,
+    allocation: Allocation = PREFIX_CACHING,
 ) -> EngineResult:
     """Run ``requests`` through ``engine_type`` on the tiny model."""
-    return engine_type(tiny_model().model, manager, store, None).run(requests)
+    return engine_type(tiny_model().model, manager, store, None, allocation).run(requests)
 
 
 def paged_and_contiguous(
@@ -59,13 +68,17 @@ def paged_and_contiguous(
     pool_type: type[PagedKVPool] = PagedKVPool,
     engine_type: type[Engine] = Engine,
 ) -> tuple[EngineResult, EngineResult]:
-    """The same requests on a paged pool and on contiguous buffers (the gate's two runs)."""
+    """The same requests on a paged pool and on contiguous buffers (the gate's two runs).
+
+    Without prefix caching on both sides: contiguous buffers hold no K/V for a prefix hit.
+    """
     layout = pool_layout()
     paged = run(
         requests,
         pool_type(layout, num_blocks, block_size),
         manager_type(num_blocks, block_size),
         engine_type,
+        NO_PREFIX_CACHING,
     )
     max_tokens = max(request.max_tokens for request in requests)
     contiguous = run(
@@ -73,6 +86,7 @@ def paged_and_contiguous(
         ContiguousKVBuffers(layout, max_tokens),
         KVBlockManager(num_blocks, block_size),
         engine_type,
+        NO_PREFIX_CACHING,
     )
     return paged, contiguous
 
@@ -136,9 +150,14 @@ class EarlyReleaseEngine(Engine):
     """
 
     def __init__(
-        self, model: object, manager: KVBlockManager, store: KVStore, eos_token_id: int | None
+        self,
+        model: object,
+        manager: KVBlockManager,
+        store: KVStore,
+        eos_token_id: int | None,
+        allocation: Allocation = PREFIX_CACHING,
     ) -> None:
-        super().__init__(model, manager, store, eos_token_id)
+        super().__init__(model, manager, store, eos_token_id, allocation)
         self._stale: dict[str, RequestBlockTable] = {}
 
     def _grow(self, running: _Running) -> tuple[list[int], RequestBlockTable]:

@@ -31,6 +31,13 @@ T = TypeVar("T")
 REQUEST_IDS = st.sampled_from(["r0", "r1", "r2", "r3", "r4"])
 # Arbitrary counts, a few negative ones among them.
 TOKEN_COUNTS = st.integers(min_value=-2, max_value=40)
+# Prompts from a 4-token vocabulary, most starting with one of a few shared prefixes, so
+# prefix hits, duplicate full blocks and hash collisions are all frequent.
+SHARED_PREFIXES = [(), (1, 2, 3, 1, 2, 3, 1, 2), (1, 2, 3, 1, 2, 3, 0, 0, 1), (2,) * 6]
+TOKEN_IDS = st.lists(st.integers(0, 3), max_size=6).map(tuple)
+PROMPTS = st.builds(
+    lambda prefix, suffix: prefix + suffix, st.sampled_from(SHARED_PREFIXES), TOKEN_IDS
+)
 
 
 def _outcome(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
@@ -111,7 +118,86 @@ class AllocatorMachine(RuleBasedStateMachine):
         request_id = data.draw(st.sampled_from(sorted(self.model.tables)))
         remaining = -self.model.tables[request_id].token_count % self.model.block_size
         for _ in range(remaining + 1):
-            self.append_slot(request_id)
+            if request_id in self.model.token_ids:
+                self.append_token_slot(request_id, data.draw(st.integers(0, 3)))
+            else:
+                self.append_slot(request_id)
+
+    @rule(request_id=REQUEST_IDS, token_ids=PROMPTS)
+    def allocate_prompt(self, request_id: str, token_ids: tuple[int, ...]) -> None:
+        before, allocation = self._step(
+            lambda s: spec.allocate_prompt(s, request_id, token_ids),
+            lambda t: t.allocate_prompt(request_id, token_ids),
+        )
+        if allocation is not None:
+            assert allocation.table == spec.block_table(self.model, request_id)
+            hits = spec.cached_prefix_blocks(before, token_ids)
+            assert allocation.cached_tokens == len(hits) * self.model.block_size
+
+    @rule(request_id=REQUEST_IDS, token_ids=TOKEN_IDS)
+    def append_token_ids(self, request_id: str, token_ids: tuple[int, ...]) -> None:
+        _, table = self._step(
+            lambda s: spec.append_token_ids(s, request_id, token_ids),
+            lambda t: t.append_token_ids(request_id, token_ids),
+        )
+        if table is not None:
+            assert table == spec.block_table(self.model, request_id)
+
+    @rule(request_id=REQUEST_IDS, token_id=st.integers(0, 3))
+    def append_token_slot(self, request_id: str, token_id: int) -> None:
+        before, slot = self._step(
+            lambda s: spec.append_token_ids(s, request_id, (token_id,)),
+            lambda t: t.append_token_slot(request_id, token_id),
+        )
+        if slot is not None:
+            table = spec.block_table(self.model, request_id)
+            position = before.tables[request_id].token_count
+            assert slot == spec.slot_index(self.model.block_size, table.block_ids, position)
+
+    @rule(parent_id=REQUEST_IDS, child_id=REQUEST_IDS)
+    def fork(self, parent_id: str, child_id: str) -> None:
+        _, table = self._step(
+            lambda s: spec.fork(s, parent_id, child_id),
+            lambda t: t.fork(parent_id, child_id),
+        )
+        if table is not None:
+            assert table == spec.block_table(self.model, child_id)
+
+    @precondition(lambda self: 0 < len(self.model.tables) < 5)
+    @rule(data=st.data())
+    def fork_a_running_request_and_write_to_both(self, data: st.DataObject) -> None:
+        """Parallel sampling: fork, then each side appends into what they share."""
+        parent_id = data.draw(st.sampled_from(sorted(self.model.tables)))
+        child_id = data.draw(REQUEST_IDS.filter(lambda r: r not in self.model.tables))
+        self.fork(parent_id, child_id)
+        for request_id in data.draw(st.permutations([parent_id, child_id])):
+            if request_id in self.model.token_ids:
+                self.append_token_slot(request_id, data.draw(st.integers(0, 3)))
+            else:
+                self.append_slot(request_id)
+
+    @rule()
+    def take_copies(self) -> None:
+        assert self.target.take_copies() == list(self.model.pending_copies)
+        self.model = spec.take_copies(self.model)
+
+    @rule(request_id=REQUEST_IDS)
+    def preempt(self, request_id: str) -> None:
+        before, released = self._step(
+            lambda s: spec.preempt(s, request_id),
+            lambda t: t.preempt(request_id),
+        )
+        if released is not None:
+            assert released == list(before.tables[request_id].block_ids)
+
+    @precondition(lambda self: len(self.model.token_ids) > 0)
+    @rule(data=st.data())
+    def preempt_and_recompute(self, data: st.DataObject) -> None:
+        """The engine's preemption: release, then readmit with prompt and generated tokens."""
+        request_id = data.draw(st.sampled_from(sorted(self.model.token_ids)))
+        token_ids = self.model.token_ids[request_id]
+        self.preempt(request_id)
+        self.allocate_prompt(request_id, token_ids)
 
     @rule(request_id=REQUEST_IDS)
     def release(self, request_id: str) -> None:
@@ -148,7 +234,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         for request_id in sorted(self.model.tables):
             self.release(request_id)
         assert self.target.num_free_blocks == self.target.total_blocks, "a block leaked"
-        assert sorted(self.target.free_block_ids) == list(range(self.target.total_blocks))
+        free = self.target.free_block_ids + self.target.cached_free_block_ids
+        assert sorted(free) == list(range(self.target.total_blocks))
+        assert all(self.target.ref_count(b) == 0 for b in range(self.target.total_blocks))
         assert self.target.to_spec() == self.model
 
 

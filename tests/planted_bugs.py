@@ -4,7 +4,7 @@ They prove the checks can fail. Each is the smallest change to ``KVBlockManager`
 plants one kind of bug met in real allocators.
 """
 
-from impl import BlockAllocationError, KVBlockManager, RequestBlockTable
+from impl import BlockAllocationError, BlockKey, KVBlockManager, RequestBlockTable
 from impl.manager import _Table
 
 
@@ -14,10 +14,10 @@ class ReleasesInTableOrder(KVBlockManager):
     __slots__ = ()
 
     def release(self, request_id: str) -> list[int]:
-        table = self._tables.pop(request_id)
-        self._free.extend(table.block_ids)
-        self._allocated_tokens -= table.token_count
-        return list(table.block_ids)
+        block_ids = self._tables[request_id].block_ids
+        block_ids.reverse()
+        super().release(request_id)
+        return block_ids[::-1]
 
 
 class LeaksOneBlockOnRelease(KVBlockManager):
@@ -26,10 +26,13 @@ class LeaksOneBlockOnRelease(KVBlockManager):
     __slots__ = ()
 
     def release(self, request_id: str) -> list[int]:
-        table = self._tables.pop(request_id)
-        self._free.extend(reversed(table.block_ids[:-1]))
-        self._allocated_tokens -= table.token_count
-        return list(table.block_ids)
+        block_ids = list(self._tables[request_id].block_ids)
+        released = super().release(request_id)
+        if block_ids and block_ids[-1] in self._free:
+            self._free.remove(block_ids[-1])
+        elif block_ids and block_ids[-1] in self._cached_free:
+            del self._cached_free[block_ids[-1]]
+        return released
 
 
 class RefusedAllocateTakesBlocks(KVBlockManager):
@@ -41,7 +44,7 @@ class RefusedAllocateTakesBlocks(KVBlockManager):
         needed = self._blocks_for(token_count)
         if request_id in self._tables:
             raise ValueError(f"request {request_id!r} is already allocated")
-        taken = [self._free.popleft() for _ in range(min(needed, len(self._free)))]
+        taken = self._take(min(needed, self.num_free_blocks))
         if len(taken) < needed:
             raise BlockAllocationError(request_id, needed, len(taken))
         self._tables[request_id] = _Table(taken, token_count)
@@ -73,10 +76,83 @@ class DecodeSlotFromStaleBlock(KVBlockManager):
         return slot if stale is None else stale
 
 
+def weak_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
+    """A deliberately weak hash: collides whenever two blocks' token sums match modulo 3."""
+    return (parent_hash + sum(token_ids)) % 3
+
+
+class TrustsHashOnWeakHash(KVBlockManager):
+    """(f) Takes a hash match as a prefix hit without comparing token ids, under a weak hash."""
+
+    __slots__ = ()
+
+    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
+        super().__init__(total_blocks, block_size, block_hash=weak_block_hash)
+
+    def _lookup(
+        self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
+    ) -> int | None:
+        bucket = self._cache.get(hash_value)
+        return bucket[0] if bucket else None
+
+
+class WeakHashOnly(KVBlockManager):
+    """Not a bug: the real allocator under the weak hash must still agree with the spec."""
+
+    __slots__ = ()
+
+    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
+        super().__init__(total_blocks, block_size, block_hash=weak_block_hash)
+
+
+class SkipsSharedDecrement(KVBlockManager):
+    """(g) Release forgets to drop the reference of a block another table still shares."""
+
+    __slots__ = ()
+
+    def release(self, request_id: str) -> list[int]:
+        shared = [b for b in self._tables[request_id].block_ids if self._ref_counts[b] > 1]
+        released = super().release(request_id)
+        for block_id in shared:
+            self._ref_counts[block_id] += 1
+        return released
+
+
+class SkipsCopyOnWrite(KVBlockManager):
+    """(h) Appends into a shared, partly filled last block in place, without copying it."""
+
+    __slots__ = ()
+
+    def _grow(self, request_id: str, table: _Table, token_count: int) -> None:
+        last = table.block_ids[-1] if table.block_ids else None
+        if last is None or self._ref_counts[last] < 2:
+            super()._grow(request_id, table, token_count)
+            return
+        shared_count = self._ref_counts[last]
+        self._ref_counts[last] = 1  # looks unshared to the copy-on-write test
+        try:
+            super()._grow(request_id, table, token_count)
+        finally:
+            self._ref_counts[last] = shared_count
+
+
+class EvictedBlockStaysFindable(KVBlockManager):
+    """(i) Reuses a cached free block without removing its prefix from the cache."""
+
+    __slots__ = ()
+
+    def _uncache(self, block_id: int) -> None:
+        self._cached_blocks -= 1  # counted as evicted, but the key and the bucket stay
+
+
 PLANTED_BUGS: list[type[KVBlockManager]] = [
     ReleasesInTableOrder,
     LeaksOneBlockOnRelease,
     RefusedAllocateTakesBlocks,
     OffByOneAtBlockBoundary,
     DecodeSlotFromStaleBlock,
+    TrustsHashOnWeakHash,
+    SkipsSharedDecrement,
+    SkipsCopyOnWrite,
+    EvictedBlockStaysFindable,
 ]

@@ -8,33 +8,63 @@ import spec
 from impl import KVBlockManager
 from spec import AllocatorState, FrozenMap
 from tests import bounded
-from tests.bounded import Bounds, Operation, all_bounds, check, operations
+from tests.bounded import Bounds, Operation, all_bounds, all_sharing_bounds, check, operations
 from tests.planted_bugs import (
     PLANTED_BUGS,
     DecodeSlotFromStaleBlock,
+    EvictedBlockStaysFindable,
     LeaksOneBlockOnRelease,
     OffByOneAtBlockBoundary,
     RefusedAllocateTakesBlocks,
     ReleasesInTableOrder,
+    SkipsCopyOnWrite,
+    SkipsSharedDecrement,
+    TrustsHashOnWeakHash,
 )
 
 # The fast configuration: pools of 1..3 blocks of 1..3 tokens, three request ids, token
 # counts -1 to one past capacity. About 10 s on one core of the CI machine.
 FAST = list(all_bounds(max_blocks=3, max_block_size=3, request_ids=3, max_token_count=None))
+# The sharing operations on pools of 1..2 blocks (only the 1- and 2-token shapes of
+# 2 blocks: the 2 x 2 pool alone has 6,912 states and takes ~40 s; see docs/verification.md).
+FAST_SHARING = list(all_sharing_bounds(max_blocks=2, max_block_size=2, request_ids=2))[:3]
 
-# Each planted bug's first violation: the smallest pool shape (blocks, block_size) that
-# shows it and the shortest path from init. Breadth first, so none shorter exists.
-SHORTEST_FAILURES: dict[type[KVBlockManager], tuple[int, int, list[str]]] = {
-    ReleasesInTableOrder: (2, 1, ["allocate('r0', 2)", "release('r0')"]),
-    LeaksOneBlockOnRelease: (1, 1, ["allocate('r0', 1)", "release('r0')"]),
-    RefusedAllocateTakesBlocks: (1, 1, ["allocate('r0', 2)"]),
-    OffByOneAtBlockBoundary: (1, 1, ["allocate('r0', 0)"]),
-    DecodeSlotFromStaleBlock: (2, 1, ["allocate('r0', 1)", "append_slot('r0')"]),
+# Each planted bug's first violation: the walk that finds it, the smallest pool shape
+# (blocks, block_size) that shows it and the shortest path from init. Breadth first, so
+# none shorter exists.
+SHORTEST_FAILURES: dict[type[KVBlockManager], tuple[str, int, int, list[str]]] = {
+    ReleasesInTableOrder: ("count", 2, 1, ["allocate('r0', 2)", "release('r0')"]),
+    LeaksOneBlockOnRelease: ("count", 1, 1, ["allocate('r0', 1)", "release('r0')"]),
+    RefusedAllocateTakesBlocks: ("count", 1, 1, ["allocate('r0', 2)"]),
+    OffByOneAtBlockBoundary: ("count", 1, 1, ["allocate('r0', 0)"]),
+    DecodeSlotFromStaleBlock: ("count", 2, 1, ["allocate('r0', 1)", "append_slot('r0')"]),
+    TrustsHashOnWeakHash: ("sharing", 2, 1, ["allocate_prompt('r0', [0, 0])"]),
+    SkipsSharedDecrement: (
+        "sharing",
+        1,
+        1,
+        ["allocate('r0', 1)", "fork('r0', 'r1')", "release('r0')"],
+    ),
+    SkipsCopyOnWrite: (
+        "sharing",
+        1,
+        2,
+        ["allocate('r0', 1)", "fork('r0', 'r1')", "append_tokens('r0', 1)"],
+    ),
+    EvictedBlockStaysFindable: (
+        "sharing",
+        1,
+        1,
+        ["allocate_prompt('r0', [0])", "release('r0')", "allocate('r0', 1)"],
+    ),
 }
+WALKS = {"count": FAST, "sharing": FAST_SHARING}
 
 
-def first_violation(target_class: type[KVBlockManager]) -> bounded.Violation | None:
-    for bounds_ in FAST:
+def first_violation(
+    target_class: type[KVBlockManager], walk: list[Bounds]
+) -> bounded.Violation | None:
+    for bounds_ in walk:
         violation = check(bounds_, target_class).violation
         if violation is not None:
             return violation
@@ -50,6 +80,14 @@ def test_every_reachable_state_of_the_small_pools_agrees_between_spec_and_impl()
     assert sum(report.transitions for report in reports) == 294_900
 
 
+def test_every_reachable_sharing_state_of_the_small_pools_agrees_between_spec_and_impl() -> None:
+    reports = [check(bounds_) for bounds_ in FAST_SHARING]
+    print("\n".join(str(report) for report in reports))
+    assert [report.violation for report in reports] == [None] * len(FAST_SHARING)
+    assert [report.states for report in reports] == [27, 46, 590]
+    assert sum(report.transitions for report in reports) == 29_172
+
+
 def test_every_planted_bug_has_a_listed_shortest_failure() -> None:
     assert set(SHORTEST_FAILURES) == set(PLANTED_BUGS)
 
@@ -58,10 +96,11 @@ def test_every_planted_bug_has_a_listed_shortest_failure() -> None:
 def test_the_checker_finds_each_planted_bug_along_a_shortest_path(
     broken: type[KVBlockManager],
 ) -> None:
-    violation = first_violation(broken)
+    walk, *expected = SHORTEST_FAILURES[broken]
+    violation = first_violation(broken, WALKS[walk])
     assert violation is not None, f"{broken.__name__} passed the bounded checker"
     shape = (violation.bounds.total_blocks, violation.bounds.block_size)
-    assert (*shape, [str(op) for op in violation.path]) == SHORTEST_FAILURES[broken]
+    assert [*shape, [str(op) for op in violation.path]] == expected
 
 
 def test_the_checker_tries_negative_counts_unknown_and_duplicate_ids_and_exhaustion() -> None:
@@ -98,7 +137,7 @@ def test_a_spec_step_that_breaks_an_invariant_is_reported_by_name(
     violation = check(Bounds(1, 1, ("r0",), 2)).violation
     assert violation is not None
     assert [str(op) for op in violation.path] == ["allocate('r0', 1)", "release('r0')"]
-    assert violation.reason == "spec breaks invariant(s) conservation, partition"
+    assert violation.reason == "spec breaks invariant(s) conservation, partition, ref_counts"
 
 
 def test_the_command_line_prints_states_and_transitions_per_configuration(

@@ -180,9 +180,12 @@ def test_a_use_after_free_ruins_the_output_on_a_poisoned_pool() -> None:
 
 def test_batch_invariant_mode_makes_continuous_batching_bit_identical_to_generate() -> None:
     requests = make_requests(5, max_new_tokens=8, arrival_gap=1)
-    manager = KVBlockManager(16, 4)
-    result = run(requests, PoisonedKVPool(pool_layout(), 16, 4), manager, BatchInvariantEngine)
+    # Room for all five at once: a preempted request's recompute is a partial prefill,
+    # which is not bitwise (see test_harness_sharing.py for preemption).
+    manager = KVBlockManager(40, 4)
+    result = run(requests, PoisonedKVPool(pool_layout(), 40, 4), manager, BatchInvariantEngine)
     assert all(len(group) == 1 for group in result.schedule)
+    assert result.preemptions == 0
     for request in requests:
         outcome = check_bitwise(
             request.request_id, trace(result, request.request_id), dense_trace(dense(request))

@@ -60,3 +60,30 @@ def test_contiguous_buffers_store_by_position_and_ignore_block_ids() -> None:
     keys, values = buffers.read(0, second)
     assert keys[:, 0, 0].tolist() == [1.0, 2.0, 3.0]
     assert values[:, 0, 0].tolist() == [5.0, 6.0, 7.0]
+
+
+def test_copy_on_write_copies_a_block_in_every_layer_and_nothing_else() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    for layer in range(2):
+        # Block 1 holds rows 10, 11 (keys) and 20, 21 (values) in every layer.
+        pool.write(layer, pool.plan("a", (1,), 2, [2, 3]), _rows(2, 10.0), _rows(2, 20.0))
+    pool.copy_blocks([(1, 3)])
+    for layer in range(2):
+        assert torch.equal(pool.keys[layer][3], _rows(2, 10.0))
+        assert torch.equal(pool.values[layer][3], _rows(2, 20.0))
+        assert torch.equal(pool.keys[layer][1], _rows(2, 10.0))  # the source stays
+        assert not pool.keys[layer][0].any() and not pool.keys[layer][2].any()
+
+
+def test_a_forked_contiguous_buffer_is_a_copy_the_parent_does_not_see() -> None:
+    buffers = ContiguousKVBuffers(LAYOUT, max_tokens=4)
+    parent = buffers.plan("p", (), 2, [0, 1])
+    buffers.write(0, parent, _rows(2, 10.0), _rows(2, 20.0))
+    buffers.fork("p", "c")
+    child = buffers.plan("c", (), 3, [2])
+    buffers.write(0, child, _rows(1, 99.0), _rows(1, 99.0))
+    child_keys, _ = buffers.read(0, child)
+    assert child_keys[:, 0, 0].tolist() == [10.0, 11.0, 99.0]
+    parent_grown = buffers.plan("p", (), 3, [2])
+    parent_keys, _ = buffers.read(0, parent_grown)
+    assert parent_keys[2, 0, 0] == 0.0  # the child's write went to its own buffer

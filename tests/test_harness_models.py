@@ -76,3 +76,23 @@ def test_a_pool_too_small_for_one_request_is_bad_input(
     err = capsys.readouterr().err
     assert "--num-blocks 1 cannot hold even one request: r00 needs" in err
     assert "Traceback" not in err
+
+
+def test_the_main_command_shares_a_system_prompt_and_checks_every_continuation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "What is the capital of France?"}, {"prompt": "Name a prime number."}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--device", "cpu", "--prompts-file", str(prompts), "--max-new-tokens", "6"]
+    system = ["--system-prompt", "You are a helpful assistant."]
+    exit_code = main([*argv, *system, "--n", "2", "--block-size", "4", "--poison-freed", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert exit_code == 0, result
+    assert [r["request_id"] for r in result["requests"]] == ["r00", "r00/1", "r01", "r01/1"]
+    assert [r["alone_vs_generate"]["detail"] for r in result["requests"]] == ["bit-identical"] * 4
+    totals = result["totals"]
+    assert totals["prefix_hit_tokens"] > 0  # r01 reuses the system turn's blocks
+    assert totals["cow_copies"] > 0
+    assert totals["blocks_saved_by_sharing"] > 0
+    assert set(totals) >= {"prefill_tokens", "preemptions"}

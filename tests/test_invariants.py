@@ -9,7 +9,7 @@ import pytest
 
 import spec
 from impl import KVBlockManager
-from spec import AllocatorState, FrozenMap, KVBlockUsage, RequestBlockTable
+from spec import AllocatorState, FrozenMap, KVBlockUsage, RequestBlockTable, SharingCounters
 from spec.invariants import (
     is_conserved,
     is_keyed_by_request_id,
@@ -25,7 +25,22 @@ def pool(
 ) -> AllocatorState:
     """A 4-block pool of 2-token blocks with the given free queue and tables."""
     names = keys or tuple(table.request_id for table in tables)
-    return AllocatorState(2, 4, free, FrozenMap(dict(zip(names, tables, strict=True))))
+    ref_counts: dict[int, int] = {}
+    for table in tables:
+        for block_id in table.block_ids:
+            ref_counts[block_id] = ref_counts.get(block_id, 0) + 1
+    return AllocatorState(
+        2,
+        4,
+        free,
+        FrozenMap(dict(zip(names, tables, strict=True))),
+        cached_free_block_ids=(),
+        ref_counts=FrozenMap(ref_counts),
+        token_ids=FrozenMap({}),
+        cache=FrozenMap({}),
+        pending_copies=(),
+        counters=SharingCounters(),
+    )
 
 
 SOUND = pool((3,), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2))
