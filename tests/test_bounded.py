@@ -177,7 +177,10 @@ def test_a_spec_step_that_touches_another_requests_table_is_reported(
         freed = state.free_block_ids + tuple(
             block_id for table in state.tables.values() for block_id in reversed(table.block_ids)
         )
-        return dataclasses.replace(state, free_block_ids=freed, tables=FrozenMap()), released
+        dropped = dataclasses.replace(
+            state, free_block_ids=freed, tables=FrozenMap(), ref_counts=FrozenMap()
+        )
+        return dropped, released
 
     monkeypatch.setitem(bounded.SPEC_STEPS, "release", release_dropping_every_table)
     violation = check(Bounds(2, 1, ("r0", "r1"), 2)).violation
