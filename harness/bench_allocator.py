@@ -176,7 +176,8 @@ def replay(trace: Sequence[TraceRequest], allocator: Allocator, max_running: int
 
 
 def in_block_append_ns(method: str, repeats: int, appends: int) -> float:
-    """Median ns of one append (``append_slot`` or ``append_tokens``) inside the last block."""
+    """Median ns of one in-block append: ``append_slot`` or ``append_tokens`` on a request
+    allocated by count, ``append_token_slot`` on one allocated by token ids."""
     block_size = 16
     requests = appends // (block_size - 1)
     samples = []
@@ -184,12 +185,17 @@ def in_block_append_ns(method: str, repeats: int, appends: int) -> float:
         manager = KVBlockManager(requests + 1, block_size)
         request_ids = [f"r{i}" for i in range(requests)]
         for request_id in request_ids:
-            manager.allocate(request_id, 1)  # one token: 15 in-block appends left
-        append: Callable[[str], object] = getattr(manager, method)
+            # One token: 15 in-block appends left.
+            if method == "append_token_slot":
+                manager.allocate_prompt(request_id, [1])
+            else:
+                manager.allocate(request_id, 1)
+        append: Callable[..., object] = getattr(manager, method)
+        arguments = (7,) if method == "append_token_slot" else ()
         start = time.perf_counter_ns()
         for request_id in request_ids:
             for _ in range(block_size - 1):
-                append(request_id)
+                append(request_id, *arguments)
         samples.append((time.perf_counter_ns() - start) / (requests * (block_size - 1)))
     return statistics.median(samples)
 
@@ -292,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     sys.stdout.flush()
-    for method in ("append_slot", "append_tokens"):
+    for method in ("append_slot", "append_token_slot", "append_tokens"):
         median_ns = in_block_append_ns(method, repeats=7, appends=200_000)
         print(f"median in-block decode append, impl {method}, tight loop: {median_ns:.0f} ns")
     if args.prefix_requests > 0:
