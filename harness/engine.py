@@ -434,15 +434,18 @@ class Engine:
         input_ids: list[int] = []
         positions: list[int] = []
         slices: list[RequestSlice] = []
+        tables: list[RequestBlockTable] = []
+        new_slots: list[list[int]] = []
         for running in group:
-            new_slots, table = grown[running.request.request_id]
-            plan = self.store.plan(table.request_id, table.block_ids, table.token_count, new_slots)
+            slots, table = grown[running.request.request_id]
+            tables.append(table)
+            new_slots.append(slots)
             start = len(input_ids)
             input_ids.extend(running.pending_ids)
             new_tokens = len(running.pending_ids)
             positions.extend(range(table.token_count - new_tokens, table.token_count))
             mask = partial_prefill_mask(new_tokens, table.token_count, device)
-            slices.append(RequestSlice(plan, start, len(input_ids), mask))
+            slices.append(RequestSlice(start, len(input_ids), mask))
             running.output.max_blocks = max(running.output.max_blocks, len(table.block_ids))
         copies = self.manager.take_copies()  # none left by _grow; kept for any other caller
         if copies:
@@ -451,7 +454,7 @@ class Engine:
             self.model,
             torch.tensor([input_ids], dtype=torch.int64, device=device),
             torch.tensor([positions], dtype=torch.int64, device=device),
-            StepMetadata(self.store, tuple(slices)),
+            StepMetadata(self.store, self.store.plan(tables, new_slots), tuple(slices)),
             torch.tensor([s.query_end - 1 for s in slices], dtype=torch.int64, device=device),
         )
         children: list[_Running] = []

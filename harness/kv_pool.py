@@ -8,7 +8,7 @@ row ``slot = block_ids[t // block_size] * block_size + t % block_size`` of the f
 - a block is one contiguous chunk of memory, so releasing or poisoning a block is one
   slice write, and a request's K/V for one block is one contiguous read;
 - the flat view is a free reshape, so writing a step's new tokens is one ``index_copy_``
-  and reading a request is one ``index_select`` by slot;
+  by slot, and reading every request of a step is one ``index_select`` by block;
 - ``[num_kv_heads, head_dim]`` last matches the ``[tokens, heads, dim]`` rows the model's
   projections produce, so a write needs no transpose.
 
@@ -19,10 +19,14 @@ and demands bit-identical logits.
 Neither decides *when* a request gets memory: that is the engine's job (with the manager).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 import torch
+
+from impl import RequestBlockTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,35 +48,43 @@ class KVLayout:
 
 @dataclass(frozen=True, slots=True)
 class KVPlan:
-    """Where one request's K/V go and come from in one forward step (shared by all layers).
+    """Where one forward step's K/V go and come from (shared by all layers).
 
-    ``write_index`` holds the rows the step's new tokens are written to and ``read_index``
-    the rows of all the request's tokens, oldest first; what a row means is the store's.
+    The step packs ``len(request_ids)`` requests; ``write_index`` holds the rows of every
+    new token of the step in packed order, and ``new_token_counts`` how many of them each
+    request feeds. ``read_index`` says what a read gathers and ``read_starts`` where each
+    request's ``token_counts[i]`` rows begin in the gathered rows; what an index means is
+    the store's.
     """
 
-    request_id: str
-    write_index: torch.Tensor  # [new_tokens] int64
-    read_index: torch.Tensor  # [token_count] int64
-    token_count: int
+    request_ids: tuple[str, ...]
+    write_index: torch.Tensor  # [step_tokens] int64
+    new_token_counts: tuple[int, ...]
+    read_index: torch.Tensor  # int64, the store's rows or blocks to gather
+    read_starts: tuple[int, ...]
+    token_counts: tuple[int, ...]
 
 
 class KVStore(Protocol):
     """What the attention hook needs from K/V memory: plan once per step, write, read.
 
-    The engine also tells it about the lifecycle: ``release`` (with the blocks that became
-    free and hold no cached prefix: a shared or cached block keeps valid K/V), ``fork``
-    and the copy-on-write ``copy_blocks``.
+    ``plan`` takes each request's table after this step's tokens and the slots of those
+    tokens. The engine also tells it about the lifecycle: ``release`` (with the blocks
+    that became free and hold no cached prefix: a shared or cached block keeps valid K/V),
+    ``fork`` and the copy-on-write ``copy_blocks``.
     """
 
-    def plan(
-        self, request_id: str, block_ids: tuple[int, ...], token_count: int, new_slots: list[int]
-    ) -> KVPlan: ...
+    def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
+        """The step's plan, built once and used by every layer."""
+        ...
 
-    def write(
-        self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor
-    ) -> None: ...
+    def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store the step's new ``key``/``value`` rows ``[step_tokens, num_kv_heads, head_dim]``."""
+        ...
 
-    def read(self, layer_idx: int, plan: KVPlan) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each request's K and V, ``[token_count, num_kv_heads, head_dim]``, in plan order."""
+        ...
 
     def release(self, request_id: str, block_ids: list[int]) -> None: ...
 
@@ -119,33 +131,47 @@ class PagedKVPool:
         """Bytes the pool holds for K and V over all layers."""
         return self.num_blocks * self.block_size * self.layout.bytes_per_token
 
-    def plan(
-        self, request_id: str, block_ids: tuple[int, ...], token_count: int, new_slots: list[int]
-    ) -> KVPlan:
-        """Rows are pool slots: new tokens go to ``new_slots``, reads follow ``block_ids``."""
+    def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
+        """Writes go to the pool slots ``new_slots``; a read gathers the tables' blocks whole.
+
+        NOTE: reading by block, not by slot, moves ``block_size`` rows per index (one
+        memcpy-sized chunk) and one ``index_select`` serves every request of the step; it
+        copies at most ``block_size - 1`` unused rows per request, which no one reads.
+        """
         device = self.layout.device
-        block_size = self.block_size
-        table = torch.tensor(block_ids, dtype=torch.int64)
-        offsets = torch.arange(block_size, dtype=torch.int64)
-        # Every slot of every block of the table, in token order, cut to token_count.
-        read_index = (table[:, None] * block_size + offsets[None, :]).reshape(-1)[:token_count]
+        block_counts = [len(table.block_ids) for table in tables]
         return KVPlan(
-            request_id=request_id,
-            write_index=torch.tensor(new_slots, dtype=torch.int64, device=device),
-            read_index=read_index.to(device),
-            token_count=token_count,
+            request_ids=tuple(table.request_id for table in tables),
+            write_index=torch.tensor(
+                [slot for slots in new_slots for slot in slots], dtype=torch.int64, device=device
+            ),
+            new_token_counts=tuple(len(slots) for slots in new_slots),
+            read_index=torch.tensor(
+                [block_id for table in tables for block_id in table.block_ids],
+                dtype=torch.int64,
+                device=device,
+            ),
+            read_starts=tuple(
+                self.block_size * start for start in accumulate(block_counts, initial=0)
+            )[:-1],
+            token_counts=tuple(table.token_count for table in tables),
         )
 
     def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store the new tokens' ``key``/``value`` ``[new_tokens, num_kv_heads, head_dim]``."""
+        """Store the step's new ``key``/``value`` ``[step_tokens, num_kv_heads, head_dim]``."""
         self._flat_keys[layer_idx].index_copy_(0, plan.write_index, key)
         self._flat_values[layer_idx].index_copy_(0, plan.write_index, value)
 
-    def read(self, layer_idx: int, plan: KVPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """The request's K and V, ``[token_count, num_kv_heads, head_dim]`` each."""
-        keys = self._flat_keys[layer_idx].index_select(0, plan.read_index)
-        values = self._flat_values[layer_idx].index_select(0, plan.read_index)
-        return keys, values
+    def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each request's K and V, ``[token_count, num_kv_heads, head_dim]``: one gather."""
+        rows = (-1, self.layout.num_kv_heads, self.layout.head_dim)
+        # keys, values: [step_blocks * block_size, num_kv_heads, head_dim]
+        keys = self.keys[layer_idx].index_select(0, plan.read_index).view(rows)
+        values = self.values[layer_idx].index_select(0, plan.read_index).view(rows)
+        return [
+            (keys[start : start + count], values[start : start + count])
+            for start, count in zip(plan.read_starts, plan.token_counts, strict=True)
+        ]
 
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """A request let go of ``block_ids``; their rows keep stale K/V until overwritten."""
@@ -205,38 +231,47 @@ class ContiguousKVBuffers:
         # request_id -> per layer (keys, values), each [max_tokens, num_kv_heads, head_dim]
         self._buffers: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def plan(
-        self, request_id: str, block_ids: tuple[int, ...], token_count: int, new_slots: list[int]
-    ) -> KVPlan:
-        """Rows are positions in the request's own buffer; the block table is not used."""
-        if request_id not in self._buffers:
-            shape = (self.max_tokens, self.layout.num_kv_heads, self.layout.head_dim)
-            self._buffers[request_id] = [
-                (
-                    torch.zeros(shape, dtype=self.layout.dtype, device=self.layout.device),
-                    torch.zeros(shape, dtype=self.layout.dtype, device=self.layout.device),
-                )
-                for _ in range(self.layout.num_layers)
-            ]
-        first_new = token_count - len(new_slots)
+    def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
+        """Rows are positions in each request's own buffer; block tables are not used."""
         device = self.layout.device
+        shape = (self.max_tokens, self.layout.num_kv_heads, self.layout.head_dim)
+        positions: list[int] = []
+        for table, slots in zip(tables, new_slots, strict=True):
+            if table.request_id not in self._buffers:
+                self._buffers[table.request_id] = [
+                    (
+                        torch.zeros(shape, dtype=self.layout.dtype, device=device),
+                        torch.zeros(shape, dtype=self.layout.dtype, device=device),
+                    )
+                    for _ in range(self.layout.num_layers)
+                ]
+            positions.extend(range(table.token_count - len(slots), table.token_count))
         return KVPlan(
-            request_id=request_id,
-            write_index=torch.arange(first_new, token_count, dtype=torch.int64, device=device),
-            read_index=torch.arange(token_count, dtype=torch.int64, device=device),
-            token_count=token_count,
+            request_ids=tuple(table.request_id for table in tables),
+            write_index=torch.tensor(positions, dtype=torch.int64, device=device),
+            new_token_counts=tuple(len(slots) for slots in new_slots),
+            read_index=torch.empty(0, dtype=torch.int64, device=device),
+            read_starts=(0,) * len(tables),
+            token_counts=tuple(table.token_count for table in tables),
         )
 
     def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store the new tokens at their positions in the request's buffer."""
-        keys, values = self._buffers[plan.request_id][layer_idx]
-        keys.index_copy_(0, plan.write_index, key)
-        values.index_copy_(0, plan.write_index, value)
+        """Store each request's new tokens at their positions in its own buffer."""
+        start = 0
+        for request_id, count in zip(plan.request_ids, plan.new_token_counts, strict=True):
+            keys, values = self._buffers[request_id][layer_idx]
+            index = plan.write_index[start : start + count]
+            keys.index_copy_(0, index, key[start : start + count])
+            values.index_copy_(0, index, value[start : start + count])
+            start += count
 
-    def read(self, layer_idx: int, plan: KVPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``token_count`` rows of the request's buffer."""
-        keys, values = self._buffers[plan.request_id][layer_idx]
-        return keys[: plan.token_count], values[: plan.token_count]
+    def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first ``token_count`` rows of each request's buffer."""
+        read = []
+        for request_id, count in zip(plan.request_ids, plan.token_counts, strict=True):
+            keys, values = self._buffers[request_id][layer_idx]
+            read.append((keys[:count], values[:count]))
+        return read
 
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """Drop a finished request's buffers (its block ids mean nothing here)."""

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from harness.engine import BatchInvariantEngine, Request, SamplingParams
-from harness.kv_pool import ContiguousKVBuffers, PagedKVPool, PoisonedKVPool
+from harness.kv_pool import ContiguousKVBuffers, KVPlan, PagedKVPool, PoisonedKVPool
 from harness.oracle import TIE_MARGINS, check_batched, check_bitwise, check_gate
 from impl import KVBlockManager
 from spec import blocks_for_tokens
@@ -110,11 +110,11 @@ def test_an_exception_mid_run_still_releases_the_running_requests() -> None:
     class FailingPool(PagedKVPool):
         __slots__ = ("reads",)
 
-        def read(self, layer_idx: int, plan: object) -> tuple[torch.Tensor, torch.Tensor]:
+        def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
             self.reads = getattr(self, "reads", 0) + 1
-            if self.reads > 40:
+            if self.reads > 10:
                 raise RuntimeError("device lost")
-            return super().read(layer_idx, plan)  # type: ignore[arg-type]
+            return super().read(layer_idx, plan)
 
     manager = KVBlockManager(20, 4)
     with pytest.raises(RuntimeError, match="device lost"):

@@ -2,7 +2,15 @@
 
 import torch
 
-from harness.kv_pool import ContiguousKVBuffers, KVLayout, PagedKVPool, PoisonedKVPool
+from harness.kv_pool import (
+    ContiguousKVBuffers,
+    KVLayout,
+    KVPlan,
+    KVStore,
+    PagedKVPool,
+    PoisonedKVPool,
+)
+from impl import RequestBlockTable
 
 LAYOUT = KVLayout(
     num_layers=2, num_kv_heads=2, head_dim=3, dtype=torch.float32, device=torch.device("cpu")
@@ -14,20 +22,49 @@ def _rows(count: int, start: float) -> torch.Tensor:
     return (torch.arange(count, dtype=torch.float32) + start)[:, None, None].expand(count, 2, 3)
 
 
+def _plan(
+    store: KVStore, request_id: str, block_ids: tuple[int, ...], token_count: int, slots: list[int]
+) -> KVPlan:
+    return store.plan([RequestBlockTable(request_id, block_ids, token_count)], [slots])
+
+
+def _read_one(store: KVStore, layer_idx: int, plan: KVPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    (read,) = store.read(layer_idx, plan)
+    return read
+
+
 def test_a_token_lands_in_its_block_at_its_offset() -> None:
     pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
     # A table (3, 1): tokens 0, 1 in block 3; token 2 in block 1, offset 0.
-    plan = pool.plan("a", (3, 1), 3, [6, 7, 2])
-    assert plan.read_index.tolist() == [6, 7, 2]
+    plan = _plan(pool, "a", (3, 1), 3, [6, 7, 2])
+    assert plan.write_index.tolist() == [6, 7, 2]
+    assert plan.read_index.tolist() == [3, 1]
     pool.write(1, plan, _rows(3, 10.0), _rows(3, 20.0))
     assert pool.keys[1][3, 0, 0, 0] == 10.0
     assert pool.keys[1][3, 1, 0, 0] == 11.0
     assert pool.keys[1][1, 0, 0, 0] == 12.0
     assert pool.values[1][1, 0, 1, 2] == 22.0
     assert not pool.keys[0].any()  # another layer untouched
-    keys, values = pool.read(1, plan)
+    keys, values = _read_one(pool, 1, plan)
     assert torch.equal(keys, _rows(3, 10.0))
     assert torch.equal(values, _rows(3, 20.0))
+
+
+def test_one_step_writes_and_reads_every_request_through_its_own_table() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    # "a" holds block 2 then 0 (3 tokens, its last one new); "b" holds block 3 (2 new tokens).
+    tables = [RequestBlockTable("a", (2, 0), 3), RequestBlockTable("b", (3,), 2)]
+    pool.write(0, _plan(pool, "a", (2,), 2, [4, 5]), _rows(2, 1.0), _rows(2, 5.0))
+    plan = pool.plan(tables, [[0], [6, 7]])
+    assert plan.write_index.tolist() == [0, 6, 7]
+    assert plan.read_index.tolist() == [2, 0, 3]
+    assert plan.read_starts == (0, 4)
+    pool.write(0, plan, _rows(3, 3.0), _rows(3, 7.0))
+    (a_keys, a_values), (b_keys, b_values) = pool.read(0, plan)
+    assert a_keys[:, 0, 0].tolist() == [1.0, 2.0, 3.0]
+    assert a_values[:, 1, 2].tolist() == [5.0, 6.0, 7.0]
+    assert b_keys[:, 0, 0].tolist() == [4.0, 5.0]
+    assert b_values[:, 0, 0].tolist() == [8.0, 9.0]
 
 
 def test_the_pool_size_counts_k_and_v_of_every_layer() -> None:
@@ -52,12 +89,12 @@ def test_a_plain_pool_leaves_released_blocks_as_they_were() -> None:
 
 def test_contiguous_buffers_store_by_position_and_ignore_block_ids() -> None:
     buffers = ContiguousKVBuffers(LAYOUT, max_tokens=8)
-    first = buffers.plan("a", (3, 1), 2, [6, 7])
+    first = _plan(buffers, "a", (3, 1), 2, [6, 7])
     buffers.write(0, first, _rows(2, 1.0), _rows(2, 5.0))
-    second = buffers.plan("a", (3, 1), 3, [2])
+    second = _plan(buffers, "a", (3, 1), 3, [2])
     assert second.write_index.tolist() == [2]
     buffers.write(0, second, _rows(1, 3.0), _rows(1, 7.0))
-    keys, values = buffers.read(0, second)
+    keys, values = _read_one(buffers, 0, second)
     assert keys[:, 0, 0].tolist() == [1.0, 2.0, 3.0]
     assert values[:, 0, 0].tolist() == [5.0, 6.0, 7.0]
 
@@ -66,7 +103,7 @@ def test_copy_on_write_copies_a_block_in_every_layer_and_nothing_else() -> None:
     pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
     for layer in range(2):
         # Block 1 holds rows 10, 11 (keys) and 20, 21 (values) in every layer.
-        pool.write(layer, pool.plan("a", (1,), 2, [2, 3]), _rows(2, 10.0), _rows(2, 20.0))
+        pool.write(layer, _plan(pool, "a", (1,), 2, [2, 3]), _rows(2, 10.0), _rows(2, 20.0))
     pool.copy_blocks([(1, 3)])
     for layer in range(2):
         assert torch.equal(pool.keys[layer][3], _rows(2, 10.0))
@@ -77,13 +114,13 @@ def test_copy_on_write_copies_a_block_in_every_layer_and_nothing_else() -> None:
 
 def test_a_forked_contiguous_buffer_is_a_copy_the_parent_does_not_see() -> None:
     buffers = ContiguousKVBuffers(LAYOUT, max_tokens=4)
-    parent = buffers.plan("p", (), 2, [0, 1])
+    parent = _plan(buffers, "p", (), 2, [0, 1])
     buffers.write(0, parent, _rows(2, 10.0), _rows(2, 20.0))
     buffers.fork("p", "c")
-    child = buffers.plan("c", (), 3, [2])
+    child = _plan(buffers, "c", (), 3, [2])
     buffers.write(0, child, _rows(1, 99.0), _rows(1, 99.0))
-    child_keys, _ = buffers.read(0, child)
+    child_keys, _ = _read_one(buffers, 0, child)
     assert child_keys[:, 0, 0].tolist() == [10.0, 11.0, 99.0]
-    parent_grown = buffers.plan("p", (), 3, [2])
-    parent_keys, _ = buffers.read(0, parent_grown)
+    parent_grown = _plan(buffers, "p", (), 3, [2])
+    parent_keys, _ = _read_one(buffers, 0, parent_grown)
     assert parent_keys[2, 0, 0] == 0.0  # the child's write went to its own buffer

@@ -100,25 +100,23 @@ def test_requests_sharing_a_prefix_compute_fewer_prefill_tokens_and_emit_generat
 
 
 class ReversedPackingEngine(Engine):
-    """Planted bug: packs the step's requests last admitted first."""
+    """Packs the step's requests last admitted first."""
 
     def _forward_groups(self, running: list[_Running]) -> list[list[_Running]]:
         return [running[::-1]] if running else []
 
 
 def test_a_prefix_hit_in_the_step_its_blocks_are_written_reads_them_after_the_write() -> None:
-    # Both admitted in step 0: r1's hit blocks are written by r0 in the same forward. The
-    # hook writes then reads per request in packing order, and r0 comes first in every layer.
+    # Both admitted in step 0: r1's hit blocks are written by r0 in the same forward. In one
+    # packed forward every layer writes the whole step before any request reads, so the
+    # packing order does not matter; separate forwards run in admission order.
     requests = shared_prefix_requests(2, arrival_gap=0)
-    for engine_type in (Engine, BatchInvariantEngine):
+    for engine_type in (Engine, BatchInvariantEngine, ReversedPackingEngine):
         result = run(requests, poisoned_pool(20, 4), KVBlockManager(20, 4), engine_type)
-        assert result.schedule[0] in (("r0", "r1"), ("r0",))
+        assert result.schedule[0] in (("r0", "r1"), ("r1", "r0"), ("r0",))
         assert result.prefix_hit_tokens == 20
         for outcome in batched_checks(result, requests):
             assert outcome.passed, outcome.detail
-    # Packed the other way round, r1 reads r0's blocks before r0 wrote them: NaN.
-    reversed_run = run(requests, poisoned_pool(20, 4), KVBlockManager(20, 4), ReversedPackingEngine)
-    assert torch.isnan(reversed_run.outputs["r1"].logits[0]).all()
 
 
 def fork_request(num_continuations: int) -> Request:
