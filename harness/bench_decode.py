@@ -8,7 +8,7 @@ Every request decodes exactly ``--max-new-tokens`` tokens (EOS ignored). Decode 
 is ``batch * (new_tokens - 1) / (t(new_tokens) - t(1))``: the time of a run that stops
 after its first token (prefill) is subtracted; NaN when fixed overheads make t(1) >= t(n).
 End-to-end tokens/s is ``batch * new_tokens / t(new_tokens)``. Times are medians of
-``--repeats`` runs after one warm-up. KV bytes: dense = the padded cache,
+``--repeats`` runs after one warm-up, the methods taking turns in every repeat. KV bytes: dense = the padded cache,
 ``batch * (longest prompt + new tokens)`` tokens; paged = the blocks in use at the peak.
 It is a script, not a test.
 """
@@ -95,25 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     for batch_size in batch_sizes:
         batch = prompts[:batch_size]
-        dense_kv = batch_size * (max(map(len, batch)) + args.max_new_tokens)
-        dense = _measure("dense", partial(_run_dense, loaded, batch), batch_size, args)
-        if "dense" in methods:
-            _row("dense", batch_size, dense, dense_kv * layout.bytes_per_token, dense)
+        peak: list[int] = []
+        runs: dict[str, Callable[[int], None]] = {"dense": partial(_run_dense, loaded, batch)}
         if "paged" in methods:
-            peak: list[int] = []
-            run_paged = partial(_run_paged, loaded, batch, block_size=args.block_size, peak=peak)
-            paged = _measure("paged", run_paged, batch_size, args)
-            paged_kv = max(peak) * args.block_size * layout.bytes_per_token
-            _row("paged", batch_size, paged, paged_kv, dense)
+            runs["paged"] = partial(
+                _run_paged, loaded, batch, block_size=args.block_size, peak=peak
+            )
         if "hf-cb" in methods:
-            try:
-                hf_cb = _measure(
-                    "hf-cb", partial(_run_generate_batch, loaded, batch), batch_size, args
-                )
-            except Exception as error:
-                print(f"hf-cb   {batch_size:>5} did not run: {type(error).__name__}: {error}"[:200])
-            else:
-                _row("hf-cb", batch_size, hf_cb, None, dense)
+            runs["hf-cb"] = partial(_run_generate_batch, loaded, batch)
+        rates = _measure(runs, batch_size, args)
+        kv_tokens = {
+            "dense": batch_size * (max(map(len, batch)) + args.max_new_tokens),
+            "paged": max(peak, default=0) * args.block_size,
+        }
+        for method, method_rates in rates.items():
+            if method in methods:
+                tokens = kv_tokens.get(method)
+                kv_bytes = None if tokens is None else tokens * layout.bytes_per_token
+                _row(method, batch_size, method_rates, kv_bytes, rates["dense"])
         sys.stdout.flush()
     return 0
 
@@ -153,14 +152,42 @@ class Rates:
 
 
 def _measure(
-    method: str, run: Callable[[int], None], batch_size: int, args: argparse.Namespace
-) -> Rates:
-    print(f"[bench] {method} batch {batch_size}", file=sys.stderr, flush=True)
+    runs: dict[str, Callable[[int], None]], batch_size: int, args: argparse.Namespace
+) -> dict[str, Rates]:
+    """Median full-run and first-token-run times of every method, measured round-robin.
+
+    NOTE: the methods take turns within each repeat (dense, paged, ..., then again), so a
+    change in the machine's load during the benchmark slows all of them alike instead of
+    landing on whichever method happened to run then. A method that fails its warm-up
+    (``hf-cb`` where transformers cannot run it) is reported and left out.
+    """
     new_tokens: int = args.max_new_tokens
-    run(new_tokens)  # warm-up
-    full = statistics.median(_timed(run, new_tokens) for _ in range(args.repeats))
-    first = statistics.median(_timed(run, 1) for _ in range(args.repeats))
-    return Rates(full, first, batch_size, new_tokens)
+    working: dict[str, Callable[[int], None]] = {}
+    for method, run in runs.items():
+        try:
+            run(new_tokens)  # warm-up
+        except Exception as error:
+            if method == "dense":
+                raise
+            print(f"{method:<7} {batch_size:>5} did not run: {type(error).__name__}: {error}"[:200])
+        else:
+            working[method] = run
+    full: dict[str, list[float]] = {method: [] for method in working}
+    first: dict[str, list[float]] = {method: [] for method in working}
+    for repeat in range(args.repeats):
+        print(f"[bench] batch {batch_size}: round {repeat + 1}/{args.repeats}", file=sys.stderr)
+        for method, run in working.items():
+            full[method].append(_timed(run, new_tokens))
+            first[method].append(_timed(run, 1))
+    return {
+        method: Rates(
+            statistics.median(full[method]),
+            statistics.median(first[method]),
+            batch_size,
+            new_tokens,
+        )
+        for method in working
+    }
 
 
 def _timed(run: Callable[[int], None], new_tokens: int) -> float:

@@ -83,7 +83,8 @@ class KVStore(Protocol):
         ...
 
     def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each request's K and V, ``[token_count, num_kv_heads, head_dim]``, in plan order."""
+        """Each request's K and V in SDPA's layout, ``[1, num_kv_heads, token_count, head_dim]``
+        (strided views are fine), in plan order."""
         ...
 
     def release(self, request_id: str, block_ids: list[int]) -> None: ...
@@ -163,13 +164,12 @@ class PagedKVPool:
         self._flat_values[layer_idx].index_copy_(0, plan.write_index, value)
 
     def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each request's K and V, ``[token_count, num_kv_heads, head_dim]``: one gather."""
-        rows = (-1, self.layout.num_kv_heads, self.layout.head_dim)
-        # keys, values: [step_blocks * block_size, num_kv_heads, head_dim]
-        keys = self.keys[layer_idx].index_select(0, plan.read_index).view(rows)
-        values = self.values[layer_idx].index_select(0, plan.read_index).view(rows)
+        """Each request's K and V, ``[1, num_kv_heads, token_count, head_dim]``: views of one
+        gather."""
+        keys = _sdpa_layout(self.keys[layer_idx].index_select(0, plan.read_index))
+        values = _sdpa_layout(self.values[layer_idx].index_select(0, plan.read_index))
         return [
-            (keys[start : start + count], values[start : start + count])
+            (keys[:, :, start : start + count], values[:, :, start : start + count])
             for start, count in zip(plan.read_starts, plan.token_counts, strict=True)
         ]
 
@@ -266,11 +266,11 @@ class ContiguousKVBuffers:
             start += count
 
     def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The first ``token_count`` rows of each request's buffer."""
+        """The first ``token_count`` rows of each request's buffer, in SDPA's layout."""
         read = []
         for request_id, count in zip(plan.request_ids, plan.token_counts, strict=True):
             keys, values = self._buffers[request_id][layer_idx]
-            read.append((keys[:count], values[:count]))
+            read.append((_sdpa_layout(keys[:count]), _sdpa_layout(values[:count])))
         return read
 
     def release(self, request_id: str, block_ids: list[int]) -> None:
@@ -285,3 +285,13 @@ class ContiguousKVBuffers:
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Nothing to copy: no two requests share a buffer."""
+
+
+def _sdpa_layout(rows: torch.Tensor) -> torch.Tensor:
+    """``[..., num_kv_heads, head_dim]`` rows as a ``[1, num_kv_heads, tokens, head_dim]`` view.
+
+    NOTE: a strided view, not a copy: SDPA gives the same bits on it as on HF's contiguous
+    cache (check 2 measures it), and a ``.contiguous()`` cost two copies per request per
+    layer.
+    """
+    return rows.flatten(0, -3).transpose(0, 1).unsqueeze(0)

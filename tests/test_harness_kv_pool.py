@@ -28,9 +28,15 @@ def _plan(
     return store.plan([RequestBlockTable(request_id, block_ids, token_count)], [slots])
 
 
+def _rows_of(sdpa_layout: torch.Tensor) -> torch.Tensor:
+    # [1, num_kv_heads, tokens, head_dim] -> [tokens, num_kv_heads, head_dim]
+    assert sdpa_layout.shape[0] == 1
+    return sdpa_layout[0].transpose(0, 1)
+
+
 def _read_one(store: KVStore, layer_idx: int, plan: KVPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    (read,) = store.read(layer_idx, plan)
-    return read
+    ((keys, values),) = store.read(layer_idx, plan)
+    return _rows_of(keys), _rows_of(values)
 
 
 def test_a_token_lands_in_its_block_at_its_offset() -> None:
@@ -60,7 +66,7 @@ def test_one_step_writes_and_reads_every_request_through_its_own_table() -> None
     assert plan.read_index.tolist() == [2, 0, 3]
     assert plan.read_starts == (0, 4)
     pool.write(0, plan, _rows(3, 3.0), _rows(3, 7.0))
-    (a_keys, a_values), (b_keys, b_values) = pool.read(0, plan)
+    a_keys, a_values, b_keys, b_values = (_rows_of(t) for read in pool.read(0, plan) for t in read)
     assert a_keys[:, 0, 0].tolist() == [1.0, 2.0, 3.0]
     assert a_values[:, 1, 2].tolist() == [5.0, 6.0, 7.0]
     assert b_keys[:, 0, 0].tolist() == [4.0, 5.0]
