@@ -8,8 +8,9 @@ Every request decodes exactly ``--max-new-tokens`` tokens (EOS ignored). Decode 
 is ``batch * (new_tokens - 1) / (t(new_tokens) - t(1))``: the time of a run that stops
 after its first token (prefill) is subtracted; NaN when fixed overheads make t(1) >= t(n).
 End-to-end tokens/s is ``batch * new_tokens / t(new_tokens)``. Times are medians of
-``--repeats`` runs after one warm-up, the methods taking turns in every repeat. KV bytes: dense = the padded cache,
-``batch * (longest prompt + new tokens)`` tokens; paged = the blocks in use at the peak.
+``--repeats`` runs after one warm-up, the methods taking turns in every repeat. KV bytes:
+dense = the padded cache, ``batch * (longest prompt + new tokens)`` tokens; paged = the
+blocks in use at the peak.
 It is a script, not a test.
 """
 

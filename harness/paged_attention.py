@@ -3,10 +3,11 @@
 It is registered with ``transformers.AttentionInterface`` under ``"pagedkv"``. One forward
 packs several requests (prefills and decodes mixed) as ``input_ids [1, T]`` with explicit
 ``position_ids``; the per-step ``StepMetadata`` travels as the model kwarg
-``pagedkv_step`` down to every attention layer. For each request the function writes the
-request's new K/V rows to the store, reads back exactly that request's tokens, and runs
-transformers' own SDPA attention on them alone: the same call, on the same values, that
-HF's dense cache makes for a single request. That is what makes paged vs contiguous (and
+``pagedkv_step`` down to every attention layer. In each layer the function writes the
+step's new K/V rows to the store (all requests at once), reads back each request's tokens,
+and runs SDPA on each request alone: the same call, on the same values, that HF's dense
+cache makes for a single request (through transformers' own wrapper, or for a one-query
+decode directly with the wrapper's arguments). That is what makes paged vs contiguous (and
 paged vs ``generate`` for one request) bit-identical, and it is why a NaN-poisoned freed
 block can only show up if a request really reads it (no padded read, no ``0 * NaN``).
 
