@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from harness.__main__ import main
+from harness.equivalence import kv_layout
+from harness.kv_pool import PoisonedKVPool
 from harness.models import find_bundled_gguf, get_cache_dir, load_model
+from harness.paged_cache import PagedCache
+from harness.prompts import render_prompt
+from impl import KVBlockManager
 
 pytestmark = pytest.mark.model
 
@@ -96,3 +101,34 @@ def test_the_main_command_shares_a_system_prompt_and_checks_every_continuation(
     assert totals["cow_copies"] > 0
     assert totals["blocks_saved_by_sharing"] > 0
     assert set(totals) >= {"prefill_tokens", "preemptions"}
+
+
+def test_generate_on_a_paged_cache_is_bit_identical_on_smollm2() -> None:
+    loaded = load_model(None, CPU, torch.float32)
+    assert loaded.tokenizer is not None and loaded.eos_token_id is not None
+    prompts = [
+        render_prompt(loaded.tokenizer, (("user", content),))
+        for content in ("Name a prime number.", "Why is the sky blue? Answer in one line.")
+    ]
+    width = max(map(len, prompts))
+    input_ids = torch.full((2, width), loaded.eos_token_id)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, prompt in enumerate(prompts):  # left-padded, as generate expects
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt) :] = 1
+    pool = PoisonedKVPool(kv_layout(loaded), 16, 8)
+    pool.poison(list(range(16)))
+    kwargs = {
+        "attention_mask": attention_mask,
+        "max_new_tokens": 8,
+        "do_sample": False,
+        "pad_token_id": loaded.eos_token_id,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+    }
+    with torch.no_grad(), PagedCache(KVBlockManager(16, 8), pool, 2) as cache:
+        paged = loaded.model.generate(input_ids, past_key_values=cache, **kwargs)
+        dense = loaded.model.generate(input_ids, **kwargs)
+    assert torch.equal(paged.sequences, dense.sequences)
+    for paged_logits, dense_logits in zip(paged.logits, dense.logits, strict=True):
+        assert torch.equal(paged_logits, dense_logits)
