@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from harness.engine import BatchInvariantEngine, Engine
-from harness.equivalence import PoolConfig, run_equivalence
+from harness.equivalence import PoolConfig, kv_layout, run_equivalence
 from harness.kv_pool import PoisonedKVPool
 from harness.models import LoadedModel, tiny_llama
+from harness.paged_cache import PagedCache
+from impl import KVBlockManager
 from tests.harness_cases import make_requests
 
 pytestmark = [
@@ -55,3 +57,28 @@ def test_paged_equals_dense_on_cuda(dtype: torch.dtype, engine_type: type[Engine
     assert not failures, failures
     if engine_type is BatchInvariantEngine:
         assert not any(row.batched.tie for row in report.rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_generate_on_a_paged_cache_is_bit_identical_on_cuda(dtype: torch.dtype) -> None:
+    loaded = _tiny_on_cuda(dtype)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(loaded.model.config.vocab_size, (2, 11), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :4] = 0  # row 1 is left-padded
+    kwargs = {
+        "attention_mask": attention_mask.cuda(),
+        "max_new_tokens": 8,
+        "do_sample": False,
+        "pad_token_id": 0,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+    }
+    pool = PoisonedKVPool(kv_layout(loaded), 32, 4)
+    pool.poison(list(range(32)))
+    with torch.no_grad(), PagedCache(KVBlockManager(32, 4), pool, 2) as cache:
+        paged = loaded.model.generate(input_ids.cuda(), past_key_values=cache, **kwargs)
+        dense = loaded.model.generate(input_ids.cuda(), **kwargs)
+    assert torch.equal(paged.sequences, dense.sequences)
+    for paged_logits, dense_logits in zip(paged.logits, dense.logits, strict=True):
+        assert torch.equal(paged_logits, dense_logits)
