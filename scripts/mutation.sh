@@ -4,8 +4,9 @@
 #
 #   scripts/mutation.sh [MUTANT_NAME_OR_GLOB ...]     (default: every mutant)
 #
-# Runs on every core under the deterministic `ci` Hypothesis profile, so a mutant's
-# verdict does not depend on luck. mutmut keeps verdicts in mutants/ and checks only the
+# Runs on every core under the `mutation` Hypothesis profile (the deterministic `ci` one
+# without shrinking), so a mutant's verdict does not depend on luck and a killed mutant
+# is not shrunk. mutmut keeps verdicts in mutants/ and checks only the
 # mutants it has no verdict for, so an interrupted run picks up where it stopped; delete
 # mutants/ for a run from scratch. Prints the score and the surviving mutants, and exits 1
 # if any survived: each survivor is either killed by a new test or explained as
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 python -c 'import mutmut' 2>/dev/null || python -m pip install --quiet mutmut==3.8.1
 mkdir -p mutants
 status=0
-CI=true timeout -k 10 "${MUTATION_SECONDS:-3600}" \
+CI=true HYPOTHESIS_PROFILE=mutation timeout -k 10 "${MUTATION_SECONDS:-3600}" \
     mutmut run --max-children "$(nproc)" "$@" >mutants/run.log 2>&1 || status=$?
 mutmut export-cicd-stats >/dev/null
 python - <<'PY'

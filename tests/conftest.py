@@ -4,6 +4,9 @@ Pick one with ``pytest --hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME`
 - ``ci``: bounded and deterministic (derandomized), prints the replay blob of a failure;
   the default when the ``CI`` environment variable is set.
 - ``dev``: the default elsewhere; random, keeps failures in ``.hypothesis/``.
+- ``mutation``: ``ci`` without shrinking, for ``scripts/mutation.sh``: a mutant is killed
+  by the first failing example; shrinking it (slow when the mutant makes the impl slow)
+  would only spend the mutant's time limit.
 - ``fuzz``: for long sessions; many examples, no deadline, at most 100 steps a case and
   no explain phase (longer cases made shrinking take minutes and still not minimal).
   Examples that fail are kept in a local directory database (``.hypothesis/fuzz-db``).
@@ -26,6 +29,12 @@ settings.register_profile(
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "mutation",
+    settings.get_profile("ci"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    report_multiple_bugs=False,
 )
 settings.register_profile(
     "dev",
