@@ -144,6 +144,37 @@ def test_a_hash_collision_is_no_hit() -> None:
     pool.check_invariants()
 
 
+def _same_prompts_on_the_spec(prompts: dict[str, list[int]]) -> SpecDriver:
+    driver = SpecDriver(8, 2)
+    for request_id, token_ids in prompts.items():
+        driver.allocate_prompt(request_id, token_ids)
+    return driver
+
+
+def test_a_hit_behind_another_entry_of_a_colliding_bucket_is_found() -> None:
+    # Every block hashes alike: blocks 0 = (1, 2) and 2 = (5, 6), both at a prompt's start,
+    # share one bucket, and the match for "c" is the second entry.
+    pool = KVBlockManager(8, 2, block_hash=lambda parent_hash, token_ids: 0)
+    prompts = {"a": [1, 2, 3], "b": [5, 6, 7], "c": [5, 6, 9]}
+    for request_id, token_ids in prompts.items():
+        allocation = pool.allocate_prompt(request_id, token_ids)
+    assert allocation == PromptAllocation(RequestBlockTable("c", (2, 4), 3), cached_tokens=2)
+    assert pool.to_spec() == _same_prompts_on_the_spec(prompts).state
+    pool.check_invariants()
+
+
+def test_equal_tokens_under_another_parent_are_no_hit() -> None:
+    # A hash that ignores the parent: (5, 6) as a prompt's first block and as its second
+    # collide, and only the token-by-token prefix check tells them apart.
+    pool = KVBlockManager(8, 2, block_hash=lambda parent_hash, token_ids: hash(token_ids))
+    prompts = {"a": [1, 2, 9], "b": [5, 6, 9], "c": [1, 2, 5, 6, 9]}
+    for request_id, token_ids in prompts.items():
+        allocation = pool.allocate_prompt(request_id, token_ids)
+    assert allocation == PromptAllocation(RequestBlockTable("c", (0, 4, 5), 5), cached_tokens=2)
+    assert pool.to_spec() == _same_prompts_on_the_spec(prompts).state
+    pool.check_invariants()
+
+
 def test_decode_appends_cache_the_block_they_fill() -> None:
     pool = KVBlockManager(4, 2)
     pool.allocate_prompt("a", [1])
