@@ -5,16 +5,20 @@ these a predicate that always said "fine" would pass everything (mutation testin
 exactly that gap). Each state below is hand-built and breaks one rule.
 """
 
+from dataclasses import replace
+
 import pytest
 
 import spec
 from impl import KVBlockManager
 from spec import AllocatorState, FrozenMap, KVBlockUsage, RequestBlockTable, SharingCounters
 from spec.invariants import (
+    is_cache_sound,
     is_conserved,
     is_keyed_by_request_id,
     is_partitioned,
     is_tightly_sized,
+    is_token_tracking_sound,
     is_usage_consistent,
     violated_invariants,
 )
@@ -112,6 +116,37 @@ def test_a_usage_report_of_a_leaky_state_is_inconsistent_even_if_it_matches_the_
     leaked = pool((), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2))
     # Computed from the tables, so it matches them, but used + free is 3 of 4 blocks.
     assert not is_usage_consistent(leaked, spec.usage(leaked))
+
+
+# "a" holds blocks 0 and 1 for the prompt (1, 2, 3); block 0 is cached as (1, 2).
+PROMPTED = spec.allocate_prompt(spec.init(4, 2), "a", (1, 2, 3))
+# The same after "a" let go: block 0 is a cached free block, 1 a plain free one.
+RELEASED = spec.release(PROMPTED, "a")
+
+
+def test_the_sharing_states_the_broken_ones_start_from_are_sound() -> None:
+    assert violated_invariants(PROMPTED) == violated_invariants(RELEASED) == []
+    assert (PROMPTED.cache, RELEASED.cached_free_block_ids) == (FrozenMap({(1, 2): 0}), (0,))
+
+
+def test_token_ids_of_a_request_without_a_table_break_token_tracking() -> None:
+    ghost = replace(PROMPTED, token_ids=FrozenMap({**PROMPTED.token_ids, "ghost": (1,)}))
+    assert not is_token_tracking_sound(ghost)
+
+
+@pytest.mark.parametrize(
+    ("broken", "rule"),
+    [
+        (replace(PROMPTED, cache=FrozenMap({(1, 2): 0, (1, 2, 5, 6): 0})), "one block a key"),
+        (replace(PROMPTED, cache=FrozenMap({(1,): 0})), "keys are whole blocks"),
+        (replace(PROMPTED, cache=FrozenMap({(): 0})), "keys are not empty"),
+        (replace(RELEASED, cache=FrozenMap({})), "a cached free block is cached"),
+        (replace(PROMPTED, cache=FrozenMap({(1, 2): 2})), "a plain free block is not"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_each_broken_cache_rule_breaks_cache_soundness(broken: AllocatorState, rule: str) -> None:
+    assert not is_cache_sound(broken), rule
 
 
 def test_slot_index_refuses_a_negative_position_with_the_number() -> None:
