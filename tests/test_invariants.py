@@ -14,9 +14,11 @@ from impl import KVBlockManager
 from spec import AllocatorState, FrozenMap, KVBlockUsage, RequestBlockTable, SharingCounters
 from spec.invariants import (
     is_cache_sound,
+    is_cached_content_exact,
     is_conserved,
     is_keyed_by_request_id,
     is_partitioned,
+    is_shared_only_over_a_common_prefix,
     is_tightly_sized,
     is_token_tracking_sound,
     is_usage_consistent,
@@ -147,6 +149,59 @@ def test_token_ids_of_a_request_without_a_table_break_token_tracking() -> None:
 )
 def test_each_broken_cache_rule_breaks_cache_soundness(broken: AllocatorState, rule: str) -> None:
     assert not is_cache_sound(broken), rule
+
+
+# "a" holds blocks 0 and 1 for (1, 2, 3, 4, 5); (1, 2) -> 0 and (1, 2, 3, 4) -> 1 cached.
+TWO_CACHED = spec.allocate_prompt(spec.init(4, 2), "a", (1, 2, 3, 4, 5))
+# "b" = (1, 2, 7) shares "a"'s first block 0 and holds block 2 of its own.
+SHARING = spec.allocate_prompt(PROMPTED, "b", (1, 2, 7))
+
+
+@pytest.mark.parametrize(
+    ("broken", "rule"),
+    [
+        (replace(PROMPTED, token_ids=FrozenMap({})), "a table holding a cached block tracks ids"),
+        (replace(PROMPTED, cache=FrozenMap({(1, 2, 3, 4): 0})), "a block sits where its key ends"),
+        # Block 0 of "a" is not cached; block 1's key is not "a"'s first four tokens.
+        (replace(TWO_CACHED, cache=FrozenMap({(9, 9, 3, 4): 1})), "the tokens equal the key"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_each_broken_content_rule_breaks_cached_content_exactness(
+    broken: AllocatorState, rule: str
+) -> None:
+    assert violated_invariants(TWO_CACHED) == []
+    assert not is_cached_content_exact(broken), rule
+
+
+def test_sharing_a_block_at_another_place_or_over_other_tokens_is_broken() -> None:
+    assert violated_invariants(SHARING) == []
+    assert SHARING.tables["b"].block_ids == (0, 2)
+    elsewhere = RequestBlockTable("b", (2, 0), 3)
+    moved = replace(SHARING, tables=FrozenMap({**SHARING.tables, "b": elsewhere}))
+    assert not is_shared_only_over_a_common_prefix(moved)
+    other_tokens = FrozenMap({**SHARING.token_ids, "b": (5, 6, 7)})
+    assert not is_shared_only_over_a_common_prefix(replace(SHARING, token_ids=other_tokens))
+
+
+def test_sharing_a_later_block_over_other_blocks_before_it_is_broken() -> None:
+    forked = spec.fork(PROMPTED, "a", "c")  # "c" holds (0, 1) as "a" does
+    assert violated_invariants(forked) == []
+    other_first_block = RequestBlockTable("c", (3, 1), 3)
+    broken = replace(forked, tables=FrozenMap({**forked.tables, "c": other_first_block}))
+    assert not is_shared_only_over_a_common_prefix(broken)
+
+
+def test_a_broken_pair_is_found_after_a_pair_sharing_nothing() -> None:
+    apart = RequestBlockTable("c", (3,), 1)
+    elsewhere = RequestBlockTable("b", (2, 0), 3)
+    tables = FrozenMap({"c": apart, "a": SHARING.tables["a"], "b": elsewhere})
+    assert not is_shared_only_over_a_common_prefix(replace(SHARING, tables=tables))
+
+
+def test_tokens_are_compared_only_when_both_sharing_tables_track_them() -> None:
+    a_only = FrozenMap({"a": SHARING.token_ids["a"]})
+    assert is_shared_only_over_a_common_prefix(replace(SHARING, token_ids=a_only))
 
 
 def test_slot_index_refuses_a_negative_position_with_the_number() -> None:
