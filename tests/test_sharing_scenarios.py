@@ -100,6 +100,16 @@ def test_fork_shares_blocks_and_the_first_writer_copies_the_partial_one(make: Fa
     assert pool.usage().cow_copies == 1 and pool.usage().shared_blocks == 1
 
 
+def test_a_copy_on_write_append_that_also_opens_a_block_takes_both(make: Factory) -> None:
+    pool = make(6, 4)
+    pool.allocate("p", 6)  # block 0 full, block 1 holds 2 tokens
+    pool.fork("p", "c")
+    # 3 tokens: 2 fill the copy of block 1 (block 2), the third opens block 3.
+    assert pool.append_tokens("c", 3) == RequestBlockTable("c", (0, 2, 3), 9)
+    assert pool.take_copies() == [(1, 2)]
+    assert pool.free_block_ids == (4, 5)
+
+
 def test_a_refused_copy_on_write_changes_nothing(make: Factory) -> None:
     pool = make(2, 4)
     pool.allocate("p", 6)  # blocks 0, 1: the pool is full
