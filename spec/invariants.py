@@ -89,20 +89,29 @@ def is_cached_content_exact(state: AllocatorState) -> bool:
 
 
 def is_shared_only_over_a_common_prefix(state: AllocatorState) -> bool:
-    """Two tables share a block only at the same place, over identical blocks and tokens before."""
+    """Two tables share a block only at the same index, over the same content before it.
+
+    The same content is the same tokens where both tables track them: two requests may
+    reach a shared block through different blocks holding equal tokens (a prefix hit
+    after one of them computed a duplicate of a cached block). Where either is tracked by
+    count, the only way to share is a fork, so the blocks before must be the very same.
+    """
     for first, second in combinations(state.tables.values(), 2):
         common = set(first.block_ids) & set(second.block_ids)
         if not common:
             continue
-        depth = max(first.block_ids.index(b) for b in common) + 1
-        if first.block_ids[:depth] != second.block_ids[:depth]:
+        if any(first.block_ids.index(b) != second.block_ids.index(b) for b in common):
             return False
+        depth = max(first.block_ids.index(b) for b in common) + 1
         first_ids = state.token_ids.get(first.request_id)
         second_ids = state.token_ids.get(second.request_id)
-        if first_ids is not None and second_ids is not None:
-            end = min(depth * state.block_size, len(first_ids), len(second_ids))
-            if first_ids[:end] != second_ids[:end]:
+        if first_ids is None or second_ids is None:
+            if first.block_ids[:depth] != second.block_ids[:depth]:
                 return False
+            continue
+        end = min(depth * state.block_size, len(first_ids), len(second_ids))
+        if first_ids[:end] != second_ids[:end]:
+            return False
     return True
 
 

@@ -227,7 +227,8 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @invariant()
     def invariants_hold(self) -> None:
-        assert spec.violated_invariants(self.model) == []
+        broken = spec.violated_invariants(self.model)
+        assert broken == [], f"the spec state breaks {broken}"
         self.target.check_invariants()
 
     def teardown(self) -> None:

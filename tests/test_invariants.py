@@ -184,12 +184,21 @@ def test_sharing_a_block_at_another_place_or_over_other_tokens_is_broken() -> No
     assert not is_shared_only_over_a_common_prefix(replace(SHARING, token_ids=other_tokens))
 
 
-def test_sharing_a_later_block_over_other_blocks_before_it_is_broken() -> None:
-    forked = spec.fork(PROMPTED, "a", "c")  # "c" holds (0, 1) as "a" does
+def test_tables_by_count_sharing_a_later_block_over_other_blocks_before_it_are_broken() -> None:
+    forked = spec.fork(spec.allocate(spec.init(4, 2), "a", 3), "a", "c")  # both hold (0, 1)
     assert violated_invariants(forked) == []
     other_first_block = RequestBlockTable("c", (3, 1), 3)
     broken = replace(forked, tables=FrozenMap({**forked.tables, "c": other_first_block}))
     assert not is_shared_only_over_a_common_prefix(broken)
+
+
+def test_token_tables_may_share_a_later_block_over_other_blocks_with_equal_tokens() -> None:
+    forked = spec.fork(PROMPTED, "a", "c")  # both hold (0, 1) and track (1, 2, 3)
+    assert violated_invariants(forked) == []
+    # Block 3 holding the same tokens (1, 2) as block 0: what a prefix hit can produce.
+    duplicate_first_block = RequestBlockTable("c", (3, 1), 3)
+    equal = replace(forked, tables=FrozenMap({**forked.tables, "c": duplicate_first_block}))
+    assert is_shared_only_over_a_common_prefix(equal)
 
 
 def test_a_broken_pair_is_found_after_a_pair_sharing_nothing() -> None:

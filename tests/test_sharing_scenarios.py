@@ -7,6 +7,7 @@ import pytest
 
 from impl import BlockAllocationError, KVBlockManager, PromptAllocation, RequestBlockTable
 from spec import KVBlockUsage
+from spec.invariants import violated_invariants
 from tests.spec_driver import SpecDriver
 
 
@@ -23,6 +24,7 @@ class SharingAllocator(Protocol):
     def release(self, request_id: str) -> list[int]: ...
     def preempt(self, request_id: str) -> list[int]: ...
     def take_copies(self) -> list[tuple[int, int]]: ...
+    def snapshot_request(self, request_id: str) -> RequestBlockTable: ...
     def usage(self) -> KVBlockUsage: ...
 
 
@@ -108,6 +110,35 @@ def test_a_copy_on_write_append_that_also_opens_a_block_takes_both(make: Factory
     assert pool.append_tokens("c", 3) == RequestBlockTable("c", (0, 2, 3), 9)
     assert pool.take_copies() == [(1, 2)]
     assert pool.free_block_ids == (4, 5)
+
+
+def test_a_recomputed_request_shares_blocks_reached_through_an_equal_duplicate(
+    make: Factory,
+) -> None:
+    # Found by scripts/fuzz.sh: "r0" filled a duplicate of "r1"'s cached block 0, forked
+    # "r2", and was recomputed after preemption. Its prompt hits block 0 for (0, 0), then
+    # blocks 3 and 4 that it computed before and "r2" still holds behind block 1, a
+    # duplicate of block 0. Sharing over equal tokens in different blocks is sound.
+    pool = make(7, 2)
+    for request_id in ("r1", "r0"):
+        pool.allocate_prompt(request_id, [])
+        pool.append_token_ids(request_id, [0])
+    pool.append_token_ids("r1", [0, 0])
+    for _ in range(3):
+        pool.append_token_ids("r0", [0, 0])
+    pool.fork("r0", "r2")
+    pool.append_token_ids("r0", [0])
+    pool.append_token_ids("r2", [0])
+    pool.preempt("r0")
+    assert pool.allocate_prompt("r0", [0] * 8) == PromptAllocation(
+        RequestBlockTable("r0", (0, 3, 4, 6), 8), cached_tokens=6
+    )
+    assert pool.snapshot_request("r2") == RequestBlockTable("r2", (1, 3, 4, 5), 8)
+    if isinstance(pool, KVBlockManager):
+        pool.check_invariants()
+    else:
+        assert isinstance(pool, SpecDriver)
+        assert violated_invariants(pool.state) == []
 
 
 def test_a_refused_copy_on_write_changes_nothing(make: Factory) -> None:
