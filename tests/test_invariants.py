@@ -192,6 +192,13 @@ def test_tables_by_count_sharing_a_later_block_over_other_blocks_before_it_are_b
     assert not is_shared_only_over_a_common_prefix(broken)
 
 
+def test_a_broken_pair_by_count_is_found_after_a_sound_pair_by_count() -> None:
+    forked = spec.fork(spec.allocate(spec.init(4, 2), "a", 3), "a", "c")  # both hold (0, 1)
+    intruder = RequestBlockTable("b", (2, 1), 3)  # block 1 behind block 2, not block 0
+    tables = FrozenMap({**forked.tables, "b": intruder})
+    assert not is_shared_only_over_a_common_prefix(replace(forked, tables=tables))
+
+
 def test_token_tables_may_share_a_later_block_over_other_blocks_with_equal_tokens() -> None:
     forked = spec.fork(PROMPTED, "a", "c")  # both hold (0, 1) and track (1, 2, 3)
     assert violated_invariants(forked) == []
