@@ -2,7 +2,8 @@
 
 Not collected by a plain ``pytest`` run (the file name does not start with ``test_``):
 ``scripts/fuzz.sh`` and ``hypothesis fuzz`` name it explicitly. It is the same machine as
-``tests/lockstep.py``; the only addition is a tally of test cases and steps. When
+``tests/lockstep.py`` (on the real impl, and on it under a constantly colliding hash); the
+only addition is a tally of test cases and steps. When
 ``PAGEDKV_FUZZ_TALLY`` names a directory, each process keeps ``<pid>.txt`` there up to
 date (every 10 cases and at exit), so a fuzzing session can report how much it ran even
 when its worker processes are killed at the deadline (HypoFuzz's workers skip ``atexit``).
@@ -15,6 +16,7 @@ from pathlib import Path
 from hypothesis.stateful import invariant
 
 from tests.lockstep import AllocatorMachine
+from tests.planted_bugs import WeakHashOnly
 
 
 class Tally:
@@ -42,7 +44,15 @@ class CountingAllocatorMachine(AllocatorMachine):
         super().teardown()
 
 
+class CountingWeakHashMachine(CountingAllocatorMachine):
+    """The same under a hash that collides all the time: the paths prefix hits take when
+    a bucket holds several blocks, which the default hash almost never produces."""
+
+    target_class = WeakHashOnly
+
+
 TestFuzzImplAgreesWithSpec = CountingAllocatorMachine.TestCase
+TestFuzzImplUnderAWeakHashAgreesWithSpec = CountingWeakHashMachine.TestCase
 
 
 def _write_tally() -> None:
