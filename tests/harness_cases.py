@@ -18,7 +18,7 @@ from harness.engine import (
     _Running,
 )
 from harness.equivalence import kv_layout
-from harness.kv_pool import ContiguousKVBuffers, KVLayout, KVStore, PagedKVPool
+from harness.kv_pool import ContiguousKVBuffers, KVLayout, KVStore, PagedKVPool, PoisonedKVPool
 from harness.models import LoadedModel, tiny_llama
 from harness.oracle import TokenTrace
 from impl import KVBlockManager, RequestBlockTable
@@ -94,6 +94,15 @@ def paged_and_contiguous(
 def pool_layout() -> KVLayout:
     """The tiny model's K/V layout."""
     return kv_layout(tiny_model())
+
+
+def poisoned_pool(
+    num_blocks: int, block_size: int, layout: KVLayout | None = None
+) -> PoisonedKVPool:
+    """A pool whose every block is NaN until written (the tiny model's layout by default)."""
+    pool = PoisonedKVPool(layout or pool_layout(), num_blocks, block_size)
+    pool.poison(list(range(num_blocks)))
+    return pool
 
 
 def dense(request: Request) -> DenseOutput:

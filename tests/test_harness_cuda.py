@@ -17,7 +17,7 @@ from harness.kv_pool import PoisonedKVPool
 from harness.models import LoadedModel, tiny_llama
 from harness.paged_cache import PagedCache
 from impl import KVBlockManager
-from tests.harness_cases import make_requests
+from tests.harness_cases import make_requests, poisoned_pool
 
 pytestmark = [
     pytest.mark.cuda,
@@ -74,8 +74,7 @@ def test_generate_on_a_paged_cache_is_bit_identical_on_cuda(dtype: torch.dtype) 
         "output_logits": True,
         "return_dict_in_generate": True,
     }
-    pool = PoisonedKVPool(kv_layout(loaded), 32, 4)
-    pool.poison(list(range(32)))
+    pool = poisoned_pool(32, 4, kv_layout(loaded))
     with torch.no_grad(), PagedCache(KVBlockManager(32, 4), pool, 2) as cache:
         paged = loaded.model.generate(input_ids.cuda(), past_key_values=cache, **kwargs)
         dense = loaded.model.generate(input_ids.cuda(), **kwargs)

@@ -8,11 +8,11 @@ import torch
 
 from harness.__main__ import main
 from harness.equivalence import kv_layout
-from harness.kv_pool import PoisonedKVPool
 from harness.models import find_bundled_gguf, get_cache_dir, load_model
 from harness.paged_cache import PagedCache
 from harness.prompts import render_prompt
 from impl import KVBlockManager
+from tests.harness_cases import poisoned_pool
 
 pytestmark = pytest.mark.model
 
@@ -116,8 +116,7 @@ def test_generate_on_a_paged_cache_is_bit_identical_on_smollm2() -> None:
     for row, prompt in enumerate(prompts):  # left-padded, as generate expects
         input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
         attention_mask[row, width - len(prompt) :] = 1
-    pool = PoisonedKVPool(kv_layout(loaded), 16, 8)
-    pool.poison(list(range(16)))
+    pool = poisoned_pool(16, 8, kv_layout(loaded))
     kwargs = {
         "attention_mask": attention_mask,
         "max_new_tokens": 8,

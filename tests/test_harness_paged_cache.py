@@ -5,10 +5,10 @@ from typing import Any
 import pytest
 import torch
 
-from harness.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.kv_pool import PagedKVPool
 from harness.paged_cache import PagedCache
 from impl import BlockAllocationError, KVBlockManager
-from tests.harness_cases import SwappedBlockManager, pool_layout, tiny_model
+from tests.harness_cases import SwappedBlockManager, poisoned_pool, pool_layout, tiny_model
 
 NEW_TOKENS = 10
 
@@ -41,13 +41,6 @@ def generate(
             output_logits=True,
             return_dict_in_generate=True,
         )
-
-
-def poisoned_pool(num_blocks: int, block_size: int) -> PoisonedKVPool:
-    """A pool whose every block is NaN until written: reading an unwritten slot shows."""
-    pool = PoisonedKVPool(pool_layout(), num_blocks, block_size)
-    pool.poison(list(range(num_blocks)))
-    return pool
 
 
 @pytest.mark.parametrize(

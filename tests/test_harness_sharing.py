@@ -37,6 +37,7 @@ from tests.harness_cases import (
     dense_trace,
     make_requests,
     paged_and_contiguous,
+    poisoned_pool,
     pool_layout,
     run,
     tiny_model,
@@ -44,13 +45,6 @@ from tests.harness_cases import (
 )
 
 TIE_MARGIN = TIE_MARGINS[torch.float32]
-
-
-def poisoned_pool(num_blocks: int, block_size: int) -> PoisonedKVPool:
-    """A pool whose every block is NaN until written."""
-    pool = PoisonedKVPool(pool_layout(), num_blocks, block_size)
-    pool.poison(list(range(num_blocks)))
-    return pool
 
 
 def shared_prefix_requests(count: int, arrival_gap: int, max_new_tokens: int = 6) -> list[Request]:
