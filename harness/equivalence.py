@@ -31,7 +31,7 @@ from harness.engine import (
     Request,
     RequestOutput,
 )
-from harness.kv_pool import ContiguousKVBuffers, KVLayout, PagedKVPool
+from harness.kv_pool import ContiguousKVBuffers, KVLayout, KVStore, PagedKVPool
 from harness.models import LoadedModel
 from harness.oracle import (
     TIE_MARGINS,
@@ -137,33 +137,20 @@ def run_equivalence(
         engine = BatchInvariantEngine(loaded.model, manager, paged_pool, eos, pool.allocation)
         alone.update(engine.run([replace(request, arrival_step=0)]).outputs)
 
+    def run_packed(store: KVStore, allocation: Allocation) -> EngineResult:
+        """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
+        manager = KVBlockManager(pool.num_blocks, pool.block_size)
+        return pool.engine_type(loaded.model, manager, store, eos, allocation).run(requests)
+
     progress(f"paged, continuous batching: {len(requests)} requests")
-    batched = pool.engine_type(
-        loaded.model,
-        KVBlockManager(pool.num_blocks, pool.block_size),
-        paged_pool,
-        eos,
-        pool.allocation,
-    ).run(requests)
+    batched = run_packed(paged_pool, pool.allocation)
     gate_paged = batched
     if pool.allocation is not NO_PREFIX_CACHING:
         progress(f"paged, same batching without prefix caching (gate): {len(requests)} requests")
-        gate_paged = pool.engine_type(
-            loaded.model,
-            KVBlockManager(pool.num_blocks, pool.block_size),
-            paged_pool,
-            eos,
-            NO_PREFIX_CACHING,
-        ).run(requests)
+        gate_paged = run_packed(paged_pool, NO_PREFIX_CACHING)
     progress(f"contiguous buffers, same schedule (gate): {len(requests)} requests")
     max_tokens = max(request.max_tokens for request in requests)
-    contiguous = pool.engine_type(
-        loaded.model,
-        KVBlockManager(pool.num_blocks, pool.block_size),
-        ContiguousKVBuffers(layout, max_tokens),
-        eos,
-        NO_PREFIX_CACHING,
-    ).run(requests)
+    contiguous = run_packed(ContiguousKVBuffers(layout, max_tokens), NO_PREFIX_CACHING)
     return _report(
         requests,
         dense=dense,
