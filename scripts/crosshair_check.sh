@@ -3,7 +3,7 @@
 #
 #   scripts/crosshair_check.sh [SECONDS_PER_PAIR]      (default 120)
 #
-# Each pair in tests/helper_pairs.py goes to `crosshair diffbehavior`, exceptions compared
+# Each pair in tests/support/helper_pairs.py goes to `crosshair diffbehavior`, exceptions compared
 # by type and message. "All paths exhausted" means every path within the wrappers' bounds
 # was explored; "No differences found" without it means the time ran out first. Exits 1 on
 # a difference. Kept out of the state machine: there it is far slower and weaker than
@@ -18,6 +18,6 @@ for pair in blocks_for_tokens slot_of_next_token next_token_opens_a_block; do
     echo "== $pair (spec vs impl, at most ${seconds}s)"
     timeout -k 10 $((seconds * 3)) crosshair diffbehavior \
         --exception_equivalence TYPE_AND_MESSAGE --per_condition_timeout "$seconds" \
-        "tests.helper_pairs.spec_$pair" "tests.helper_pairs.impl_$pair" || status=1
+        "tests.support.helper_pairs.spec_$pair" "tests.support.helper_pairs.impl_$pair" || status=1
 done
 exit "$status"

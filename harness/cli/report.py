@@ -1,0 +1,122 @@
+"""The main command's report: a table per request and the totals, or the same as JSON.
+
+One name per check everywhere: ``gate``, ``alone`` and ``batch`` in the table, the JSON and
+``RequestReport``.
+"""
+
+import argparse
+
+from harness.models import LoadedModel
+from harness.oracle.checks import CheckResult
+from harness.oracle.equivalence import EquivalenceReport, PoolConfig
+
+
+def _mark(passed: bool, tie: bool = False) -> str:
+    if not passed:
+        return "FAIL"
+    return "tie" if tie else "ok"
+
+
+def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig) -> None:
+    print(
+        f"model {loaded.name}; pool {pool.num_blocks} blocks x {pool.block_size} tokens; "
+        f"{pool.engine_type.__name__}, {pool.pool_type.__name__}, "
+        f"{type(pool.allocation).__name__}"
+    )
+    header = (
+        f"{'request':<8} {'prompt':>6} {'gen':>4} {'gate':>5} {'alone':>5} {'batch':>5} "
+        f"{'max|dlogp|':>11} {'blocks':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in report.rows:
+        print(
+            f"{row.request_id:<8} {row.prompt_tokens:>6} {row.generated_tokens:>4} "
+            f"{_mark(row.gate.passed):>5} {_mark(row.alone.passed):>5} "
+            f"{_mark(row.batch.passed, row.batch.tie):>5} {row.max_logprob_delta:>11.3g} "
+            f"{row.max_blocks:>6}"
+        )
+    for row in report.rows:
+        for name, check in (("gate", row.gate), ("alone", row.alone), ("batch", row.batch)):
+            if not check.passed or check.tie:
+                print(f"  {name}: {check.detail}")
+    identical = sum(1 for row in report.rows if row.passed)
+    ties = sum(1 for row in report.rows if row.batch.tie)
+    mib = 1024 * 1024
+    print()
+    print(
+        f"requests and continuations passing all three checks: {identical}/{len(report.rows)} "
+        f"(ties: {ties}, tie margin {report.tie_margin:g})"
+    )
+    print(f"paged and contiguous schedules identical: {report.schedules_equal}")
+    print(
+        f"KV memory: paged pool {report.pool_bytes / mib:.1f} MiB, peak in use "
+        f"{report.peak_paged_bytes / mib:.1f} MiB; contiguous reservation at max length for "
+        f"{report.peak_requests} concurrent requests {report.contiguous_bytes / mib:.1f} MiB"
+    )
+    print(
+        "block utilization (tokens held / slots reserved, over steps): "
+        f"{report.block_utilization:.3f}"
+    )
+    print(
+        f"sharing: prefix hits {report.prefix_hit_tokens} tokens (prefill fed "
+        f"{report.prefill_tokens} tokens); copy-on-write copies {report.cow_copies}; "
+        f"preemptions {report.preemptions}; blocks saved by sharing (peak) "
+        f"{report.blocks_saved_by_sharing}"
+    )
+    print(
+        f"decode throughput: dense generate (one request at a time) "
+        f"{report.dense_tokens_per_s:.1f} tok/s; paged continuous batching "
+        f"{report.paged_tokens_per_s:.1f} tok/s"
+    )
+    print("RESULT: PASS" if report.passed else "RESULT: FAIL")
+
+
+def as_json(
+    report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig, args: argparse.Namespace
+) -> dict[str, object]:
+    def check(result: CheckResult) -> dict[str, object]:
+        return {"passed": result.passed, "tie": result.tie, "detail": result.detail}
+
+    return {
+        "model": loaded.name,
+        "device": str(next(loaded.model.parameters()).device),
+        "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
+        "num_blocks": pool.num_blocks,
+        "block_size": pool.block_size,
+        "batch_invariant": bool(args.batch_invariant),
+        "poison_freed": bool(args.poison_freed),
+        "prefix_caching": not args.no_prefix_cache,
+        "system_prompt": args.system_prompt,
+        "n": args.n,
+        "passed": report.passed,
+        "schedules_equal": report.schedules_equal,
+        "tie_margin": report.tie_margin,
+        "requests": [
+            {
+                "request_id": row.request_id,
+                "prompt_tokens": row.prompt_tokens,
+                "generated_tokens": row.generated_tokens,
+                "gate": check(row.gate),
+                "alone": check(row.alone),
+                "batch": check(row.batch),
+                "max_abs_delta_logprob": row.max_logprob_delta,
+                "max_blocks": row.max_blocks,
+            }
+            for row in report.rows
+        ],
+        "totals": {
+            "dense_tokens_per_s": report.dense_tokens_per_s,
+            "paged_tokens_per_s": report.paged_tokens_per_s,
+            "pool_bytes": report.pool_bytes,
+            "peak_paged_bytes": report.peak_paged_bytes,
+            "contiguous_bytes": report.contiguous_bytes,
+            "block_utilization": report.block_utilization,
+            "peak_requests": report.peak_requests,
+            "prefill_tokens": report.prefill_tokens,
+            "prefix_hit_tokens": report.prefix_hit_tokens,
+            "cow_copies": report.cow_copies,
+            "preemptions": report.preemptions,
+            "blocks_saved_by_sharing": report.blocks_saved_by_sharing,
+        },
+    }

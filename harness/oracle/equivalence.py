@@ -1,0 +1,245 @@
+"""One equivalence run: dense ``generate``, paged alone, paged batched, contiguous batched.
+
+For a list of requests it runs
+- the dense reference, ``generate`` one request at a time (checks 2 and 3 compare to it);
+  a request with several continuations gets one ``generate`` per continuation, its first
+  token forced (``generate_dense_continuation``);
+- each request alone (with its continuations, each in its own forward) through the paged
+  engine, on a fresh manager over the same pool (check 2), so the pool is full of an
+  earlier request's stale K/V;
+- all requests with continuous batching on the paged pool (check 3), with the configured
+  allocation (prefix caching or not);
+- the allocator gate (check 1): the batched schedule without prefix caching on the paged
+  pool and on contiguous per-request buffers (contiguous buffers have no K/V for a prefix
+  hit; with prefix caching off the batched run is the gate's paged run);
+and gathers a row per continuation and the run's totals. It is *not* the command line.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from harness.models import LoadedModel
+from harness.oracle.checks import (
+    TIE_MARGINS,
+    CheckResult,
+    TokenTrace,
+    check_alone,
+    check_batch,
+    check_gate,
+    max_logprob_delta,
+)
+from harness.oracle.dense import DenseOutput, generate_dense, generate_dense_continuation
+from harness.runtime.engine import (
+    NO_PREFIX_CACHING,
+    PREFIX_CACHING,
+    Allocation,
+    BatchInvariantEngine,
+    Engine,
+    EngineResult,
+    Request,
+    RequestOutput,
+)
+from harness.runtime.kv_pool import ContiguousKVBuffers, KVLayout, KVStore, PagedKVPool
+from impl import KVBlockManager
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """The paged pool to run on, the engine and pool classes, and how prompts get blocks."""
+
+    num_blocks: int
+    block_size: int
+    engine_type: type[Engine] = Engine
+    pool_type: type[PagedKVPool] = PagedKVPool
+    allocation: Allocation = PREFIX_CACHING
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReport:
+    """One request's (or continuation's) row: sizes, the three checks, drift, blocks held."""
+
+    request_id: str
+    prompt_tokens: int
+    generated_tokens: int
+    gate: CheckResult
+    alone: CheckResult
+    batch: CheckResult
+    max_logprob_delta: float
+    max_blocks: int
+
+    @property
+    def passed(self) -> bool:
+        """All three checks passed."""
+        return self.gate.passed and self.alone.passed and self.batch.passed
+
+
+@dataclass(frozen=True, slots=True)
+class EquivalenceReport:
+    """Every request's row and the run's totals."""
+
+    rows: list[RequestReport]
+    dense_tokens_per_s: float
+    paged_tokens_per_s: float
+    pool_bytes: int
+    peak_paged_bytes: int
+    contiguous_bytes: int
+    block_utilization: float
+    peak_requests: int
+    tie_margin: float
+    schedules_equal: bool
+    prefill_tokens: int
+    prefix_hit_tokens: int
+    cow_copies: int
+    preemptions: int
+    blocks_saved_by_sharing: int
+
+    @property
+    def passed(self) -> bool:
+        """Every request passed every check."""
+        return self.schedules_equal and all(row.passed for row in self.rows)
+
+
+def kv_layout(loaded: LoadedModel) -> KVLayout:
+    """The K/V shape of ``loaded``'s model, on its device and dtype."""
+    config = loaded.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    parameter = next(loaded.model.parameters())
+    return KVLayout(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        dtype=parameter.dtype,
+        device=parameter.device,
+    )
+
+
+def run_equivalence(
+    loaded: LoadedModel, requests: list[Request], pool: PoolConfig, progress: Progress
+) -> EquivalenceReport:
+    """Run all four generations of ``requests`` and check them against each other."""
+    layout = kv_layout(loaded)
+    eos = loaded.eos_token_id
+    dense: dict[str, DenseOutput] = {}
+    for number, request in enumerate(requests, 1):
+        progress(f"dense generate: request {number}/{len(requests)}")
+        dense.update(_generate_dense(loaded, request))
+
+    paged_pool = pool.pool_type(layout, pool.num_blocks, pool.block_size)
+    alone: dict[str, RequestOutput] = {}
+    for number, request in enumerate(requests, 1):
+        progress(f"paged, one request alone: request {number}/{len(requests)}")
+        manager = KVBlockManager(pool.num_blocks, pool.block_size)
+        # Its continuations each in their own forward (M = 1), like generate's.
+        engine = BatchInvariantEngine(loaded.model, manager, paged_pool, eos, pool.allocation)
+        alone.update(engine.run([replace(request, arrival_step=0)]).outputs)
+
+    def run_packed(store: KVStore, allocation: Allocation) -> EngineResult:
+        """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
+        manager = KVBlockManager(pool.num_blocks, pool.block_size)
+        return pool.engine_type(loaded.model, manager, store, eos, allocation).run(requests)
+
+    progress(f"paged, continuous batching: {len(requests)} requests")
+    batched = run_packed(paged_pool, pool.allocation)
+    gate_paged = batched
+    if pool.allocation is not NO_PREFIX_CACHING:
+        progress(f"paged, same batching without prefix caching (gate): {len(requests)} requests")
+        gate_paged = run_packed(paged_pool, NO_PREFIX_CACHING)
+    progress(f"contiguous buffers, same schedule (gate): {len(requests)} requests")
+    max_tokens = max(request.max_tokens for request in requests)
+    contiguous = run_packed(ContiguousKVBuffers(layout, max_tokens), NO_PREFIX_CACHING)
+    return _report(
+        requests,
+        dense=dense,
+        alone=alone,
+        batched=batched,
+        gate=(gate_paged, contiguous),
+        layout=layout,
+        pool=pool,
+    )
+
+
+def _generate_dense(loaded: LoadedModel, request: Request) -> dict[str, DenseOutput]:
+    """The dense reference of every continuation of ``request``, by sequence id."""
+    model, eos = loaded.model, loaded.eos_token_id
+    if request.num_continuations == 1:
+        return {
+            request.request_id: generate_dense(
+                model, request.prompt_ids, request.max_new_tokens, eos
+            )
+        }
+    return {
+        sequence_id: generate_dense_continuation(
+            model,
+            request.prompt_ids,
+            request.max_new_tokens,
+            eos,
+            rank=rank,
+            num_continuations=request.num_continuations,
+        )
+        for rank, sequence_id in enumerate(request.sequence_ids)
+    }
+
+
+def _trace(output: RequestOutput | DenseOutput) -> TokenTrace:
+    return TokenTrace(output.token_ids, output.logits)
+
+
+def _report(
+    requests: list[Request],
+    *,
+    dense: dict[str, DenseOutput],
+    alone: dict[str, RequestOutput],
+    batched: EngineResult,
+    gate: tuple[EngineResult, EngineResult],
+    layout: KVLayout,
+    pool: PoolConfig,
+) -> EquivalenceReport:
+    tie_margin = TIE_MARGINS.get(layout.dtype, TIE_MARGINS[torch.float32])
+    gate_paged, contiguous = gate
+    rows = []
+    for request in requests:
+        for sequence_id in request.sequence_ids:
+            paged = batched.outputs[sequence_id]
+            reference = _trace(dense[sequence_id])
+            gate_check = check_gate(
+                sequence_id,
+                _trace(gate_paged.outputs[sequence_id]),
+                _trace(contiguous.outputs[sequence_id]),
+            )
+            rows.append(
+                RequestReport(
+                    request_id=sequence_id,
+                    prompt_tokens=len(request.prompt_ids),
+                    generated_tokens=len(paged.token_ids),
+                    gate=gate_check,
+                    alone=check_alone(sequence_id, _trace(alone[sequence_id]), reference),
+                    batch=check_batch(sequence_id, _trace(paged), reference, tie_margin),
+                    max_logprob_delta=max_logprob_delta(_trace(paged), reference),
+                    max_blocks=paged.max_blocks,
+                )
+            )
+    dense_tokens = sum(len(output.token_ids) for output in dense.values())
+    dense_seconds = sum(output.elapsed_s for output in dense.values())
+    bytes_per_block = pool.block_size * layout.bytes_per_token
+    max_tokens = max(request.max_tokens for request in requests)
+    return EquivalenceReport(
+        rows=rows,
+        dense_tokens_per_s=dense_tokens / dense_seconds,
+        paged_tokens_per_s=batched.generated_tokens / batched.elapsed_s,
+        pool_bytes=pool.num_blocks * bytes_per_block,
+        peak_paged_bytes=batched.peak_used_blocks * bytes_per_block,
+        contiguous_bytes=batched.peak_requests * max_tokens * layout.bytes_per_token,
+        block_utilization=batched.block_utilization,
+        peak_requests=batched.peak_requests,
+        tie_margin=tie_margin,
+        schedules_equal=gate_paged.schedule == contiguous.schedule,
+        prefill_tokens=batched.prefill_tokens,
+        prefix_hit_tokens=batched.prefix_hit_tokens,
+        cow_copies=batched.cow_copies,
+        preemptions=batched.preemptions,
+        blocks_saved_by_sharing=batched.blocks_saved_by_sharing,
+    )

@@ -1,0 +1,562 @@
+"""The continuous-batching engine: requests arrive, get blocks, prefill, decode together, release.
+
+The lifecycle of a request is the article's: tokenize (done by the caller) -> allocate prompt
+blocks -> prefill -> sample -> append -> decode loop -> release. Per engine step:
+1. every running request that decodes gets its new token's slot (``append_token_slot``,
+   or ``append_slot`` without prefix caching); when the pool is dry the most recently
+   admitted request is preempted (released, and requeued at the head of the waiting queue
+   to be recomputed), so no victim ever sits in the step's forward. A copy-on-write copy
+   an append asks for is made in the store at once (see ``_grow``);
+2. waiting requests are admitted first-come-first-served while their prompt's blocks can
+   be allocated: ``allocate_prompt`` (prefix caching: ``cached_tokens`` of the prompt
+   already have K/V in the pool and are not fed again) or ``allocate`` by count;
+3. one packed forward (``[1, T]``, prefills and decodes mixed) writes the new K/V to the
+   store at those slots and reads each request's K/V through its block table;
+4. each request samples one token; a request with ``num_continuations = n > 1`` forks
+   ``n - 1`` children after its prefill, each starting from another of the prefill's best
+   tokens; a finished request releases its blocks at once.
+
+The engine decides *when* a request receives blocks; the manager decides *which*; the
+store (``harness.runtime.kv_pool``) holds the tensors. The engine is store-agnostic, so the
+allocator gate runs this same loop on contiguous buffers and compares.
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import torch
+
+from harness.runtime.kv_pool import KVStore
+from harness.runtime.paged_attention import (
+    RequestSlice,
+    StepMetadata,
+    forward_step,
+    partial_prefill_mask,
+    using_paged_attention,
+)
+from impl import KVBlockManager, RequestBlockTable
+from spec import BlockAllocationError, blocks_for_tokens, slot_index
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Greedy when ``temperature == 0``; otherwise temperature and top-p with a seeded generator."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A prompt (token ids) to extend by up to ``max_new_tokens``, arriving at ``arrival_step``.
+
+    ``num_continuations = n > 1`` asks for ``n`` greedy continuations with distinct first
+    tokens (``continuation_first_tokens``); continuation ``k > 0`` is reported under
+    ``continuation_id(request_id, k)``.
+    """
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    arrival_step: int = 0
+    sampling: SamplingParams = GREEDY
+    num_continuations: int = 1
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens this request can hold: prompt plus every new token."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+    def blocks_needed(self, block_size: int) -> int:
+        """The most blocks all its continuations hold at once, alone in a pool.
+
+        They share the prompt's full blocks; each needs the rest of its own up to
+        ``max_tokens`` (a copy of a shared partly filled block included).
+        """
+        shared = len(self.prompt_ids) // block_size
+        own = blocks_for_tokens(block_size, self.max_tokens) - shared
+        return shared + self.num_continuations * own
+
+    @property
+    def sequence_ids(self) -> list[str]:
+        """The ids its continuations are reported under: its own, then the children's."""
+        return [continuation_id(self.request_id, k) for k in range(self.num_continuations)]
+
+
+def continuation_id(request_id: str, rank: int) -> str:
+    """Continuation ``rank`` of a request: rank 0 is the request itself, then ``"{id}/{k}"``."""
+    return request_id if rank == 0 else f"{request_id}/{rank}"
+
+
+def continuation_first_tokens(logits: torch.Tensor, count: int) -> list[int]:
+    """The first tokens of ``count`` continuations from one ``[vocab]`` row of logits.
+
+    The argmax first (what greedy decoding picks), then the next best tokens in
+    ``torch.topk``'s order, skipping the argmax should a tie put it elsewhere.
+    """
+    best = int(torch.argmax(logits))
+    ranked = [int(i) for i in torch.topk(logits, count).indices if int(i) != best]
+    return [best, *ranked[: count - 1]]
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What a request produced: tokens, the float32 logits each was chosen from, blocks held."""
+
+    request_id: str
+    prompt_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # each [vocab] float32
+    max_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSample:
+    """The pool after one step: blocks in use, tokens held/reserved, blocks named by tables.
+
+    ``table_blocks`` counts a block once per table that holds it, so it exceeds
+    ``used_blocks`` by exactly the blocks sharing saves at that step.
+    """
+
+    used_blocks: int
+    request_count: int
+    allocated_tokens: int
+    reserved_tokens: int
+    table_blocks: int
+
+
+@dataclass(slots=True)
+class EngineResult:
+    """A whole run: per-request outputs, which requests shared each forward, and pool usage.
+
+    ``prefill_tokens`` counts the prompt tokens fed to forwards (a prefix hit's cached
+    tokens are not; a preempted request's recompute is); the last three count what the
+    manager counted over the run.
+    """
+
+    outputs: dict[str, RequestOutput]
+    schedule: list[tuple[str, ...]]
+    usage: list[UsageSample]
+    elapsed_s: float
+    prefill_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    cow_copies: int = 0
+    preemptions: int = 0
+
+    @property
+    def generated_tokens(self) -> int:
+        """All tokens sampled in the run."""
+        return sum(len(output.token_ids) for output in self.outputs.values())
+
+    @property
+    def peak_used_blocks(self) -> int:
+        """The most blocks in use after any step."""
+        return max((sample.used_blocks for sample in self.usage), default=0)
+
+    @property
+    def peak_requests(self) -> int:
+        """The most requests holding blocks after any step."""
+        return max((sample.request_count for sample in self.usage), default=0)
+
+    @property
+    def block_utilization(self) -> float:
+        """Tokens held / token slots reserved, summed over all steps (1.0 = no waste).
+
+        Tokens are counted per table, slots per block in use: with shared blocks (prefix
+        hits, forks) it can exceed 1.
+        """
+        reserved = sum(sample.reserved_tokens for sample in self.usage)
+        allocated = sum(sample.allocated_tokens for sample in self.usage)
+        return allocated / reserved if reserved else 1.0
+
+    @property
+    def blocks_saved_by_sharing(self) -> int:
+        """The most, after any step, by which the blocks all tables name exceed those in use."""
+        return max((s.table_blocks - s.used_blocks for s in self.usage), default=0)
+
+
+class Allocation(Protocol):
+    """How the engine asks the manager for a request's blocks: with token ids or by count."""
+
+    def allocate(self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]) -> int:
+        """Allocate the prompt ``token_ids``; returns how many of them are cached already."""
+        ...
+
+    def append(self, manager: KVBlockManager, request_id: str, token_id: int) -> int:
+        """Append ``token_id`` (whose K/V the next forward computes); returns its slot."""
+        ...
+
+
+class PrefixCaching:
+    """Prompts through ``allocate_prompt`` (cached full blocks are reused), decode tokens
+    through ``append_token_slot`` (a block is cached when it fills)."""
+
+    __slots__ = ()
+
+    def allocate(self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]) -> int:
+        """The prompt's blocks, reusing the longest cached prefix."""
+        return manager.allocate_prompt(request_id, token_ids).cached_tokens
+
+    def append(self, manager: KVBlockManager, request_id: str, token_id: int) -> int:
+        """One token's slot; caches the block it fills."""
+        return manager.append_token_slot(request_id, token_id)
+
+
+class NoPrefixCaching:
+    """Prompts through ``allocate`` by count, decode tokens through ``append_slot``."""
+
+    __slots__ = ()
+
+    def allocate(self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]) -> int:
+        """Fresh blocks for the whole prompt: nothing is cached."""
+        manager.allocate(request_id, len(token_ids))
+        return 0
+
+    def append(self, manager: KVBlockManager, request_id: str, token_id: int) -> int:
+        """One token's slot."""
+        return manager.append_slot(request_id)
+
+
+PREFIX_CACHING = PrefixCaching()
+NO_PREFIX_CACHING = NoPrefixCaching()
+
+
+@dataclass(slots=True)
+class _Running:
+    request: Request  # a child continuation's is its parent's with the child's id and n = 1
+    output: RequestOutput
+    generator: torch.Generator | None
+    pending_ids: list[int]  # tokens whose K/V the next forward computes (prompt tail, or one)
+    prefill: bool = True  # the next forward feeds the tokens its (re)admission allocated
+
+
+class Engine:
+    """Runs requests over one ``KVBlockManager`` and one ``KVStore`` until all finish."""
+
+    def __init__(
+        self,
+        model: Any,  # Any: a transformers causal LM
+        manager: KVBlockManager,
+        store: KVStore,
+        eos_token_id: int | None,
+        allocation: Allocation = PREFIX_CACHING,
+    ) -> None:
+        self.model = model
+        self.manager = manager
+        self.store = store
+        self.eos_token_id = eos_token_id
+        self.allocation = allocation
+        self._device: torch.device = next(model.parameters()).device
+        self._prefill_tokens = 0
+
+    def run(self, requests: list[Request]) -> EngineResult:
+        """Serve ``requests`` (arrival order by ``arrival_step``, then list order) to the end."""
+        self._check_fit(requests)
+        ordered = sorted(requests, key=lambda request: request.arrival_step)
+        waiting = deque(self._new_running(request) for request in ordered)
+        running: list[_Running] = []
+        outputs: dict[str, RequestOutput] = {}
+        schedule: list[tuple[str, ...]] = []
+        usage: list[UsageSample] = []
+        counters_before = self.manager.usage()
+        self._prefill_tokens = 0
+        step = 0
+        started = time.perf_counter()
+        try:
+            with torch.no_grad(), using_paged_attention(self.model):
+                while waiting or running:
+                    if not running and waiting[0].request.arrival_step > step:
+                        step = waiting[0].request.arrival_step  # nothing to do until then
+                    grown = self._grow_decoding(running, waiting)
+                    while waiting and waiting[0].request.arrival_step <= step:
+                        if not self._admit(waiting[0]):
+                            break
+                        admitted = waiting.popleft()
+                        outputs[admitted.request.request_id] = admitted.output
+                        running.append(admitted)
+                        grown[admitted.request.request_id] = self._grow(admitted)
+                    children: list[_Running] = []
+                    for group in self._forward_groups(running):
+                        schedule.append(tuple(r.request.request_id for r in group))
+                        children.extend(self._forward(group, grown))
+                    for child in children:
+                        outputs[child.request.request_id] = child.output
+                    running.extend(children)
+                    usage.append(self._usage_sample())
+                    for finished in [r for r in running if self._is_finished(r)]:
+                        running.remove(finished)
+                        self._release(finished)
+                    step += 1
+        finally:
+            # An exception mid-run must not leak blocks: whoever is still running lets go.
+            for leftover in running:
+                self._release(leftover)
+        counters = self.manager.usage()
+        return EngineResult(
+            outputs,
+            schedule,
+            usage,
+            time.perf_counter() - started,
+            prefill_tokens=self._prefill_tokens,
+            prefix_hit_tokens=counters.prefix_hit_tokens - counters_before.prefix_hit_tokens,
+            cow_copies=counters.cow_copies - counters_before.cow_copies,
+            preemptions=counters.preemptions - counters_before.preemptions,
+        )
+
+    # -- scheduling ----------------------------------------------------------------------
+
+    def _check_fit(self, requests: list[Request]) -> None:
+        """Refuse, before anything runs, a request whose continuations alone outgrow the pool."""
+        block_size = self.manager.block_size
+        for request in requests:
+            if request.num_continuations < 1:
+                raise ValueError(
+                    f"request {request.request_id!r} asks for {request.num_continuations} "
+                    "continuations; at least 1"
+                )
+            if request.num_continuations > 1 and request.sampling.temperature > 0:
+                raise ValueError(
+                    f"request {request.request_id!r}: several continuations are greedy with "
+                    "distinct first tokens; sampling is not supported with them"
+                )
+            needed = request.blocks_needed(block_size)
+            if needed > self.manager.total_blocks:
+                raise ValueError(
+                    f"request {request.request_id!r} needs up to {needed} blocks "
+                    f"({request.max_tokens} tokens, {request.num_continuations} continuations) "
+                    f"but the pool has {self.manager.total_blocks}"
+                )
+
+    def _admit(self, waiting: _Running) -> bool:
+        """Allocate the blocks of ``waiting``'s prompt if the pool has them now.
+
+        NOTE: no headroom is kept back for running requests: when a decode append later
+        finds the pool dry, the most recently admitted request is preempted and recomputed.
+        A refused allocation changes nothing in the manager.
+        """
+        request = waiting.request
+        # A preempted request comes back with its generated tokens as part of its prompt.
+        token_ids = request.prompt_ids + tuple(waiting.output.token_ids)
+        try:
+            cached_tokens = self.allocation.allocate(self.manager, request.request_id, token_ids)
+        except BlockAllocationError:
+            return False
+        waiting.pending_ids = list(token_ids[cached_tokens:])
+        waiting.prefill = True
+        self._prefill_tokens += len(waiting.pending_ids)
+        return True
+
+    def _grow_decoding(
+        self, running: list[_Running], waiting: deque[_Running]
+    ) -> dict[str, tuple[list[int], RequestBlockTable]]:
+        """Give every running request its decode token's slot, preempting when the pool is dry.
+
+        The victim is the most recently admitted request (the end of ``running``): it has
+        not appended yet this step, or it is the request whose append failed. Victims go
+        back to the head of ``waiting`` in admission order.
+        """
+        grown: dict[str, tuple[list[int], RequestBlockTable]] = {}
+        index = 0
+        while index < len(running):
+            current = running[index]
+            try:
+                grown[current.request.request_id] = self._grow(current)
+            except BlockAllocationError:
+                victim = running.pop()
+                self._preempt(victim)
+                waiting.appendleft(victim)
+                if victim is current:
+                    break
+                continue  # the same request tries again with the victim's blocks
+            index += 1
+        return grown
+
+    def _forward_groups(self, running: list[_Running]) -> list[list[_Running]]:
+        """Which running requests share a forward: all of them, packed in one."""
+        return [running] if running else []
+
+    def _is_finished(self, running: _Running) -> bool:
+        token_ids = running.output.token_ids
+        if len(token_ids) >= running.request.max_new_tokens:
+            return True
+        return self.eos_token_id is not None and token_ids[-1] == self.eos_token_id
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _new_running(self, request: Request) -> _Running:
+        generator = None
+        if request.sampling.temperature > 0:
+            generator = torch.Generator(device=self._device)
+            generator.manual_seed(request.sampling.seed)
+        return _Running(
+            request=request,
+            output=RequestOutput(request.request_id, len(request.prompt_ids)),
+            generator=generator,
+            pending_ids=[],
+        )
+
+    def _grow(self, running: _Running) -> tuple[list[int], RequestBlockTable]:
+        """The slots of the tokens this forward feeds (the prompt's uncached tail, or one
+        appended token's) and the request's table after them.
+
+        NOTE: a copy-on-write copy the append asks for is made in the store right here,
+        not just before the forward: a victim preempted later in this step may release the
+        copy's source block, which a poisoned pool would fill with NaN before the copy.
+        """
+        manager = self.manager
+        request_id = running.request.request_id
+        if not running.prefill:
+            (token_id,) = running.pending_ids
+            new_slots = [self.allocation.append(manager, request_id, token_id)]
+            copies = manager.take_copies()
+            if copies:
+                self.store.copy_blocks(copies)
+            return new_slots, manager.snapshot_request(request_id)
+        table = manager.snapshot_request(request_id)
+        first_new = table.token_count - len(running.pending_ids)
+        new_slots = [
+            slot_index(manager.block_size, table.block_ids, position)
+            for position in range(first_new, table.token_count)
+        ]
+        return new_slots, table
+
+    def _forward(
+        self, group: list[_Running], grown: dict[str, tuple[list[int], RequestBlockTable]]
+    ) -> list[_Running]:
+        """One forward of ``group``; each samples a token. Returns the children it forked."""
+        device = self._device
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slices: list[RequestSlice] = []
+        tables: list[RequestBlockTable] = []
+        new_slots: list[list[int]] = []
+        for running in group:
+            slots, table = grown[running.request.request_id]
+            tables.append(table)
+            new_slots.append(slots)
+            start = len(input_ids)
+            input_ids.extend(running.pending_ids)
+            new_tokens = len(running.pending_ids)
+            positions.extend(range(table.token_count - new_tokens, table.token_count))
+            mask = partial_prefill_mask(new_tokens, table.token_count, device)
+            slices.append(RequestSlice(start, len(input_ids), mask))
+            running.output.max_blocks = max(running.output.max_blocks, len(table.block_ids))
+        copies = self.manager.take_copies()  # none left by _grow; kept for any other caller
+        if copies:
+            self.store.copy_blocks(copies)
+        logits = forward_step(
+            self.model,
+            torch.tensor([input_ids], dtype=torch.int64, device=device),
+            torch.tensor([positions], dtype=torch.int64, device=device),
+            StepMetadata(self.store, self.store.plan(tables, new_slots), tuple(slices)),
+            torch.tensor([s.query_end - 1 for s in slices], dtype=torch.int64, device=device),
+        )
+        children: list[_Running] = []
+        for row, running in enumerate(group):
+            first = not running.output.token_ids
+            token_id = self._sample(logits[row], running)
+            running.output.token_ids.append(token_id)
+            running.output.logits.append(logits[row])
+            running.pending_ids = [token_id]
+            running.prefill = False
+            if first and running.request.num_continuations > 1:
+                children.extend(self._fork(running, logits[row]))
+        return children
+
+    def _fork(self, parent: _Running, logits: torch.Tensor) -> list[_Running]:
+        """Fork the parent's ``n - 1`` children right after its first token was sampled.
+
+        ``logits``: ``[vocab]``, the prefill's. Child ``k`` shares every block of the parent
+        (the prompt) and starts from the ``k``-th of ``continuation_first_tokens``.
+        """
+        request = parent.request
+        first_tokens = continuation_first_tokens(logits, request.num_continuations)
+        # The parent chose by argmax too; a mismatch would be our own bug.
+        assert first_tokens[0] == parent.output.token_ids[0], "parent is not continuation 0"
+        children = []
+        for rank in range(1, request.num_continuations):
+            child_id = continuation_id(request.request_id, rank)
+            self.manager.fork(request.request_id, child_id)
+            self.store.fork(request.request_id, child_id)
+            token_id = first_tokens[rank]
+            output = RequestOutput(
+                child_id, len(request.prompt_ids), [token_id], [logits], parent.output.max_blocks
+            )
+            children.append(
+                _Running(
+                    request=replace(request, request_id=child_id, num_continuations=1),
+                    output=output,
+                    generator=None,
+                    pending_ids=[token_id],
+                    prefill=False,
+                )
+            )
+        return children
+
+    def _sample(self, logits: torch.Tensor, running: _Running) -> int:
+        sampling = running.request.sampling
+        if running.generator is None:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= sampling.top_p
+            sorted_probs[outside] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=running.generator))
+
+    def _release(self, running: _Running) -> None:
+        request_id = running.request.request_id
+        self.store.release(request_id, self._freed(self.manager.release(request_id)))
+
+    def _preempt(self, running: _Running) -> None:
+        request_id = running.request.request_id
+        self.store.release(request_id, self._freed(self.manager.preempt(request_id)))
+
+    def _freed(self, block_ids: list[int]) -> list[int]:
+        """Which of a released table's blocks hold nothing anyone may read again.
+
+        A block another table still holds (a shared prefix, a fork) keeps valid K/V, and so
+        does a cached free block: a later prefix hit revives it as it is.
+        NOTE: ``cached_free_block_ids`` copies the cached free queue (O(cached blocks)); it
+        is only asked when a released block really dropped to no reference.
+        """
+        manager = self.manager
+        unreferenced = [block_id for block_id in block_ids if manager.ref_count(block_id) == 0]
+        if not unreferenced:
+            return []
+        cached = set(manager.cached_free_block_ids)
+        return [block_id for block_id in unreferenced if block_id not in cached]
+
+    def _usage_sample(self) -> UsageSample:
+        usage = self.manager.usage()
+        table_blocks = sum(len(table.block_ids) for table in self.manager.request_tables.values())
+        return UsageSample(
+            usage.used_blocks,
+            usage.request_count,
+            usage.allocated_tokens,
+            usage.reserved_tokens,
+            table_blocks,
+        )
+
+
+class BatchInvariantEngine(Engine):
+    """The same engine, but every request runs its own forward (M = 1 per decode).
+
+    Requests still share the pool and interleave in it; only the matrix products stop
+    mixing rows of different requests, so each request computes exactly what it would
+    alone and continuous batching matches ``generate`` bit for bit (but for a partial
+    prefill after a prefix hit or a preemption, which computes the same values by a
+    different SDPA path). Forwards run in admission order, so a request that hits a
+    prefix block another admitted in the same step fills reads it after it is written.
+    """
+
+    def _forward_groups(self, running: list[_Running]) -> list[list[_Running]]:
+        return [[one] for one in running]

@@ -1,0 +1,189 @@
+"""The second HF hook: a ``Cache`` whose K/V live in the paged pool, for ``model.generate``.
+
+``model.generate(..., past_key_values=PagedCache(manager, pool, batch_size))`` runs HF's own
+generation loop, on one request or a static (left-padded) batch, with every token's K/V in
+a ``PagedKVPool`` at the slot ``impl.KVBlockManager`` gives. Batch row ``r`` is the
+manager's request ``request_ids[r]``. Each forward grows every row's table by the new
+tokens (``allocate`` on the first, ``append_slot`` for a one-token decode,
+``append_tokens`` otherwise) before layer 0 writes; each layer then writes the new K/V at
+those slots and hands attention every row's K/V gathered back through its table.
+
+It is *not* what the engine uses (``harness.runtime.paged_attention`` is): a ``Cache`` sees one
+``[batch, kv_heads, tokens, head_dim]`` tensor per layer, so every row holds the same
+number of tokens (padding included) and rows can neither join nor leave mid-run. It is the
+drop-in for code that already calls ``generate``. Its blocks go back to the manager on
+``release()`` (or at the end of a ``with`` block); a growth the pool cannot hold raises
+``BlockAllocationError`` and changes nothing.
+"""
+
+from types import TracebackType
+from typing import Any
+
+import torch
+from transformers.cache_utils import (
+    Cache,
+    CacheLayerMixin,
+    DummyLayer,
+    LinearAttentionCacheLayerMixin,
+)
+
+from harness.runtime.kv_pool import KVPlan, PagedKVPool
+from impl import BlockAllocationError, KVBlockManager
+from spec import blocks_for_tokens, slot_index
+
+
+class PagedCache(Cache):
+    """HF's ``Cache`` over a ``PagedKVPool`` and a ``KVBlockManager``: one request per row."""
+
+    def __init__(
+        self, manager: KVBlockManager, pool: PagedKVPool, batch_size: int, name: str = "row"
+    ) -> None:
+        if (manager.total_blocks, manager.block_size) != (pool.num_blocks, pool.block_size):
+            raise ValueError(
+                f"manager ({manager.total_blocks} blocks of {manager.block_size}) and pool "
+                f"({pool.num_blocks} blocks of {pool.block_size}) must match"
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.manager = manager
+        self.pool = pool
+        self.request_ids = tuple(f"{name}-{row}" for row in range(batch_size))
+        self.token_count = 0  # tokens every row holds, this step's included once it began
+        self.plan: KVPlan | None = None  # the current step's, built before layer 0 writes
+        # The parameter type of Cache.__init__, spelled out: a list is invariant.
+        layers: list[CacheLayerMixin | LinearAttentionCacheLayerMixin | DummyLayer] = [
+            _PagedLayer(self, layer_idx) for layer_idx in range(pool.layout.num_layers)
+        ]
+        super().__init__(layers=layers)
+
+    def grow(self, new_tokens: int) -> KVPlan:
+        """Give every row ``new_tokens`` more slots; the step's plan. All rows or none."""
+        manager = self.manager
+        block_size = manager.block_size
+        per_row = blocks_for_tokens(block_size, self.token_count + new_tokens) - (
+            blocks_for_tokens(block_size, self.token_count)
+        )
+        if self.token_count == 0:
+            taken = [rid for rid in self.request_ids if rid in manager.request_tables]
+            if taken:
+                raise ValueError(f"the manager already holds requests {taken}")
+        free = manager.num_free_blocks
+        if per_row * len(self.request_ids) > free:
+            # The first row that growing row by row would have refused, with its numbers.
+            row = free // per_row
+            raise BlockAllocationError(self.request_ids[row], per_row, free - row * per_row)
+        new_slots: list[list[int]] = []
+        for request_id in self.request_ids:
+            if self.token_count == 0:
+                table = manager.allocate(request_id, new_tokens)
+            elif new_tokens == 1:
+                new_slots.append([manager.append_slot(request_id)])
+                continue
+            else:
+                table = manager.append_tokens(request_id, new_tokens)
+            new_slots.append(
+                [
+                    slot_index(block_size, table.block_ids, position)
+                    for position in range(self.token_count, table.token_count)
+                ]
+            )
+        self.token_count += new_tokens
+        tables = [manager.snapshot_request(request_id) for request_id in self.request_ids]
+        self.plan = self.pool.plan(tables, new_slots)
+        return self.plan
+
+    def release(self) -> None:
+        """Hand every row's blocks back (idempotent); the pool hears of them as released."""
+        if self.token_count == 0:
+            return
+        for request_id in self.request_ids:
+            self.pool.release(request_id, self.manager.release(request_id))
+        self.token_count = 0
+        self.plan = None
+        for layer in self.layers:
+            layer.reset()
+
+    def __enter__(self) -> "PagedCache":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class _PagedLayer(CacheLayerMixin):
+    """One layer's view of a ``PagedCache``: writes and reads that layer of the pool."""
+
+    is_sliding = False
+
+    def __init__(self, cache: PagedCache, layer_idx: int) -> None:
+        # transformers leaves CacheLayerMixin.__init__ unannotated; it sets keys, values and
+        # is_initialized, which this layer keeps at None, None and its own flag.
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.cache = cache
+        self.layer_idx = layer_idx
+        self.token_count = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the pool exists already."""
+        self.is_initialized = True
+
+    def update(
+        self,
+        key_states: torch.Tensor,  # [batch, num_kv_heads, new_tokens, head_dim]
+        value_states: torch.Tensor,
+        # Any: transformers passes cache kwargs through; none is needed here.
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new K/V; every row's K/V ``[batch, num_kv_heads, tokens, head_dim]``."""
+        cache = self.cache
+        batch, num_kv_heads, new_tokens, head_dim = key_states.shape
+        if batch != len(cache.request_ids):
+            raise ValueError(f"the cache has {len(cache.request_ids)} rows, the batch {batch}")
+        self.is_initialized = True
+        # Layer 0 opens the step: every row's table grows before anything is written.
+        plan = cache.grow(new_tokens) if self.layer_idx == 0 else cache.plan
+        assert plan is not None and cache.token_count == self.token_count + new_tokens
+        self.token_count = cache.token_count
+        # rows: [batch * new_tokens, num_kv_heads, head_dim], row-major like the plan's slots
+        rows = (batch * new_tokens, num_kv_heads, head_dim)
+        cache.pool.write(
+            self.layer_idx,
+            plan,
+            key_states.transpose(1, 2).reshape(rows),
+            value_states.transpose(1, 2).reshape(rows),
+        )
+        read = cache.pool.read(self.layer_idx, plan)
+        if batch == 1:
+            return read[0]
+        return torch.cat([k for k, _ in read]), torch.cat([v for _, v in read])
+
+    def reset(self) -> None:
+        """Forget this layer's tokens (the cache released its blocks)."""
+        self.token_count = 0
+        self.is_initialized = False
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """Keys cover every past token plus the query's; no offset (no sliding window)."""
+        return self.token_count + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Tokens this layer holds for every row."""
+        return self.token_count
+
+    def get_max_length(self) -> int:
+        """No fixed maximum: the pool's free blocks are the limit."""
+        return -1
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Refused: beam search reorders rows, which would mean forking tables here."""
+        raise NotImplementedError("PagedCache does not support beam search")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Refused: assisted decoding crops rejected tokens, which is not built here."""
+        raise NotImplementedError("PagedCache does not support cropping (assisted decoding)")

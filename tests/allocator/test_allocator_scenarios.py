@@ -1,0 +1,137 @@
+"""Scenarios with literal block ids, run on the spec and on the impl alike."""
+
+from collections.abc import Callable
+from typing import Protocol
+
+import pytest
+
+from impl import BlockAllocationError, KVBlockManager, RequestBlockTable
+from spec import KVBlockUsage
+from tests.support.spec_driver import SpecDriver
+
+
+class Allocator(Protocol):
+    @property
+    def free_block_ids(self) -> tuple[int, ...]: ...
+    def allocate(self, request_id: str, token_count: int) -> RequestBlockTable: ...
+    def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable: ...
+    def release(self, request_id: str) -> list[int]: ...
+    def snapshot_request(self, request_id: str) -> RequestBlockTable: ...
+    def usage(self) -> KVBlockUsage: ...
+
+
+Factory = Callable[[int, int], Allocator]
+
+
+@pytest.fixture(params=[SpecDriver, KVBlockManager], ids=["spec", "impl"])
+def make(request: pytest.FixtureRequest) -> Factory:
+    factory: Factory = request.param
+    return factory
+
+
+def test_the_articles_example_gives_its_block_ids_and_usage(make: Factory) -> None:
+    pool = make(64, 16)
+    tables = [pool.allocate(f"r{i}", n) for i, n in enumerate([9, 17, 33, 5, 41, 12])]
+    assert [t.block_ids for t in tables] == [(0,), (1, 2), (3, 4, 5), (6,), (7, 8, 9), (10,)]
+    usage = pool.usage()
+    assert (usage.used_blocks, usage.free_blocks, usage.request_count) == (11, 53, 6)
+    assert (usage.allocated_tokens, usage.reserved_tokens) == (117, 176)
+    assert usage.internal_fragmentation_tokens == 59
+    assert usage.block_utilization == 117 / 176
+    assert pool.free_block_ids[:3] == (11, 12, 13)
+
+
+def test_release_returns_table_order_and_frees_last_block_first(make: Factory) -> None:
+    pool = make(6, 4)
+    pool.allocate("a", 9)  # blocks 0, 1, 2
+    pool.allocate("b", 4)  # block 3
+    assert pool.release("a") == [0, 1, 2]
+    free_after_release = pool.free_block_ids
+    assert free_after_release == (4, 5, 2, 1, 0)
+    # The next allocation takes from the head: the never-used blocks, then a's last block.
+    assert pool.allocate("c", 12).block_ids == (4, 5, 2)
+    assert pool.free_block_ids == (1, 0)
+
+
+def test_append_fills_the_last_block_before_taking_a_new_one(make: Factory) -> None:
+    pool = make(4, 4)
+    pool.allocate("a", 3)
+    assert pool.append_tokens("a").block_ids == (0,)  # 4 tokens: exactly one full block
+    assert pool.append_tokens("a").block_ids == (0, 1)  # the 5th token opens block 1
+    assert pool.append_tokens("a", 4) == RequestBlockTable("a", (0, 1, 2), 9)
+    assert pool.append_tokens("a", 0) == RequestBlockTable("a", (0, 1, 2), 9)
+
+
+def test_zero_token_request_holds_no_block_until_its_first_token(make: Factory) -> None:
+    pool = make(2, 8)
+    assert pool.allocate("a", 0) == RequestBlockTable("a", (), 0)
+    assert pool.usage().request_count == 1 and pool.usage().used_blocks == 0
+    assert pool.append_tokens("a").block_ids == (0,)
+    assert pool.release("a") == [0]
+
+
+def test_exhaustion_is_refused_with_the_numbers_and_changes_nothing(make: Factory) -> None:
+    pool = make(3, 4)
+    pool.allocate("a", 8)
+    before = (pool.free_block_ids, pool.snapshot_request("a"), pool.usage())
+    with pytest.raises(BlockAllocationError, match=r"'b' needs 2 more block\(s\) but only 1"):
+        pool.allocate("b", 5)
+    with pytest.raises(BlockAllocationError, match=r"'a' needs 2 more block\(s\) but only 1"):
+        pool.append_tokens("a", 5)
+    assert (pool.free_block_ids, pool.snapshot_request("a"), pool.usage()) == before
+    with pytest.raises(KeyError):
+        pool.snapshot_request("b")
+
+
+def test_bad_arguments_raise_value_error_or_key_error(make: Factory) -> None:
+    pool = make(3, 4)
+    pool.allocate("a", 1)
+    with pytest.raises(ValueError, match="already allocated"):
+        pool.allocate("a", 1)
+    with pytest.raises(ValueError, match="token_count must be >= 0, got -1"):
+        pool.allocate("b", -1)
+    with pytest.raises(ValueError, match="token_count must be >= 0, got -2"):
+        pool.append_tokens("a", -2)
+    with pytest.raises(KeyError):
+        pool.append_tokens("missing")
+    with pytest.raises(KeyError):
+        pool.release("missing")
+    assert pool.usage().used_blocks == 1
+
+
+@pytest.mark.parametrize(("total_blocks", "block_size"), [(0, 16), (4, 0), (-1, -1)])
+def test_bad_configuration_is_a_value_error(
+    make: Factory, total_blocks: int, block_size: int
+) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        make(total_blocks, block_size)
+
+
+def test_release_of_everything_refills_the_pool(make: Factory) -> None:
+    pool = make(5, 2)
+    for request_id, tokens in [("a", 3), ("b", 1), ("c", 4)]:
+        pool.allocate(request_id, tokens)
+    for request_id in ["b", "a", "c"]:
+        pool.release(request_id)
+    assert sorted(pool.free_block_ids) == [0, 1, 2, 3, 4]
+    assert pool.usage().used_blocks == 0 and pool.usage().allocated_tokens == 0
+
+
+def test_append_slot_returns_the_pool_row_of_each_new_token() -> None:
+    pool = KVBlockManager(4, 2)
+    pool.allocate("x", 1)  # block 0
+    pool.allocate("a", 1)  # block 1, token 0 at slot 2
+    assert [pool.append_slot("a") for _ in range(3)] == [3, 4, 5]  # block 1 then block 2
+    assert pool.snapshot_request("a") == RequestBlockTable("a", (1, 2), 4)
+    pool.allocate("b", 2)  # block 3
+    with pytest.raises(BlockAllocationError, match="needs 1 more block"):
+        pool.append_slot("a")
+    assert pool.snapshot_request("a").token_count == 4
+    with pytest.raises(KeyError):
+        pool.append_slot("missing")
+
+
+def test_blocks_are_described_by_id_and_capacity() -> None:
+    pool = KVBlockManager(3, 8)
+    assert [(b.block_id, b.capacity_tokens) for b in pool.blocks] == [(0, 8), (1, 8), (2, 8)]
+    assert pool.num_free_blocks == 3 and pool.can_allocate(24) and not pool.can_allocate(25)

@@ -1,0 +1,215 @@
+"""The bounded model checker: a CI-sized exhaustive run, and every planted bug found by it."""
+
+import dataclasses
+
+import pytest
+
+import spec
+from impl import KVBlockManager
+from spec import AllocatorState, FrozenMap
+from tests.support import bounded
+from tests.support.bounded import (
+    Bounds,
+    Operation,
+    all_bounds,
+    all_sharing_bounds,
+    check,
+    operations,
+)
+from tests.support.planted_bugs import (
+    PLANTED_BUGS,
+    DecodeSlotFromStaleBlock,
+    EvictedBlockStaysFindable,
+    LeaksOneBlockOnRelease,
+    OffByOneAtBlockBoundary,
+    RefusedAllocateTakesBlocks,
+    ReleasesInTableOrder,
+    SkipsCopyOnWrite,
+    SkipsSharedDecrement,
+    TrustsHashOnWeakHash,
+)
+
+# The fast configuration: pools of 1..3 blocks of 1..3 tokens, three request ids, token
+# counts -1 to one past capacity. About 10 s on one core of the CI machine.
+FAST = list(all_bounds(max_blocks=3, max_block_size=3, request_ids=3, max_token_count=None))
+# The sharing operations on pools of 1..2 blocks (only the 1- and 2-token shapes of
+# 2 blocks: the 2 x 2 pool alone has 6,912 states and takes ~40 s; see docs/verification.md).
+FAST_SHARING = list(all_sharing_bounds(max_blocks=2, max_block_size=2, request_ids=2))[:3]
+
+# Each planted bug's first violation: the walk that finds it, the smallest pool shape
+# (blocks, block_size) that shows it and the shortest path from init. Breadth first, so
+# none shorter exists.
+SHORTEST_FAILURES: dict[type[KVBlockManager], tuple[str, int, int, list[str]]] = {
+    ReleasesInTableOrder: ("count", 2, 1, ["allocate('r0', 2)", "release('r0')"]),
+    LeaksOneBlockOnRelease: ("count", 1, 1, ["allocate('r0', 1)", "release('r0')"]),
+    RefusedAllocateTakesBlocks: ("count", 1, 1, ["allocate('r0', 2)"]),
+    OffByOneAtBlockBoundary: ("count", 1, 1, ["allocate('r0', 0)"]),
+    DecodeSlotFromStaleBlock: ("count", 2, 1, ["allocate('r0', 1)", "append_slot('r0')"]),
+    TrustsHashOnWeakHash: ("sharing", 2, 1, ["allocate_prompt('r0', [0, 0])"]),
+    SkipsSharedDecrement: (
+        "sharing",
+        1,
+        1,
+        ["allocate('r0', 1)", "fork('r0', 'r1')", "release('r0')"],
+    ),
+    SkipsCopyOnWrite: (
+        "sharing",
+        1,
+        2,
+        ["allocate('r0', 1)", "fork('r0', 'r1')", "append_tokens('r0', 1)"],
+    ),
+    EvictedBlockStaysFindable: (
+        "sharing",
+        1,
+        1,
+        ["allocate_prompt('r0', [0])", "release('r0')", "allocate('r0', 1)"],
+    ),
+}
+WALKS = {"count": FAST, "sharing": FAST_SHARING}
+
+
+def first_violation(
+    target_class: type[KVBlockManager], walk: list[Bounds]
+) -> bounded.Violation | None:
+    for bounds_ in walk:
+        violation = check(bounds_, target_class).violation
+        if violation is not None:
+            return violation
+    return None
+
+
+def test_every_reachable_state_of_the_small_pools_agrees_between_spec_and_impl() -> None:
+    reports = [check(bounds_) for bounds_ in FAST]
+    print("\n".join(str(report) for report in reports))
+    assert [report.violation for report in reports] == [None] * len(FAST)
+    # Reachability is part of the spec's behaviour: these counts move only if it changes.
+    assert [report.states for report in reports] == [20, 32, 44, 76, 160, 268, 378, 960, 1830]
+    assert sum(report.transitions for report in reports) == 294_900
+
+
+def test_every_reachable_sharing_state_of_the_small_pools_agrees_between_spec_and_impl() -> None:
+    reports = [check(bounds_) for bounds_ in FAST_SHARING]
+    print("\n".join(str(report) for report in reports))
+    assert [report.violation for report in reports] == [None] * len(FAST_SHARING)
+    assert [report.states for report in reports] == [27, 46, 590]
+    assert sum(report.transitions for report in reports) == 29_172
+
+
+def test_every_planted_bug_has_a_listed_shortest_failure() -> None:
+    assert set(SHORTEST_FAILURES) == set(PLANTED_BUGS)
+
+
+@pytest.mark.parametrize("broken", PLANTED_BUGS, ids=lambda cls: cls.__name__)
+def test_the_checker_finds_each_planted_bug_along_a_shortest_path(
+    broken: type[KVBlockManager],
+) -> None:
+    walk, *expected = SHORTEST_FAILURES[broken]
+    violation = first_violation(broken, WALKS[walk])
+    assert violation is not None, f"{broken.__name__} passed the bounded checker"
+    shape = (violation.bounds.total_blocks, violation.bounds.block_size)
+    assert [*shape, [str(op) for op in violation.path]] == expected
+
+
+def test_the_checker_tries_negative_counts_unknown_and_duplicate_ids_and_exhaustion() -> None:
+    ops = [str(op) for op in operations(Bounds(1, 1, ("r0",), 2))]
+    assert ops == [
+        "allocate('r0', -1)",
+        "allocate('r0', 0)",
+        "allocate('r0', 1)",
+        "allocate('r0', 2)",  # more than the pool holds
+        "append_tokens('r0', -1)",
+        "append_tokens('r0', 0)",
+        "append_tokens('r0', 1)",
+        "append_tokens('r0', 2)",
+        "append_slot('r0')",
+        "release('r0')",
+        "snapshot_request('r0')",
+        "can_allocate(-1)",
+        "can_allocate(0)",
+        "can_allocate(1)",
+        "can_allocate(2)",
+    ]
+
+
+def test_a_spec_step_that_breaks_an_invariant_is_reported_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def release_forgetting_the_blocks(
+        state: AllocatorState, op: Operation
+    ) -> tuple[AllocatorState, object]:
+        released = list(spec.block_table(state, op.request_id).block_ids)
+        return dataclasses.replace(state, tables=state.tables.delete(op.request_id)), released
+
+    monkeypatch.setitem(bounded.SPEC_STEPS, "release", release_forgetting_the_blocks)
+    violation = check(Bounds(1, 1, ("r0",), 2)).violation
+    assert violation is not None
+    assert [str(op) for op in violation.path] == ["allocate('r0', 1)", "release('r0')"]
+    assert violation.reason == "spec breaks invariant(s) conservation, partition, ref_counts"
+
+
+def test_the_command_line_prints_states_and_transitions_per_configuration(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bounded.main(["--max-blocks", "2", "--max-block-size", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(
+        "blocks=1 block_size=1 request_ids=3 token_counts=-1..2: 20 states, 740 transitions"
+    )
+    assert lines[1].startswith("blocks=2 block_size=1 request_ids=3 token_counts=-1..3: 76 states")
+    assert lines[2].startswith("all configurations: 96 states, 4084 transitions")
+
+
+def test_the_command_line_exits_one_and_prints_the_path_on_a_planted_bug(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = "tests.support.planted_bugs:LeaksOneBlockOnRelease"
+    assert bounded.main(["--target", target, "--max-blocks", "1", "--max-block-size", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATION in LeaksOneBlockOnRelease" in out
+    assert "  1. allocate('r0', 1)\n  2. release('r0')" in out
+
+
+def test_the_command_line_refuses_a_target_that_is_not_an_allocator() -> None:
+    with pytest.raises(ValueError, match="is not a KVBlockManager class"):
+        bounded.main(["--target", "spec:AllocatorState"])
+
+
+def test_a_spec_step_that_touches_another_requests_table_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def release_dropping_every_table(
+        state: AllocatorState, op: Operation
+    ) -> tuple[AllocatorState, object]:
+        released = list(spec.block_table(state, op.request_id).block_ids)
+        freed = state.free_block_ids + tuple(
+            block_id for table in state.tables.values() for block_id in reversed(table.block_ids)
+        )
+        dropped = dataclasses.replace(
+            state, free_block_ids=freed, tables=FrozenMap(), ref_counts=FrozenMap()
+        )
+        return dropped, released
+
+    monkeypatch.setitem(bounded.SPEC_STEPS, "release", release_dropping_every_table)
+    violation = check(Bounds(2, 1, ("r0", "r1"), 2)).violation
+    assert violation is not None
+    assert violation.reason == "spec changed the table of a request it was not asked about"
+    assert [str(op) for op in violation.path] == [
+        "allocate('r0', 0)",
+        "allocate('r1', 0)",
+        "release('r0')",
+    ]
+
+
+def test_a_spec_step_that_raises_an_unspecified_error_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def snapshot_with_an_index_error(
+        state: AllocatorState, op: Operation
+    ) -> tuple[AllocatorState, object]:
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setitem(bounded.SPEC_STEPS, "snapshot_request", snapshot_with_an_index_error)
+    violation = check(Bounds(1, 1, ("r0",), 2)).violation
+    assert violation is not None
+    assert violation.path == (Operation("snapshot_request", "r0"),)
+    assert violation.reason == "spec raised an unspecified IndexError(tuple index out of range)"

@@ -1,0 +1,42 @@
+"""The benchmark scripts run end to end on tiny inputs (smoke runs: no time is asserted)."""
+
+import pytest
+
+from harness.bench import allocator as bench_allocator
+from harness.bench import decode as bench_decode
+
+
+def test_the_decode_benchmark_prints_a_row_per_method_and_batch_size(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--tiny", "--methods", "dense,paged", "--batch-sizes", "1,3"]
+    assert bench_decode.main([*argv, "--max-new-tokens", "3", "--repeats", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("dense", "1"),
+        ("paged", "1"),
+        ("dense", "3"),
+        ("paged", "3"),
+    ]
+    assert all(row[3] == "1.00x" for row in rows if row[0] == "dense")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--batch-sizes", "1,x"], ["--batch-sizes", "0"], ["--methods", "dense,vllm"]],
+)
+def test_the_decode_benchmark_refuses_bad_input_with_exit_code_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench_decode.main(["--tiny", *argv]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(bench_decode.PROG)
+
+
+def test_the_allocator_benchmark_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--requests", "50", "--spec-requests", "10", "--runs", "1", "--prefix-requests", "0"]
+    assert bench_allocator.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| impl, 8,192 blocks | 50 |" in out
+    assert "| spec, 1,024 blocks | 10 |" in out
+    assert "impl append_slot, tight loop" in out

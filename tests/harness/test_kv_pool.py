@@ -1,0 +1,132 @@
+"""The paged pool's addressing (literal slots), poisoning, and the contiguous twin."""
+
+import torch
+
+from harness.runtime.kv_pool import (
+    ContiguousKVBuffers,
+    KVLayout,
+    KVPlan,
+    KVStore,
+    PagedKVPool,
+    PoisonedKVPool,
+)
+from impl import RequestBlockTable
+
+LAYOUT = KVLayout(
+    num_layers=2, num_kv_heads=2, head_dim=3, dtype=torch.float32, device=torch.device("cpu")
+)
+
+
+def _rows(count: int, start: float) -> torch.Tensor:
+    # [count, num_kv_heads, head_dim], row r filled with start + r
+    return (torch.arange(count, dtype=torch.float32) + start)[:, None, None].expand(count, 2, 3)
+
+
+def _plan(
+    store: KVStore, request_id: str, block_ids: tuple[int, ...], token_count: int, slots: list[int]
+) -> KVPlan:
+    return store.plan([RequestBlockTable(request_id, block_ids, token_count)], [slots])
+
+
+def _rows_of(sdpa_layout: torch.Tensor) -> torch.Tensor:
+    # [1, num_kv_heads, tokens, head_dim] -> [tokens, num_kv_heads, head_dim]
+    assert sdpa_layout.shape[0] == 1
+    return sdpa_layout[0].transpose(0, 1)
+
+
+def _read_one(store: KVStore, layer_idx: int, plan: KVPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    ((keys, values),) = store.read(layer_idx, plan)
+    return _rows_of(keys), _rows_of(values)
+
+
+def test_a_token_lands_in_its_block_at_its_offset() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    # A table (3, 1): tokens 0, 1 in block 3; token 2 in block 1, offset 0.
+    plan = _plan(pool, "a", (3, 1), 3, [6, 7, 2])
+    assert plan.write_index.tolist() == [6, 7, 2]
+    assert plan.read_index.tolist() == [3, 1]
+    pool.write(1, plan, _rows(3, 10.0), _rows(3, 20.0))
+    assert pool.keys[1][3, 0, 0, 0] == 10.0
+    assert pool.keys[1][3, 1, 0, 0] == 11.0
+    assert pool.keys[1][1, 0, 0, 0] == 12.0
+    assert pool.values[1][1, 0, 1, 2] == 22.0
+    assert not pool.keys[0].any()  # another layer untouched
+    keys, values = _read_one(pool, 1, plan)
+    assert torch.equal(keys, _rows(3, 10.0))
+    assert torch.equal(values, _rows(3, 20.0))
+
+
+def test_one_step_writes_and_reads_every_request_through_its_own_table() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    # "a" holds block 2 then 0 (3 tokens, its last one new); "b" holds block 3 (2 new tokens).
+    tables = [RequestBlockTable("a", (2, 0), 3), RequestBlockTable("b", (3,), 2)]
+    pool.write(0, _plan(pool, "a", (2,), 2, [4, 5]), _rows(2, 1.0), _rows(2, 5.0))
+    plan = pool.plan(tables, [[0], [6, 7]])
+    assert plan.write_index.tolist() == [0, 6, 7]
+    assert plan.read_index.tolist() == [2, 0, 3]
+    assert plan.read_starts == (0, 4)
+    pool.write(0, plan, _rows(3, 3.0), _rows(3, 7.0))
+    a_keys, a_values, b_keys, b_values = (_rows_of(t) for read in pool.read(0, plan) for t in read)
+    assert a_keys[:, 0, 0].tolist() == [1.0, 2.0, 3.0]
+    assert a_values[:, 1, 2].tolist() == [5.0, 6.0, 7.0]
+    assert b_keys[:, 0, 0].tolist() == [4.0, 5.0]
+    assert b_values[:, 0, 0].tolist() == [8.0, 9.0]
+
+
+def test_the_pool_size_counts_k_and_v_of_every_layer() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    assert LAYOUT.bytes_per_token == 2 * 2 * 2 * 3 * 4
+    assert pool.nbytes == 8 * LAYOUT.bytes_per_token
+
+
+def test_a_poisoned_pool_fills_exactly_the_released_blocks_with_nan() -> None:
+    pool = PoisonedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool.release("a", [2, 0])
+    for tensor in (*pool.keys, *pool.values):
+        assert tensor[[0, 2]].isnan().all()
+        assert not tensor[[1, 3]].isnan().any()
+
+
+def test_a_plain_pool_leaves_released_blocks_as_they_were() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool.release("a", [2, 0])
+    assert not any(tensor.isnan().any() for tensor in pool.keys)
+
+
+def test_contiguous_buffers_store_by_position_and_ignore_block_ids() -> None:
+    buffers = ContiguousKVBuffers(LAYOUT, max_tokens=8)
+    first = _plan(buffers, "a", (3, 1), 2, [6, 7])
+    buffers.write(0, first, _rows(2, 1.0), _rows(2, 5.0))
+    second = _plan(buffers, "a", (3, 1), 3, [2])
+    assert second.write_index.tolist() == [2]
+    buffers.write(0, second, _rows(1, 3.0), _rows(1, 7.0))
+    keys, values = _read_one(buffers, 0, second)
+    assert keys[:, 0, 0].tolist() == [1.0, 2.0, 3.0]
+    assert values[:, 0, 0].tolist() == [5.0, 6.0, 7.0]
+
+
+def test_copy_on_write_copies_a_block_in_every_layer_and_nothing_else() -> None:
+    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    for layer in range(2):
+        # Block 1 holds rows 10, 11 (keys) and 20, 21 (values) in every layer.
+        pool.write(layer, _plan(pool, "a", (1,), 2, [2, 3]), _rows(2, 10.0), _rows(2, 20.0))
+    pool.copy_blocks([(1, 3)])
+    for layer in range(2):
+        assert torch.equal(pool.keys[layer][3], _rows(2, 10.0))
+        assert torch.equal(pool.values[layer][3], _rows(2, 20.0))
+        assert torch.equal(pool.keys[layer][1], _rows(2, 10.0))  # the source stays
+        assert not pool.keys[layer][0].any() and not pool.keys[layer][2].any()
+
+
+def test_a_forked_contiguous_buffer_is_a_copy_the_parent_does_not_see() -> None:
+    buffers = ContiguousKVBuffers(LAYOUT, max_tokens=4)
+    parent = _plan(buffers, "p", (), 2, [0, 1])
+    buffers.write(0, parent, _rows(2, 10.0), _rows(2, 20.0))
+    buffers.fork("p", "c")
+    child = _plan(buffers, "c", (), 3, [2])
+    buffers.write(0, child, _rows(1, 99.0), _rows(1, 99.0))
+    child_keys, _ = _read_one(buffers, 0, child)
+    assert child_keys[:, 0, 0].tolist() == [10.0, 11.0, 99.0]
+    parent_grown = _plan(buffers, "p", (), 3, [2])
+    parent_keys, _ = _read_one(buffers, 0, parent_grown)
+    assert parent_keys[2, 0, 0] == 0.0  # the child's write went to its own buffer

@@ -1,0 +1,133 @@
+"""The bundled SmolLM2 through the real loading path (marked ``model``; runs in CI)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cli.main import main
+from harness.models import find_bundled_gguf, get_cache_dir, load_model
+from harness.oracle.equivalence import kv_layout
+from harness.prompts import render_prompt
+from harness.runtime.paged_cache import PagedCache
+from impl import KVBlockManager
+from tests.support.harness_cases import poisoned_pool
+
+pytestmark = pytest.mark.model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_the_bundled_gguf_is_found_through_the_distribution() -> None:
+    path = find_bundled_gguf()
+    assert path.suffix == ".gguf"
+    assert path.is_file()
+
+
+def test_the_safetensors_cache_reloads_bit_identical_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAGEDKV_CACHE_DIR", str(tmp_path))
+    assert get_cache_dir() == tmp_path
+    from_gguf = load_model(None, CPU, torch.float32)
+    (cached,) = tmp_path.iterdir()
+    assert (cached / "model.safetensors").is_file()
+    from_cache = load_model(None, CPU, torch.float32)
+    input_ids = torch.tensor([[1, 9690, 198, 2683, 314, 260, 3575, 282, 4649, 47]])
+    with torch.no_grad():
+        expected = from_gguf.model(input_ids).logits
+        actual = from_cache.model(input_ids).logits
+    assert torch.equal(expected, actual)
+
+
+def test_the_main_command_passes_all_checks_on_a_few_prompts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [
+        {"prompt": "What is the capital of France?"},
+        {"messages": [{"role": "user", "content": "Write a haiku about the sea."}]},
+        {"prompt": "Summarize: " + "paged attention stores keys in blocks. " * 20},
+    ]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--device", "cpu", "--prompts-file", str(prompts), "--max-new-tokens", "16"]
+    threads = torch.get_num_threads()
+    try:
+        # One thread: the per-request attention is many small ops, which two threads on a
+        # busy CI machine slow down several times.
+        exit_code = main([*argv, "--block-size", "8", "--poison-freed", "--threads", "1", "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(capsys.readouterr().out)
+    assert exit_code == 0, result
+    assert result["passed"] and result["schedules_equal"]
+    assert [r["alone"]["detail"] for r in result["requests"]] == ["bit-identical"] * 3
+    assert result["totals"]["peak_requests"] < 3  # the tight pool made a request wait
+
+
+def test_a_pool_too_small_for_one_request_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n')
+    argv = ["--device", "cpu", "--prompts-file", str(prompts), "--num-blocks", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--num-blocks 1 cannot hold even one request: r00 needs" in err
+    assert "Traceback" not in err
+
+
+def test_the_main_command_shares_a_system_prompt_and_checks_every_continuation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "What is the capital of France?"}, {"prompt": "Name a prime number."}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--device", "cpu", "--prompts-file", str(prompts), "--max-new-tokens", "6"]
+    system = ["--system-prompt", "You are a helpful assistant."]
+    exit_code = main([*argv, *system, "--n", "2", "--block-size", "4", "--poison-freed", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert exit_code == 0, result
+    assert [r["request_id"] for r in result["requests"]] == ["r00", "r00/1", "r01", "r01/1"]
+    assert [r["alone"]["detail"] for r in result["requests"]] == ["bit-identical"] * 4
+    totals = result["totals"]
+    assert totals["prefix_hit_tokens"] > 0  # r01 reuses the system turn's blocks
+    assert totals["cow_copies"] > 0
+    assert totals["blocks_saved_by_sharing"] > 0
+    assert set(totals) >= {"prefill_tokens", "preemptions"}
+
+
+def test_generate_on_a_paged_cache_is_bit_identical_on_smollm2() -> None:
+    loaded = load_model(None, CPU, torch.float32)
+    assert loaded.tokenizer is not None and loaded.eos_token_id is not None
+    prompts = [
+        render_prompt(loaded.tokenizer, (("user", content),))
+        for content in ("Name a prime number.", "Why is the sky blue? Answer in one line.")
+    ]
+    width = max(map(len, prompts))
+    input_ids = torch.full((2, width), loaded.eos_token_id)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, prompt in enumerate(prompts):  # left-padded, as generate expects
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt) :] = 1
+    pool = poisoned_pool(16, 8, kv_layout(loaded))
+    kwargs = {
+        "attention_mask": attention_mask,
+        "max_new_tokens": 8,
+        "do_sample": False,
+        "pad_token_id": loaded.eos_token_id,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+    }
+    with torch.no_grad(), PagedCache(KVBlockManager(16, 8), pool, 2) as cache:
+        paged = loaded.model.generate(input_ids, past_key_values=cache, **kwargs)
+        dense = loaded.model.generate(input_ids, **kwargs)
+    assert torch.equal(paged.sequences, dense.sequences)
+    for paged_logits, dense_logits in zip(paged.logits, dense.logits, strict=True):
+        assert torch.equal(paged_logits, dense_logits)

@@ -1,0 +1,503 @@
+"""Exhaustive bounded model checking: every reachable spec state of small pools, every operation.
+
+For each pool shape (``total_blocks``, ``block_size``) it walks the spec breadth first from
+``spec.init``, applying every operation with every argument in range, valid or not: each
+request id (so unknown and duplicate ids come up), token counts from -1 to one past the
+pool's capacity (so negative counts and exhaustion come up). States are deduplicated (they
+are hashable). Token counts cannot outgrow the pool, so the reachable space is finite and
+the walk ends on its own.
+
+At every (state, operation) it checks that:
+- the spec raises only the specified errors, and on success keeps every named invariant and
+  leaves every other request's table as it was;
+- the impl, rebuilt by replaying the shortest path from ``init`` to that state, gives the
+  same result or the same error (type and message), ends in the same state with the same
+  usage report and passes its own invariant check; a refused operation changes nothing.
+
+Breadth first means the first violation met is one with the shortest path from ``init``;
+that path is the report. It is a tool for tests, not a prover: it covers only the bounds it
+is given, and the impl only along the shortest path to each state.
+
+Run ``python -m tests.support.bounded --max-blocks 3 --max-block-size 3`` (``--help`` for the rest).
+"""
+
+import argparse
+import importlib
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import spec
+from impl import KVBlockManager
+from spec import AllocatorState, BlockAllocationError, PromptAllocation, SharingCounters
+
+# The errors the spec may raise for a refused operation; anything else is a bug.
+SPECIFIED_ERRORS = (ValueError, KeyError, BlockAllocationError)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """One pool shape and the argument ranges every operation is tried with."""
+
+    total_blocks: int
+    block_size: int
+    request_ids: tuple[str, ...]
+    max_token_count: int
+    # Prompts for the sharing operations (allocate_prompt, token appends, fork, preempt,
+    # take_copies); none means the walk tries only the count-based operations.
+    prompts: tuple[tuple[int, ...], ...] = ()
+
+    def __str__(self) -> str:
+        sharing = f" prompts={len(self.prompts)}" if self.prompts else ""
+        return (
+            f"blocks={self.total_blocks} block_size={self.block_size} "
+            f"request_ids={len(self.request_ids)} token_counts=-1..{self.max_token_count}"
+            f"{sharing}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One call: an operation's name and its arguments (those it does not take are unused)."""
+
+    name: str
+    request_id: str = ""
+    token_count: int = 0
+    token_ids: tuple[int, ...] = ()
+    child_id: str = ""
+
+    def __str__(self) -> str:
+        if self.name in _TAKES_REQUEST_AND_COUNT:
+            return f"{self.name}({self.request_id!r}, {self.token_count})"
+        if self.name in _TAKES_COUNT:
+            return f"{self.name}({self.token_count})"
+        if self.name in _TAKES_REQUEST_AND_TOKENS:
+            return f"{self.name}({self.request_id!r}, {list(self.token_ids)})"
+        if self.name == "fork":
+            return f"fork({self.request_id!r}, {self.child_id!r})"
+        if self.name == "take_copies":
+            return "take_copies()"
+        return f"{self.name}({self.request_id!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A broken check: the shortest path from ``init`` whose last operation breaks it."""
+
+    bounds: Bounds
+    path: tuple[Operation, ...]
+    reason: str
+
+    def __str__(self) -> str:
+        steps = "\n".join(f"  {i}. {op}" for i, op in enumerate(self.path, start=1))
+        return f"{self.bounds}: {self.reason}\npath from init:\n{steps}"
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What one bounded walk covered, and the first violation if it met one."""
+
+    bounds: Bounds
+    states: int
+    transitions: int
+    depth: int
+    seconds: float
+    violation: Violation | None
+
+    def __str__(self) -> str:
+        return (
+            f"{self.bounds}: {self.states} states, {self.transitions} transitions, "
+            f"depth {self.depth}, {self.seconds:.1f} s"
+        )
+
+
+_TAKES_REQUEST_AND_COUNT = ("allocate", "append_tokens")
+_TAKES_COUNT = ("can_allocate",)
+_TAKES_REQUEST_AND_TOKENS = ("allocate_prompt", "append_token_ids", "append_token_slot")
+
+# -- what each operation means in the spec, and how to call it on the impl ----------------
+
+SpecStep = Callable[[AllocatorState, Operation], tuple[AllocatorState, object]]
+ImplStep = Callable[[KVBlockManager, Operation], object]
+
+
+def _spec_allocate(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    after = spec.allocate(state, op.request_id, op.token_count)
+    return after, spec.block_table(after, op.request_id)
+
+
+def _spec_append_tokens(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    after = spec.append_tokens(state, op.request_id, op.token_count)
+    return after, spec.block_table(after, op.request_id)
+
+
+def _spec_append_slot(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    # append_slot is append_tokens(request_id, 1) that returns the new token's slot.
+    after = spec.append_tokens(state, op.request_id, 1)
+    position = state.tables[op.request_id].token_count
+    block_ids = spec.block_table(after, op.request_id).block_ids
+    return after, spec.slot_index(state.block_size, block_ids, position)
+
+
+def _spec_release(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    released = list(spec.block_table(state, op.request_id).block_ids)
+    return spec.release(state, op.request_id), released
+
+
+def _spec_snapshot_request(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    return state, spec.block_table(state, op.request_id)
+
+
+def _spec_can_allocate(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    needed = spec.blocks_for_tokens(state.block_size, op.token_count)
+    return state, needed <= spec.available_blocks(state)
+
+
+def _spec_allocate_prompt(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    hits = spec.cached_prefix_blocks(state, op.token_ids)
+    after = spec.allocate_prompt(state, op.request_id, op.token_ids)
+    table = spec.block_table(after, op.request_id)
+    return after, PromptAllocation(table, len(hits) * state.block_size)
+
+
+def _spec_append_token_ids(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    after = spec.append_token_ids(state, op.request_id, op.token_ids)
+    return after, spec.block_table(after, op.request_id)
+
+
+def _spec_append_token_slot(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    after = spec.append_token_ids(state, op.request_id, op.token_ids)
+    position = state.tables[op.request_id].token_count
+    block_ids = spec.block_table(after, op.request_id).block_ids
+    return after, spec.slot_index(state.block_size, block_ids, position)
+
+
+def _spec_fork(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    after = spec.fork(state, op.request_id, op.child_id)
+    return after, spec.block_table(after, op.child_id)
+
+
+def _spec_preempt(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    released = list(spec.block_table(state, op.request_id).block_ids)
+    return spec.preempt(state, op.request_id), released
+
+
+def _spec_take_copies(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    return spec.take_copies(state), list(state.pending_copies)
+
+
+SPEC_STEPS: dict[str, SpecStep] = {
+    "allocate": _spec_allocate,
+    "append_tokens": _spec_append_tokens,
+    "append_slot": _spec_append_slot,
+    "release": _spec_release,
+    "snapshot_request": _spec_snapshot_request,
+    "can_allocate": _spec_can_allocate,
+    "allocate_prompt": _spec_allocate_prompt,
+    "append_token_ids": _spec_append_token_ids,
+    "append_token_slot": _spec_append_token_slot,
+    "fork": _spec_fork,
+    "preempt": _spec_preempt,
+    "take_copies": _spec_take_copies,
+}
+
+IMPL_STEPS: dict[str, ImplStep] = {
+    "allocate": lambda pool, op: pool.allocate(op.request_id, op.token_count),
+    "append_tokens": lambda pool, op: pool.append_tokens(op.request_id, op.token_count),
+    "append_slot": lambda pool, op: pool.append_slot(op.request_id),
+    "release": lambda pool, op: pool.release(op.request_id),
+    "snapshot_request": lambda pool, op: pool.snapshot_request(op.request_id),
+    "can_allocate": lambda pool, op: pool.can_allocate(op.token_count),
+    "allocate_prompt": lambda pool, op: pool.allocate_prompt(op.request_id, op.token_ids),
+    "append_token_ids": lambda pool, op: pool.append_token_ids(op.request_id, op.token_ids),
+    "append_token_slot": lambda pool, op: pool.append_token_slot(op.request_id, *op.token_ids),
+    "fork": lambda pool, op: pool.fork(op.request_id, op.child_id),
+    "preempt": lambda pool, op: pool.preempt(op.request_id),
+    "take_copies": lambda pool, op: pool.take_copies(),
+}
+
+
+def operations(bounds: Bounds) -> list[Operation]:
+    """Every call tried from every state, in a fixed order (so paths are reproducible)."""
+    token_counts = range(-1, bounds.max_token_count + 1)
+    ops: list[Operation] = []
+    for request_id in bounds.request_ids:
+        ops += [Operation("allocate", request_id, n) for n in token_counts]
+        ops += [Operation("append_tokens", request_id, n) for n in token_counts]
+        ops += [Operation(name, request_id) for name in ("append_slot", "release")]
+        ops.append(Operation("snapshot_request", request_id))
+    ops += [Operation("can_allocate", token_count=n) for n in token_counts]
+    if not bounds.prompts:
+        return ops
+    for request_id in bounds.request_ids:
+        ops += [Operation("allocate_prompt", request_id, token_ids=p) for p in bounds.prompts]
+        for token_id in (0, 1):
+            ops.append(Operation("append_token_ids", request_id, token_ids=(token_id,)))
+            ops.append(Operation("append_token_slot", request_id, token_ids=(token_id,)))
+        ops += [Operation("fork", request_id, child_id=child) for child in bounds.request_ids]
+        ops.append(Operation("preempt", request_id))
+    ops.append(Operation("take_copies"))
+    return ops
+
+
+# -- checking one transition ---------------------------------------------------------------
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}({error})"
+
+
+def _same_error(expected: BaseException, actual: BaseException) -> bool:
+    return type(expected) is type(actual) and str(expected) == str(actual)
+
+
+def _check_spec_step(before: AllocatorState, op: Operation, after: AllocatorState) -> str | None:
+    """What is wrong with a spec step that succeeded, or None."""
+    broken = spec.violated_invariants(after)
+    if broken:
+        return f"spec breaks invariant(s) {', '.join(broken)}"
+    if (after.total_blocks, after.block_size) != (before.total_blocks, before.block_size):
+        return "spec changed the pool's shape"
+    touched = {op.request_id, op.child_id}
+    others_before = {k: v for k, v in before.tables.items() if k not in touched}
+    others_after = {k: v for k, v in after.tables.items() if k not in touched}
+    if others_before != others_after:
+        return "spec changed the table of a request it was not asked about"
+    return None
+
+
+def _check_impl_state(pool: KVBlockManager, expected: AllocatorState) -> str | None:
+    """How the impl's state differs from ``expected``, or None when it matches."""
+    actual = pool.to_spec()
+    if actual != expected:
+        return f"impl state {actual} != spec state {expected}"
+    report = pool.usage()
+    if not spec.is_usage_consistent(expected, report):
+        return f"impl usage {report} != spec usage {spec.usage(expected)}"
+    if pool.num_free_blocks != spec.available_blocks(expected):
+        return f"impl num_free_blocks {pool.num_free_blocks} != {spec.available_blocks(expected)}"
+    try:
+        pool.check_invariants()
+    except AssertionError as error:
+        return f"impl check_invariants: {error}"
+    return None
+
+
+def check_transition(
+    before: AllocatorState, op: Operation, pool: KVBlockManager
+) -> tuple[AllocatorState, str | None]:
+    """Apply ``op`` to the spec state and to ``pool`` (in that state); return the new spec
+    state and what went wrong, if anything."""
+    try:
+        after, expected = SPEC_STEPS[op.name](before, op)
+    except SPECIFIED_ERRORS as error:
+        return before, _check_refusal(error, op, pool, before)
+    except Exception as error:
+        return before, f"spec raised an unspecified {_describe(error)}"
+    problem = _check_spec_step(before, op, after)
+    if problem is not None:
+        return after, problem
+    try:
+        actual = IMPL_STEPS[op.name](pool, op)
+    except Exception as error:
+        return after, f"spec returned {expected!r} but impl raised {_describe(error)}"
+    if actual != expected:
+        return after, f"spec returned {expected!r} but impl returned {actual!r}"
+    return after, _check_impl_state(pool, after)
+
+
+def _check_refusal(
+    expected: BaseException, op: Operation, pool: KVBlockManager, before: AllocatorState
+) -> str | None:
+    try:
+        actual = IMPL_STEPS[op.name](pool, op)
+    except Exception as error:
+        if not _same_error(expected, error):
+            return f"spec raised {_describe(expected)} but impl raised {_describe(error)}"
+        problem = _check_impl_state(pool, before)
+        return None if problem is None else f"refused {op} was not atomic: {problem}"
+    return f"spec raised {_describe(expected)} but impl returned {actual!r}"
+
+
+# -- the breadth-first walk ----------------------------------------------------------------
+
+
+def _replay(
+    target_class: type[KVBlockManager], bounds: Bounds, path: Sequence[Operation]
+) -> KVBlockManager:
+    pool = target_class(bounds.total_blocks, bounds.block_size)
+    for op in path:
+        IMPL_STEPS[op.name](pool, op)
+    return pool
+
+
+def _path_to(
+    state: AllocatorState, parents: dict[AllocatorState, tuple[AllocatorState, Operation] | None]
+) -> list[Operation]:
+    path: list[Operation] = []
+    link = parents[state]
+    while link is not None:
+        state, op = link
+        path.append(op)
+        link = parents[state]
+    path.reverse()
+    return path
+
+
+# Copy-on-write copies pile up until ``take_copies``; a state with more than this many
+# pending is checked on arrival but not walked from, or the reachable space is infinite.
+MAX_PENDING = 1
+
+
+def _identity(state: AllocatorState) -> AllocatorState:
+    """A state without its running counters: what makes two states the same for the walk.
+
+    NOTE: the counters (hits, evictions, copies, preemptions) only grow, so with them the
+    reachable space of the sharing operations would be infinite. Every transition still
+    compares them between spec and impl.
+    """
+    return replace(state, counters=SharingCounters())
+
+
+def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -> Report:
+    """Walk every reachable state within ``bounds``; stop at the first violation."""
+    started = time.perf_counter()
+    initial = spec.init(bounds.total_blocks, bounds.block_size)
+    parents: dict[AllocatorState, tuple[AllocatorState, Operation] | None] = {initial: None}
+    frontier: deque[tuple[AllocatorState, int]] = deque([(initial, 0)])
+    ops = operations(bounds)
+    transitions = 0
+    depth = 0
+
+    def report(violation: Violation | None) -> Report:
+        seconds = time.perf_counter() - started
+        return Report(bounds, len(parents), transitions, depth, seconds, violation)
+
+    problem = _check_impl_state(_replay(target_class, bounds, ()), initial)
+    if problem is not None:
+        return report(Violation(bounds, (), f"after init: {problem}"))
+    while frontier:
+        state, depth = frontier.popleft()
+        path = _path_to(_identity(state), parents)
+        for op in ops:
+            transitions += 1
+            pool = _replay(target_class, bounds, path)
+            after, problem = check_transition(state, op, pool)
+            if problem is not None:
+                return report(Violation(bounds, (*path, op), problem))
+            if _identity(after) not in parents and len(after.pending_copies) <= MAX_PENDING:
+                parents[_identity(after)] = (_identity(state), op)
+                frontier.append((after, depth + 1))
+    return report(None)
+
+
+def check_path(
+    bounds: Bounds, path: Sequence[Operation], target_class: type[KVBlockManager] = KVBlockManager
+) -> Violation | None:
+    """Run one path from ``init`` with every check of the walk; the first violation, if any."""
+    state = spec.init(bounds.total_blocks, bounds.block_size)
+    pool = target_class(bounds.total_blocks, bounds.block_size)
+    problem = _check_impl_state(pool, state)
+    if problem is not None:
+        return Violation(bounds, (), f"after init: {problem}")
+    for steps, op in enumerate(path, start=1):
+        state, problem = check_transition(state, op, pool)
+        if problem is not None:
+            return Violation(bounds, tuple(path[:steps]), problem)
+    return None
+
+
+def sharing_prompts(block_size: int) -> tuple[tuple[int, ...], ...]:
+    """Prompts that make every sharing case reachable in a tiny pool: a prefix hit (the
+    first two share a full block), a hit capped at the last token (the third is exactly
+    that block), and a prompt that shares nothing."""
+    full = (0,) * block_size
+    return ((*full, 1), (*full, 0), full, (1,))
+
+
+def all_sharing_bounds(max_blocks: int, max_block_size: int, request_ids: int) -> Iterator[Bounds]:
+    """Every pool shape up to the maxima with the sharing operations, smallest first.
+
+    Token counts for the count-based operations stay at -1..1: those are walked in full by
+    ``all_bounds``; here they only mix count-based requests into the sharing ones.
+    """
+    ids = tuple(f"r{i}" for i in range(request_ids))
+    for total_blocks in range(1, max_blocks + 1):
+        for block_size in range(1, max_block_size + 1):
+            yield Bounds(total_blocks, block_size, ids, 1, sharing_prompts(block_size))
+
+
+def all_bounds(
+    max_blocks: int, max_block_size: int, request_ids: int, max_token_count: int | None
+) -> Iterator[Bounds]:
+    """Every pool shape up to the maxima, smallest first."""
+    ids = tuple(f"r{i}" for i in range(request_ids))
+    for total_blocks in range(1, max_blocks + 1):
+        for block_size in range(1, max_block_size + 1):
+            # One past the pool's capacity, so that exhaustion is always tried.
+            tokens = max_token_count
+            if tokens is None:
+                tokens = total_blocks * block_size + 1
+            yield Bounds(total_blocks, block_size, ids, tokens)
+
+
+def load_target(dotted: str) -> type[KVBlockManager]:
+    """``module:Class`` to the class, e.g. ``tests.support.planted_bugs:LeaksOneBlockOnRelease``."""
+    module_name, _, class_name = dotted.partition(":")
+    target = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(target, type) and issubclass(target, KVBlockManager)):
+        raise ValueError(f"{dotted} is not a KVBlockManager class")
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Check every configuration up to the bounds given; 1 at the first violation."""
+    parser = argparse.ArgumentParser(prog="python -m tests.support.bounded", description=__doc__)
+    parser.add_argument("--max-blocks", type=int, default=3, help="pools of 1..N blocks")
+    parser.add_argument("--max-block-size", type=int, default=3, help="block sizes 1..N")
+    parser.add_argument("--request-ids", type=int, default=3, help="request ids r0..r(N-1)")
+    parser.add_argument(
+        "--max-token-count",
+        type=int,
+        default=None,
+        help="token counts tried are -1..N (default: one past each pool's capacity)",
+    )
+    parser.add_argument(
+        "--target", default="impl:KVBlockManager", help="module:Class of the allocator to check"
+    )
+    parser.add_argument(
+        "--sharing",
+        action="store_true",
+        help="walk the sharing operations (prompts, token appends, fork, preempt, copies) "
+        "instead of the count-based ones; token counts -1..1",
+    )
+    args = parser.parse_args(argv)
+    target_class = load_target(args.target)
+    total_states = total_transitions = 0
+    started = time.perf_counter()
+    if args.sharing:
+        walks = all_sharing_bounds(args.max_blocks, args.max_block_size, args.request_ids)
+    else:
+        walks = all_bounds(
+            args.max_blocks, args.max_block_size, args.request_ids, args.max_token_count
+        )
+    for bounds in walks:
+        result = check(bounds, target_class)
+        print(result, flush=True)
+        total_states += result.states
+        total_transitions += result.transitions
+        if result.violation is not None:
+            print(f"VIOLATION in {target_class.__name__}: {result.violation}")
+            return 1
+    seconds = time.perf_counter() - started
+    print(
+        f"all configurations: {total_states} states, {total_transitions} transitions, "
+        f"{seconds:.1f} s, no violation in {target_class.__name__}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The lockstep state machine as a long-fuzzing target, counting what it runs.
+
+Not collected by a plain ``pytest`` run (the file name does not start with ``test_``):
+``scripts/fuzz.sh`` and ``hypothesis fuzz`` name it explicitly. It is the same machine as
+``tests/support/lockstep.py`` (on the real impl, and on it under a constantly colliding hash); the
+only addition is a tally of test cases and steps. When
+``PAGEDKV_FUZZ_TALLY`` names a directory, each process keeps ``<pid>.txt`` there up to
+date (every 10 cases and at exit), so a fuzzing session can report how much it ran even
+when its worker processes are killed at the deadline (HypoFuzz's workers skip ``atexit``).
+"""
+
+import atexit
+import os
+from pathlib import Path
+
+from hypothesis.stateful import invariant
+
+from tests.support.lockstep import AllocatorMachine
+from tests.support.planted_bugs import WeakHashOnly
+
+
+class Tally:
+    """Test cases finished and invariant checks run (one after init, one after each step)."""
+
+    cases = 0
+    checks = 0
+
+    @classmethod
+    def steps(cls) -> int:
+        return cls.checks - cls.cases
+
+
+class CountingAllocatorMachine(AllocatorMachine):
+    """``AllocatorMachine`` that tallies its test cases and steps."""
+
+    @invariant()
+    def count_a_check(self) -> None:
+        Tally.checks += 1
+
+    def teardown(self) -> None:
+        Tally.cases += 1
+        if Tally.cases % 10 == 0:
+            _write_tally()
+        super().teardown()
+
+
+class CountingWeakHashMachine(CountingAllocatorMachine):
+    """The same under a hash that collides all the time: the paths prefix hits take when
+    a bucket holds several blocks, which the default hash almost never produces."""
+
+    target_class = WeakHashOnly
+
+
+TestFuzzImplAgreesWithSpec = CountingAllocatorMachine.TestCase
+TestFuzzImplUnderAWeakHashAgreesWithSpec = CountingWeakHashMachine.TestCase
+
+
+def _write_tally() -> None:
+    directory = os.environ.get("PAGEDKV_FUZZ_TALLY")
+    if directory and Tally.cases:
+        tally = Path(directory) / f"{os.getpid()}.txt"
+        tally.write_text(f"cases={Tally.cases} steps={Tally.steps()}\n", encoding="utf-8")
+
+
+atexit.register(_write_tally)

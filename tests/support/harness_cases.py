@@ -1,0 +1,193 @@
+"""Shared pieces of the harness tests: the tiny model, token-id requests, planted bugs.
+
+Not a conftest: the tests import what they use. The planted bugs are deliberately broken
+collaborators; each harness test that guards against one shows it catches it.
+"""
+
+import functools
+import random
+
+from harness.models import LoadedModel, tiny_llama
+from harness.oracle.checks import TokenTrace
+from harness.oracle.dense import DenseOutput, generate_dense
+from harness.oracle.equivalence import kv_layout
+from harness.runtime.engine import (
+    NO_PREFIX_CACHING,
+    PREFIX_CACHING,
+    Allocation,
+    Engine,
+    EngineResult,
+    Request,
+    _Running,
+)
+from harness.runtime.kv_pool import (
+    ContiguousKVBuffers,
+    KVLayout,
+    KVStore,
+    PagedKVPool,
+    PoisonedKVPool,
+)
+from impl import KVBlockManager, RequestBlockTable
+from spec import slot_index
+
+
+@functools.cache
+def tiny_model() -> LoadedModel:
+    """The seeded tiny Llama, built once per test session (float32, CPU)."""
+    return tiny_llama(seed=0)
+
+
+def make_requests(
+    count: int, max_new_tokens: int, arrival_gap: int, seed: int = 1
+) -> list[Request]:
+    """``count`` token-id requests, prompts of 3..40 tokens, one every ``arrival_gap`` steps."""
+    rng = random.Random(seed)
+    vocab = tiny_model().model.config.vocab_size
+    return [
+        Request(
+            f"r{number}",
+            tuple(rng.randrange(vocab) for _ in range(rng.randint(3, 40))),
+            max_new_tokens,
+            arrival_step=number * arrival_gap,
+        )
+        for number in range(count)
+    ]
+
+
+def run(
+    requests: list[Request],
+    store: KVStore,
+    manager: KVBlockManager,
+    engine_type: type[Engine] = Engine,
+    allocation: Allocation = PREFIX_CACHING,
+) -> EngineResult:
+    """Run ``requests`` through ``engine_type`` on the tiny model."""
+    return engine_type(tiny_model().model, manager, store, None, allocation).run(requests)
+
+
+def paged_and_contiguous(
+    requests: list[Request],
+    *,
+    manager_type: type[KVBlockManager],
+    num_blocks: int,
+    block_size: int,
+    pool_type: type[PagedKVPool] = PagedKVPool,
+    engine_type: type[Engine] = Engine,
+) -> tuple[EngineResult, EngineResult]:
+    """The same requests on a paged pool and on contiguous buffers (the gate's two runs).
+
+    Without prefix caching on both sides: contiguous buffers hold no K/V for a prefix hit.
+    """
+    layout = pool_layout()
+    paged = run(
+        requests,
+        pool_type(layout, num_blocks, block_size),
+        manager_type(num_blocks, block_size),
+        engine_type,
+        NO_PREFIX_CACHING,
+    )
+    max_tokens = max(request.max_tokens for request in requests)
+    contiguous = run(
+        requests,
+        ContiguousKVBuffers(layout, max_tokens),
+        KVBlockManager(num_blocks, block_size),
+        engine_type,
+        NO_PREFIX_CACHING,
+    )
+    return paged, contiguous
+
+
+def pool_layout() -> KVLayout:
+    """The tiny model's K/V layout."""
+    return kv_layout(tiny_model())
+
+
+def poisoned_pool(
+    num_blocks: int, block_size: int, layout: KVLayout | None = None
+) -> PoisonedKVPool:
+    """A pool whose every block is NaN until written (the tiny model's layout by default)."""
+    pool = PoisonedKVPool(layout or pool_layout(), num_blocks, block_size)
+    pool.poison(list(range(num_blocks)))
+    return pool
+
+
+def dense(request: Request) -> DenseOutput:
+    """``generate`` on one request of the tiny model."""
+    return generate_dense(tiny_model().model, request.prompt_ids, request.max_new_tokens, None)
+
+
+def trace(result: EngineResult, request_id: str) -> TokenTrace:
+    """One request's tokens and logits from an engine run."""
+    output = result.outputs[request_id]
+    return TokenTrace(output.token_ids, output.logits)
+
+
+def dense_trace(output: DenseOutput) -> TokenTrace:
+    """The tokens and logits of a dense run."""
+    return TokenTrace(output.token_ids, output.logits)
+
+
+# -- planted bugs ----------------------------------------------------------------------
+
+
+class SwappedBlockManager(KVBlockManager):
+    """A corrupted block table: every decode token's slot points into the next block id."""
+
+    __slots__ = ()
+
+    def append_slot(self, request_id: str) -> int:
+        slot = super().append_slot(request_id)
+        return (slot + self.block_size) % (self.total_blocks * self.block_size)
+
+
+class RecordingManager(KVBlockManager):
+    """A correct manager that remembers which requests each block id was handed to."""
+
+    __slots__ = ("holders",)
+
+    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
+        super().__init__(total_blocks, block_size)
+        self.holders: dict[int, list[str]] = {}
+
+    def release(self, request_id: str) -> list[int]:
+        released = super().release(request_id)
+        for block_id in released:
+            self.holders.setdefault(block_id, []).append(request_id)
+        return released
+
+
+class EarlyReleaseEngine(Engine):
+    """A use-after-free: a request's blocks go back to the pool two tokens before its end.
+
+    It keeps decoding through the table it had, whose blocks are now free: the next
+    admitted request may overwrite them, and a poisoned pool has filled them with NaN.
+    Use a ``block_size`` no request outgrows, so the stale table always has the slot.
+    """
+
+    def __init__(
+        self,
+        model: object,
+        manager: KVBlockManager,
+        store: KVStore,
+        eos_token_id: int | None,
+        allocation: Allocation = PREFIX_CACHING,
+    ) -> None:
+        super().__init__(model, manager, store, eos_token_id, allocation)
+        self._stale: dict[str, RequestBlockTable] = {}
+
+    def _grow(self, running: _Running) -> tuple[list[int], RequestBlockTable]:
+        request_id = running.request.request_id
+        stale = self._stale.get(request_id)
+        if stale is not None:
+            grown = RequestBlockTable(request_id, stale.block_ids, stale.token_count + 1)
+            self._stale[request_id] = grown
+            return [slot_index(self.manager.block_size, grown.block_ids, stale.token_count)], grown
+        new_slots, table = super()._grow(running)
+        if running.request.max_new_tokens - len(running.output.token_ids) == 2:
+            self._stale[request_id] = table
+            self.store.release(request_id, self.manager.release(request_id))
+        return new_slots, table
+
+    def _release(self, running: _Running) -> None:
+        if running.request.request_id not in self._stale:
+            super()._release(running)
