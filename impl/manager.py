@@ -434,6 +434,13 @@ class KVBlockManager:
                     cached.append(block_id)
                     self._cached_free[block_id] = None
         self._free.extend(freed)
+        if self._pending_copies and (freed or cached):
+            # A copy into a block nobody holds any more is moot (see spec.release).
+            self._pending_copies = [
+                (source, destination)
+                for source, destination in self._pending_copies
+                if ref_counts[destination]
+            ]
         return ReleasedBlocks(tuple(block_ids), tuple(freed), tuple(cached))
 
     def preempt(self, request_id: str) -> ReleasedBlocks:

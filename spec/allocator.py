@@ -279,7 +279,8 @@ def release(state: AllocatorState, request_id: str) -> AllocatorState:
 
     Checks: a known request (KeyError). A block left with no reference joins the tail of the
     cached free queue if it holds a cached prefix (it stays findable), else of the free
-    queue. The ids released, in table order, are ``block_table(state, request_id).block_ids``.
+    queue; a pending copy into it is dropped. The ids released, in table order, are
+    ``block_table(state, request_id).block_ids``.
     """
     table = block_table(state, request_id)
     cached = set(state.cache.values())
@@ -301,6 +302,13 @@ def release(state: AllocatorState, request_id: str) -> AllocatorState:
         tables=state.tables.delete(request_id),
         token_ids=token_ids,
         ref_counts=FrozenMap(ref_counts),
+        # A copy into a block nobody holds any more is moot: it is dropped, so a pending
+        # copy never writes into a block that is free or lent to another request.
+        pending_copies=tuple(
+            (source, destination)
+            for source, destination in state.pending_copies
+            if destination in ref_counts
+        ),
     )
 
 

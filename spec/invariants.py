@@ -115,6 +115,14 @@ def is_shared_only_over_a_common_prefix(state: AllocatorState) -> bool:
     return True
 
 
+def is_copy_destination_held(state: AllocatorState) -> bool:
+    """A pending copy writes into a block a table holds, and no block gets two copies."""
+    destinations = [destination for _, destination in state.pending_copies]
+    return len(set(destinations)) == len(destinations) and all(
+        destination in state.ref_counts for destination in destinations
+    )
+
+
 def is_usage_consistent(state: AllocatorState, report: KVBlockUsage) -> bool:
     """A usage report agrees with the tables: blocks, requests and tokens all add up."""
     return (
@@ -135,6 +143,7 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "cache_sound": is_cache_sound,
     "cached_content_exact": is_cached_content_exact,
     "shared_over_common_prefix": is_shared_only_over_a_common_prefix,
+    "copy_destination_held": is_copy_destination_held,
 }
 
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import spec
 from harness.bench.prefix import (
     PREFIX_TABLE_HEADER,
     prefix_heavy_trace,
@@ -28,7 +27,7 @@ from harness.bench.prefix import (
     run_prefix_trace,
 )
 from harness.cli.parsing import OneLineParser, fail
-from impl import BlockAllocationError, KVBlockManager
+from impl import BlockAllocationError, KVBlockManager, RequestBlockTable, SpecBackedManager
 
 PROG = "python -m harness.bench.allocator"
 
@@ -44,33 +43,69 @@ class Allocator(Protocol):
     def can_allocate(self, token_count: int) -> bool: ...
     def allocate(self, request_id: str, token_count: int) -> object: ...
     def append_slot(self, request_id: str) -> int: ...
+    def append_tokens(self, request_id: str, token_count: int = 1) -> object: ...
     def release(self, request_id: str) -> list[int]: ...
 
 
-class SpecAllocator:
-    """The spec behind the scheduler's calls: every call builds a new immutable state."""
+class ArticleStyleManager:
+    """A baseline that behaves as the article series' manager does, written here to time
+    it beside impl in one run: list tables, a deque free list, every call returning a
+    copied snapshot, release in table order, no ref counts and no prefix cache."""
 
     def __init__(self, total_blocks: int, block_size: int) -> None:
-        self.state = spec.init(total_blocks, block_size)
+        self.block_size = block_size
+        self.free_block_ids: deque[int] = deque(range(total_blocks))
+        self.request_tables: dict[str, RequestBlockTable] = {}
 
     def can_allocate(self, token_count: int) -> bool:
-        needed = spec.blocks_for_tokens(self.state.block_size, token_count)
-        return needed <= len(self.state.free_block_ids)
+        return math.ceil(token_count / self.block_size) <= len(self.free_block_ids)
 
-    def allocate(self, request_id: str, token_count: int) -> object:
-        self.state = spec.allocate(self.state, request_id, token_count)
-        return None
+    def allocate(self, request_id: str, token_count: int) -> RequestBlockTable:
+        if request_id in self.request_tables:
+            raise ValueError(f"request already has allocated blocks: {request_id}")
+        needed = math.ceil(token_count / self.block_size)
+        self._ensure_free(needed)
+        taken = [self.free_block_ids.popleft() for _ in range(needed)]
+        self.request_tables[request_id] = RequestBlockTable(request_id, taken, token_count)
+        return self._snapshot(request_id)
 
     def append_slot(self, request_id: str) -> int:
-        position = self.state.tables[request_id].token_count
-        self.state = spec.append_tokens(self.state, request_id, 1)
-        table = self.state.tables[request_id]
-        return spec.slot_index(self.state.block_size, table.block_ids, position)
+        table = self.append_tokens(request_id, 1)
+        position = table.token_count - 1
+        return table.block_ids[position // self.block_size] * self.block_size + (
+            position % self.block_size
+        )
+
+    def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable:
+        if request_id not in self.request_tables:
+            raise KeyError(f"request has no allocated blocks: {request_id}")
+        table = self.request_tables[request_id]
+        new_count = table.token_count + token_count
+        more = math.ceil(new_count / self.block_size) - math.ceil(
+            table.token_count / self.block_size
+        )
+        self._ensure_free(more)
+        table.block_ids.extend(self.free_block_ids.popleft() for _ in range(more))
+        table.token_count = new_count
+        return self._snapshot(request_id)
 
     def release(self, request_id: str) -> list[int]:
-        released = list(self.state.tables[request_id].block_ids)
-        self.state = spec.release(self.state, request_id)
+        table = self.request_tables.pop(request_id, None)
+        if table is None:
+            raise KeyError(f"request has no allocated blocks: {request_id}")
+        released = list(table.block_ids)
+        self.free_block_ids.extend(released)
         return released
+
+    def _snapshot(self, request_id: str) -> RequestBlockTable:
+        table = self.request_tables[request_id]
+        return RequestBlockTable(request_id, list(table.block_ids), table.token_count)
+
+    def _ensure_free(self, count: int) -> None:
+        if count > len(self.free_block_ids):
+            raise BlockAllocationError(
+                f"not enough free KV blocks: needed={count} free={len(self.free_block_ids)}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +148,14 @@ class RunTimes:
         return self.admit_ns + self.decode_ns + self.release_ns
 
 
-def replay(trace: Sequence[TraceRequest], allocator: Allocator, max_running: int) -> RunTimes:
-    """Run the trace to completion through ``allocator``; every request finishes."""
+def replay(
+    trace: Sequence[TraceRequest], allocator: Allocator, max_running: int, decode: str
+) -> RunTimes:
+    """Run the trace to completion through ``allocator``; every request finishes.
+
+    ``decode`` names the call a decode step makes per running request: ``append_slot``
+    (pagedkv's hot path) or ``append_tokens`` (the article's, one token at a time).
+    """
     clock = time.perf_counter_ns
     times = RunTimes()
     # waiting: (request, tokens it already holds: prompt plus what it generated before a
@@ -124,7 +165,7 @@ def replay(trace: Sequence[TraceRequest], allocator: Allocator, max_running: int
     remaining: dict[str, int] = {}
     by_id = {r.request_id: r for r in trace}
     held: dict[str, int] = {}
-    append_slot = allocator.append_slot
+    append: Callable[[str], object] = getattr(allocator, decode)
     while waiting or running:
         times.steps += 1
         # Admit first-come-first-served while the head of the queue fits.
@@ -148,7 +189,7 @@ def replay(trace: Sequence[TraceRequest], allocator: Allocator, max_running: int
         while index < len(running):
             request_id = running[index]
             try:
-                append_slot(request_id)
+                append(request_id)
             except BlockAllocationError:
                 # Preempt by recompute: the most recently admitted request gives its blocks back.
                 victim = running.pop()
@@ -207,18 +248,20 @@ def in_block_append_ns(method: str, repeats: int, appends: int) -> float:
 
 
 def timed_runs(
-    name: str,
-    make: Callable[[], Allocator],
+    methods: dict[str, tuple[Callable[[], Allocator], str]],
     trace: Sequence[TraceRequest],
     max_running: int,
     runs: int,
-) -> list[RunTimes]:
-    """Replay the trace once to warm up, then ``runs`` times; progress on stderr."""
-    replay(trace, make(), max_running)
-    results = []
+) -> dict[str, list[RunTimes]]:
+    """Replay the trace once per method to warm up, then ``runs`` times, the methods taking
+    turns in every run (so a change of load hits them alike); progress on stderr."""
+    for make, decode in methods.values():
+        replay(trace, make(), max_running, decode)
+    results: dict[str, list[RunTimes]] = {name: [] for name in methods}
     for run in range(runs):
-        print(f"  {name}: run {run + 1}/{runs}", file=sys.stderr, flush=True)
-        results.append(replay(trace, make(), max_running))
+        for name, (make, decode) in methods.items():
+            print(f"  {name}: run {run + 1}/{runs}", file=sys.stderr, flush=True)
+            results[name].append(replay(trace, make(), max_running, decode))
     return results
 
 
@@ -278,25 +321,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{statistics.mean(prompts):.0f} p99 {prompts[int(0.99 * len(prompts))]}; output "
         f"tokens mean {statistics.mean(outputs):.0f} p99 {outputs[int(0.99 * len(outputs))]}"
     )
-    rows = []
-    impl_runs = timed_runs(
-        "impl",
-        lambda: KVBlockManager(args.total_blocks, args.block_size),
-        trace,
-        args.max_running,
-        args.runs,
-    )
-    rows.append(summarize(f"impl, {args.total_blocks:,} blocks", impl_runs, trace))
+    blocks = f"{args.total_blocks:,} blocks"
+
+    def impl() -> Allocator:
+        return KVBlockManager(args.total_blocks, args.block_size)
+
+    def article() -> Allocator:
+        return ArticleStyleManager(args.total_blocks, args.block_size)
+
+    methods = {
+        f"impl append_slot, {blocks}": (impl, "append_slot"),
+        f"impl append_tokens, {blocks}": (impl, "append_tokens"),
+        f"article-style append_tokens, {blocks}": (article, "append_tokens"),
+    }
+    results = timed_runs(methods, trace, args.max_running, args.runs)
+    rows = [summarize(name, runs, trace) for name, runs in results.items()]
     if not args.skip_spec:
         spec_trace = make_trace(args.spec_requests, args.seed)
+        name = f"spec append_slot, {args.spec_total_blocks:,} blocks"
+
+        def spec_backed() -> Allocator:
+            return SpecBackedManager(args.spec_total_blocks, args.block_size)
+
         spec_runs = timed_runs(
-            "spec",
-            lambda: SpecAllocator(args.spec_total_blocks, args.block_size),
+            {name: (spec_backed, "append_slot")},
             spec_trace,
             args.max_running,
             max(1, args.runs // 2),
         )
-        rows.append(summarize(f"spec, {args.spec_total_blocks:,} blocks", spec_runs, spec_trace))
+        rows.append(summarize(name, spec_runs[name], spec_trace))
     print(
         "| allocator | requests | steps | preemptions | ns/admit | ns/decode append "
         "| ns/release | us allocator per generated token |"

@@ -21,6 +21,8 @@ class SharingAllocator(Protocol):
     def free_block_ids(self) -> tuple[int, ...]: ...
     @property
     def cached_free_block_ids(self) -> tuple[int, ...]: ...
+    @property
+    def pending_copies(self) -> tuple[tuple[int, int], ...]: ...
     def allocate(self, request_id: str, token_count: int) -> RequestBlockTable: ...
     def allocate_prompt(self, request_id: str, token_ids: Sequence[int]) -> PromptAllocation: ...
     def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable: ...
@@ -115,6 +117,23 @@ def test_a_copy_on_write_append_that_also_opens_a_block_takes_both(make: Factory
     assert pool.append_tokens("c", 3) == RequestBlockTable("c", [0, 2, 3], 9)
     assert pool.take_copies() == [(1, 2)]
     assert pool.free_block_ids == (4, 5)
+
+
+def test_a_pending_copy_into_a_released_block_is_dropped_and_one_from_it_is_kept(
+    make: Factory,
+) -> None:
+    pool = make(6, 4)
+    pool.allocate("p", 6)  # block 0 full, block 1 holds 2 tokens
+    pool.fork("p", "c")
+    pool.fork("p", "d")
+    pool.append_tokens("c", 1)  # copies block 1 into block 2
+    pool.append_tokens("d", 1)  # copies block 1 into block 3
+    assert pool.pending_copies == ((1, 2), (1, 3))
+    pool.release("c")  # block 2, the first copy's destination, is free: its copy is moot
+    assert pool.pending_copies == ((1, 3),)
+    pool.release("p")  # block 1, the source, is free but unwritten until the next forward
+    assert pool.free_block_ids == (4, 5, 2, 1)
+    assert pool.take_copies() == [(1, 3)]
 
 
 def test_a_recomputed_request_shares_blocks_reached_through_an_equal_duplicate(

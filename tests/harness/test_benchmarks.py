@@ -37,6 +37,8 @@ def test_the_allocator_benchmark_prints_its_table(capsys: pytest.CaptureFixture[
     argv = ["--requests", "50", "--spec-requests", "10", "--runs", "1", "--prefix-requests", "0"]
     assert bench_allocator.main(argv) == 0
     out = capsys.readouterr().out
-    assert "| impl, 8,192 blocks | 50 |" in out
-    assert "| spec, 1,024 blocks | 10 |" in out
+    assert "| impl append_slot, 8,192 blocks | 50 |" in out
+    assert "| impl append_tokens, 8,192 blocks | 50 |" in out
+    assert "| article-style append_tokens, 8,192 blocks | 50 |" in out
+    assert "| spec append_slot, 1,024 blocks | 10 |" in out
     assert "impl append_slot, tight loop" in out

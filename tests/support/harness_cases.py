@@ -27,7 +27,7 @@ from harness.runtime.kv_pool import (
     PagedKVPool,
     PoisonedKVPool,
 )
-from impl import KVBlockManager, RequestBlockTable
+from impl import KVBlockManager, ReleasedBlocks, RequestBlockTable
 from spec import slot_index
 
 
@@ -143,15 +143,13 @@ class SwappedBlockManager(KVBlockManager):
 class RecordingManager(KVBlockManager):
     """A correct manager that remembers which requests each block id was handed to."""
 
-    __slots__ = ("holders",)
-
-    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
-        super().__init__(total_blocks, block_size)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.holders: dict[int, list[str]] = {}
 
-    def release(self, request_id: str) -> list[int]:
-        released = super().release(request_id)
-        for block_id in released:
+    def release_blocks(self, request_id: str) -> ReleasedBlocks:
+        released = super().release_blocks(request_id)
+        for block_id in released.block_ids:
             self.holders.setdefault(block_id, []).append(request_id)
         return released
 
