@@ -130,7 +130,7 @@ def test_a_pending_copy_into_a_released_block_is_dropped_and_one_from_it_is_kept
     pool.append_tokens("d", 1)  # copies block 1 into block 3
     assert pool.pending_copies == ((1, 2), (1, 3))
     pool.release("c")  # block 2, the first copy's destination, is free: its copy is moot
-    assert pool.pending_copies == ((1, 3),)
+    assert list(pool.pending_copies) == [(1, 3)]
     pool.release("p")  # block 1, the source, is free but unwritten until the next forward
     assert pool.free_block_ids == (4, 5, 2, 1)
     assert pool.take_copies() == [(1, 3)]
