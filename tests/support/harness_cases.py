@@ -7,10 +7,9 @@ collaborators; each harness test that guards against one shows it catches it.
 import functools
 import random
 
-from harness.models import LoadedModel, tiny_llama
+from harness.models import LoadedModel, kv_layout, tiny_llama
 from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
-from harness.oracle.equivalence import kv_layout
 from harness.runtime.engine import (
     NO_PREFIX_CACHING,
     PREFIX_CACHING,
