@@ -189,12 +189,14 @@ def _unsupported_features(model: Any) -> list[str]:  # Any: a transformers PreTr
     context = getattr(config, "max_position_embeddings", None)
     # NOTE: HF's window lets a query see its last ``window`` keys, so a window no smaller
     # than the context hides nothing from any request the context admits.
-    if window is not None and (context is None or window < context):
+    window_hides = window is not None and (context is None or window < context)
+    if window_hides:
         refusals.append(
             f"sliding_window={window} < max_position_embeddings={context} (the hook attends "
             "to every earlier token)"
         )
-    other_layers = sorted(set(getattr(config, "layer_types", None) or ()) - {"full_attention"})
+    full = {"full_attention"} if window_hides else {"full_attention", "sliding_attention"}
+    other_layers = sorted(set(getattr(config, "layer_types", None) or ()) - full)
     if other_layers:
         refusals.append(f"layer_types has {other_layers} (the hook implements full_attention)")
     return refusals
