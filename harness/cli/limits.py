@@ -102,10 +102,10 @@ def check_memory(
     limit = int(available * MEMORY_FRACTION)
     if pool + contiguous > limit:
         raise UsageError(
-            f"the run's K/V needs {_gib(pool + contiguous)}: a pool of {num_blocks} blocks x "
-            f"{block_size} tokens x {layout.bytes_per_token} bytes ({_gib(pool)}) and the "
-            f"gate's contiguous buffers ({_gib(contiguous)}); the limit is {MEMORY_FRACTION:g} "
-            f"of the {_gib(available)} of {layout.device.type} memory available, {_gib(limit)}"
+            f"the run's K/V needs {_size(pool + contiguous)}: a pool of {num_blocks} blocks x "
+            f"{block_size} tokens x {layout.bytes_per_token} bytes ({_size(pool)}) and the "
+            f"gate's contiguous buffers ({_size(contiguous)}); the limit is {MEMORY_FRACTION:g} "
+            f"of the {_size(available)} of {layout.device.type} memory available, {_size(limit)}"
         )
 
 
@@ -145,5 +145,10 @@ def _meminfo_available() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def _gib(count: int) -> str:
-    return f"{count / 2**30:,.2f} GiB"
+def _size(count: int) -> str:
+    """Bytes in the largest unit of at least one: GiB, MiB, else bytes."""
+    if count >= 2**30:
+        return f"{count / 2**30:,.2f} GiB"
+    if count >= 2**20:
+        return f"{count / 2**20:,.2f} MiB"
+    return f"{count:,} bytes"

@@ -100,7 +100,7 @@ def paged_attention_forward(
     if not isinstance(step, StepMetadata):
         raise TypeError(f"the {ATTENTION_NAME!r} attention needs a {STEP_KWARG}= StepMetadata")
     plan = step.plan
-    _refuse_what_is_ignored(attention_mask, dropout, kwargs, max(plan.token_counts))
+    check_attention_kwargs(attention_mask, dropout, kwargs, max(plan.token_counts))
     layer_idx: int = module.layer_idx
     # The step's new K/V rows, [step_tokens, num_kv_heads, head_dim], all written before
     # any request reads: a request reading a prefix block that another request of the
@@ -141,7 +141,7 @@ def paged_attention_forward(
     return torch.cat(outputs, dim=1), None
 
 
-def _refuse_what_is_ignored(
+def check_attention_kwargs(
     attention_mask: torch.Tensor | None,
     dropout: float,
     # Any: the attention kwargs transformers passed through.
