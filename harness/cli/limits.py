@@ -28,7 +28,7 @@ from harness.runtime.kv_pool import KVLayout
 # NOTE: half, not all: the rest holds a prefill's activations (a context-long prompt's
 # attention and MLP intermediates), the dense reference's own cache (one request's K/V),
 # the logits kept for the checks, and whatever else runs on the machine. A margin chosen,
-# not measured to the byte; the default run needs about 0.2 GiB of K/V.
+# not measured to the byte; the default run needs 0.28 GiB of K/V.
 MEMORY_FRACTION = 0.5
 
 

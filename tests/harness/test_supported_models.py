@@ -32,7 +32,8 @@ from harness.runtime.paged_attention import check_attention_kwargs
 from impl import KVBlockManager
 from tests.support.harness_cases import tiny_model
 
-SHAPE = {
+# Any: the keyword arguments of several transformers config classes.
+SHAPE: dict[str, Any] = {
     "vocab_size": 64,
     "hidden_size": 32,
     "intermediate_size": 64,
