@@ -5,6 +5,7 @@ refuses by the arguments transformers passes it, for a model that got past the f
 check. Tiny seeded random-weight models built from transformers configs, no download.
 """
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,13 +25,14 @@ from harness.models import (
     UnsupportedModelError,
     check_supported,
     kv_layout,
+    load_model,
     tiny_llama,
 )
 from harness.runtime.engine import Engine, Request
 from harness.runtime.kv_pool import KVLayout, PagedKVPool
 from harness.runtime.paged_attention import check_attention_kwargs
 from impl import KVBlockManager
-from tests.support.harness_cases import tiny_model
+from tests.support.harness_cases import save_model_directory, tiny_model
 
 # Any: the keyword arguments of several transformers config classes.
 SHAPE: dict[str, Any] = {
@@ -134,6 +136,12 @@ def test_no_pool_layout_is_made_for_an_unsupported_model() -> None:
     # kv_layout is how a PagedKVPool (and so a PagedCache) is sized for a model.
     with pytest.raises(UnsupportedModelError):
         kv_layout(LoadedModel(model=_mistral(sliding_window=8), tokenizer=None, name="m"))
+
+
+def test_load_model_refuses_an_unsupported_model(tmp_path: Path) -> None:
+    save_model_directory(_mistral(sliding_window=8), tmp_path)
+    with pytest.raises(UnsupportedModelError, match="sliding_window=8"):
+        load_model(tmp_path, torch.device("cpu"), torch.float32)
 
 
 def test_the_engine_refuses_an_unsupported_model() -> None:
