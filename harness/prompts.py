@@ -53,6 +53,26 @@ class PromptsFileError(Exception):
     """The prompts file cannot be read or a line is not a prompt; the message says where."""
 
 
+class PromptTextError(ValueError):
+    """A prompt's text is not valid Unicode (a lone surrogate), which no tokenizer takes."""
+
+
+def check_prompt_text(text: str, where: str) -> None:
+    """Raise ``PromptTextError`` if ``text`` cannot be encoded as UTF-8, saying where.
+
+    JSON's ``"\\ud800"`` escape and undecodable command-line bytes (Python's
+    ``surrogateescape``) both make strings with lone surrogates; the tokenizer would fail
+    on them deep inside, with a traceback.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PromptTextError(
+            f"{where}: a lone surrogate {text[error.start]!r} at character {error.start} "
+            "is not valid Unicode text"
+        ) from None
+
+
 def load_prompts_file(path: Path) -> list[Messages]:
     """Read JSON lines, each ``{"prompt": str}`` or ``{"messages": [{"role", "content"}]}``."""
     try:
@@ -84,6 +104,7 @@ def _parse_line(path: Path, number: int, line: str) -> Messages:
     except json.JSONDecodeError as error:
         raise PromptsFileError(f"{where}: not JSON: {error.msg}") from error
     if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+        check_prompt_text(record["prompt"], where)
         return (("user", record["prompt"]),)
     if isinstance(record, dict) and isinstance(record.get("messages"), list) and record["messages"]:
         messages = []
@@ -94,6 +115,8 @@ def _parse_line(path: Path, number: int, line: str) -> Messages:
                 and isinstance(message.get("content"), str)
             ):
                 raise PromptsFileError(f"{where}: each message needs string 'role' and 'content'")
+            check_prompt_text(message["role"], where)
+            check_prompt_text(message["content"], where)
             messages.append((message["role"], message["content"]))
         return tuple(messages)
     raise PromptsFileError(f'{where}: expected {{"prompt": ...}} or {{"messages": [...]}}')

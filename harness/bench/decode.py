@@ -28,9 +28,8 @@ import torch
 from transformers import GenerationConfig
 
 from harness.cli.parsing import OneLineParser, fail
-from harness.models import LoadedModel, ModelNotFoundError, load_model, tiny_llama
+from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
 from harness.oracle.dense import generate_dense_batch
-from harness.oracle.equivalence import kv_layout
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.engine import NO_PREFIX_CACHING, Engine, Request
 from harness.runtime.kv_pool import PagedKVPool

@@ -16,14 +16,30 @@ from pathlib import Path
 
 import torch
 
+from harness.cli.limits import (
+    available_bytes,
+    check_context,
+    check_memory,
+    check_options,
+    check_threads,
+    model_context,
+)
 from harness.cli.parsing import OneLineParser, UsageError, fail
 from harness.cli.report import as_json, print_table
-from harness.models import ModelNotFoundError, load_model
+from harness.models import (
+    ModelLoadError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+    kv_layout,
+    load_model,
+)
 from harness.oracle.equivalence import PoolConfig, run_equivalence
 from harness.prompts import (
     BUILTIN_PROMPTS,
     Messages,
     PromptsFileError,
+    PromptTextError,
+    check_prompt_text,
     load_prompts_file,
     render_prompt,
 )
@@ -150,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.n < 1:
             raise UsageError(f"--n must be >= 1, got {args.n}")
         if args.threads is not None:
-            if args.threads < 1:
-                raise UsageError(f"--threads must be >= 1, got {args.threads}")
+            check_threads(args.threads)
             torch.set_num_threads(args.threads)
+        if args.system_prompt is not None:
+            check_prompt_text(args.system_prompt, "--system-prompt")
         prompts = _with_system_prompt(
             BUILTIN_PROMPTS if args.prompts_file is None else load_prompts_file(args.prompts_file),
             args.system_prompt,
@@ -161,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_model(args.model, device, dtype)
         if loaded.tokenizer is None:
             raise UsageError(f"model {loaded.name} has no tokenizer")
+        check_options(loaded.model, args.block_size, args.max_new_tokens, args.n)
         requests = [
             Request(
                 f"r{number:02d}",
@@ -171,8 +189,20 @@ def main(argv: list[str] | None = None) -> int:
             )
             for number, messages in enumerate(prompts)
         ]
+        check_context(requests, model_context(loaded.model))
         num_blocks = _num_blocks(requests, args.block_size, args.num_blocks)
-    except (UsageError, PromptsFileError, ModelNotFoundError) as error:
+        # Before any pool (or the manager's free list) is built.
+        check_memory(
+            requests, num_blocks, args.block_size, kv_layout(loaded), available_bytes(device)
+        )
+    except (
+        UsageError,
+        PromptsFileError,
+        PromptTextError,
+        ModelNotFoundError,
+        ModelLoadError,
+        UnsupportedModelError,
+    ) as error:
         return fail(PROG, str(error))
     pool = PoolConfig(
         num_blocks=num_blocks,

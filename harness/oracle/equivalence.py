@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from harness.models import LoadedModel
+from harness.models import LoadedModel, kv_layout
 from harness.oracle.checks import (
     TIE_MARGINS,
     CheckResult,
@@ -101,20 +101,6 @@ class EquivalenceReport:
     def passed(self) -> bool:
         """Every request passed every check."""
         return self.schedules_equal and all(row.passed for row in self.rows)
-
-
-def kv_layout(loaded: LoadedModel) -> KVLayout:
-    """The K/V shape of ``loaded``'s model, on its device and dtype."""
-    config = loaded.model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    parameter = next(loaded.model.parameters())
-    return KVLayout(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=head_dim,
-        dtype=parameter.dtype,
-        device=parameter.device,
-    )
 
 
 def run_equivalence(

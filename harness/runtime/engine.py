@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from harness.models import check_supported
 from harness.runtime.kv_pool import KVStore
 from harness.runtime.paged_attention import (
     RequestSlice,
@@ -247,6 +248,7 @@ class Engine:
         eos_token_id: int | None,
         allocation: Allocation = PREFIX_CACHING,
     ) -> None:
+        check_supported(model)
         self.model = model
         self.manager = manager
         self.store = store

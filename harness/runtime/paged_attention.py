@@ -37,6 +37,7 @@ from torch.nn.functional import scaled_dot_product_attention
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward, use_gqa_in_sdpa
 
+from harness.models import UnsupportedModelError
 from harness.runtime.kv_pool import KVPlan, KVStore
 
 ATTENTION_NAME = "pagedkv"
@@ -98,8 +99,9 @@ def paged_attention_forward(
     step = kwargs.get(STEP_KWARG)
     if not isinstance(step, StepMetadata):
         raise TypeError(f"the {ATTENTION_NAME!r} attention needs a {STEP_KWARG}= StepMetadata")
-    layer_idx: int = module.layer_idx
     plan = step.plan
+    check_attention_kwargs(attention_mask, dropout, kwargs, max(plan.token_counts))
+    layer_idx: int = module.layer_idx
     # The step's new K/V rows, [step_tokens, num_kv_heads, head_dim], all written before
     # any request reads: a request reading a prefix block that another request of the
     # same step fills sees it filled.
@@ -137,6 +139,39 @@ def paged_attention_forward(
     if len(outputs) == 1:
         return outputs[0].contiguous(), None
     return torch.cat(outputs, dim=1), None
+
+
+def check_attention_kwargs(
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    # Any: the attention kwargs transformers passed through.
+    kwargs: dict[str, Any],
+    longest: int,
+) -> None:
+    """Raise ``UnsupportedModelError`` for an attention argument this function would drop.
+
+    The second line of defence behind ``harness.models.check_supported``: a model that got
+    past it but still asks for a mask, dropout, softcapping, sinks, a position bias,
+    non-causal attention, or a sliding window narrower than the longest request here.
+    """
+    refusals = []
+    if attention_mask is not None:
+        refusals.append("an attention_mask (the hook builds each request's causal mask)")
+    if dropout != 0.0:
+        refusals.append(f"dropout={dropout}")
+    for name in ("softcap", "s_aux", "position_bias"):
+        value = kwargs.get(name)
+        if value is not None:
+            refusals.append(name if isinstance(value, torch.Tensor) else f"{name}={value}")
+    if kwargs.get("is_causal") is False:
+        refusals.append("is_causal=False")
+    window = kwargs.get("sliding_window")
+    if window is not None and longest > window:
+        refusals.append(f"sliding_window={window} under a request of {longest} tokens")
+    if refusals:
+        raise UnsupportedModelError(
+            f"the {ATTENTION_NAME!r} attention does not implement: " + ", ".join(refusals)
+        )
 
 
 def _one_query_gqa(

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from harness.models import LoadedModel, tiny_llama
-from harness.oracle.equivalence import PoolConfig, kv_layout, run_equivalence
+from harness.models import LoadedModel, kv_layout, tiny_llama
+from harness.oracle.equivalence import PoolConfig, run_equivalence
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool
 from harness.runtime.paged_cache import PagedCache

@@ -1,16 +1,35 @@
-"""``python -m harness`` on bad input: exit 2 and one line, before any model is loaded."""
+"""``python -m harness`` on bad input: exit 2 and one line, before anything large is built.
 
+Refusals that need a model (its context, its K/V size, whether the hook supports it) run
+on the seeded tiny Llama saved as a HF directory with a word-level tokenizer: no download,
+no bundled model.
+"""
+
+import json
+import re
 from pathlib import Path
 
 import pytest
+from transformers import MistralConfig, MistralForCausalLM
 
 import harness.models
 from harness.cli.main import main
+from tests.support.harness_cases import save_model_directory, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama (context 512 tokens, 512 bytes of K/V per token) as a model directory."""
+    return save_model_directory(tiny_model().model, tmp_path_factory.mktemp("tiny"))
+
+
+# Progress on stderr: ours, and transformers' tqdm bars ("Loading weights: 100%|...| 12/12 [...").
+_PROGRESS = re.compile(r"^\[harness\] |\| *\d+/\d+ \[|^$")
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     captured = capsys.readouterr()
-    errors = [line for line in captured.err.splitlines() if not line.startswith("[harness]")]
+    errors = [line for line in captured.err.splitlines() if not _PROGRESS.search(line)]
     assert len(errors) == 1, captured.err
     assert "Traceback" not in captured.err
     return errors[0]
@@ -81,3 +100,150 @@ def test_help_lists_the_sharing_options(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     for option in ("--system-prompt", "--n", "--no-prefix-cache"):
         assert option in out
+
+
+def test_an_empty_model_directory_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--device", "cpu", "--model", str(tmp_path)]) == 2
+    assert _one_error_line(capsys) == (
+        f"python -m harness: error: model directory {str(tmp_path)!r} has no config.json: "
+        "not a HF model directory"
+    )
+
+
+def test_a_model_directory_with_a_broken_config_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama"')
+    assert main(["--device", "cpu", "--model", str(tmp_path)]) == 2
+    assert _one_error_line(capsys).startswith(
+        f"python -m harness: error: cannot load model {str(tmp_path)!r}: It looks like the "
+        "config file"
+    )
+
+
+def test_a_text_file_named_gguf_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "x.gguf"
+    model.write_text("hello\n")
+    assert main(["--device", "cpu", "--model", str(model)]) == 2
+    assert _one_error_line(capsys) == (
+        f"python -m harness: error: model file {str(model)!r} is not a GGUF file: "
+        "it starts with b'hell', not b'GGUF'"
+    )
+
+
+def test_a_truncated_gguf_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "y.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+    assert main(["--device", "cpu", "--model", str(model)]) == 2
+    assert "the GGUF file is truncated or corrupt" in _one_error_line(capsys)
+
+
+def test_a_lone_surrogate_in_a_prompt_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n{"prompt": "a\\ud800b"}\n')
+    assert main(["--device", "cpu", "--prompts-file", str(prompts)]) == 2
+    assert _one_error_line(capsys).endswith(
+        f"{prompts}:2: a lone surrogate '\\ud800' at character 1 is not valid Unicode text"
+    )
+
+
+def test_a_lone_surrogate_in_the_system_prompt_is_bad_input(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # What Python makes of the undecodable argv bytes b"\xed\xa0\x80" (surrogateescape).
+    assert main(["--device", "cpu", "--system-prompt", "\udced\udca0\udc80"]) == 2
+    assert _one_error_line(capsys).endswith(
+        "--system-prompt: a lone surrogate '\\udced' at character 0 is not valid Unicode text"
+    )
+
+
+def test_more_threads_than_cpus_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    # torch 2.13 segfaults on the first matmul after set_num_threads(10**9).
+    assert main(["--device", "cpu", "--threads", "1000000000"]) == 2
+    assert "--threads must be between 1 and " in _one_error_line(capsys)
+
+
+def test_max_new_tokens_beyond_the_context_is_bad_input(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--device", "cpu", "--model", str(tiny_dir), "--max-new-tokens", "1000000000"]
+    assert main(argv) == 2
+    assert _one_error_line(capsys) == (
+        "python -m harness: error: --max-new-tokens 1000000000 leaves no room for a prompt in "
+        "the model's context of 512 tokens (max_position_embeddings)"
+    )
+
+
+def test_a_block_larger_than_the_context_is_bad_input(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--device", "cpu", "--model", str(tiny_dir), "--block-size", "1000000000"]
+    assert main(argv) == 2
+    assert _one_error_line(capsys) == (
+        "python -m harness: error: --block-size 1000000000 is larger than the model's context "
+        "of 512 tokens (max_position_embeddings): no request would ever fill a block"
+    )
+
+
+def test_a_pool_larger_than_memory_is_bad_input(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--device", "cpu", "--model", str(tiny_dir), "--num-blocks", "1000000000"]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(
+        "python -m harness: error: the run's K/V needs 7,629.40 GiB: a pool of 1000000000 "
+        "blocks x 16 tokens x 512 bytes (7,629.39 GiB)"
+    )
+    assert "the limit is 0.5 of the " in line
+
+
+def test_a_one_megabyte_prompt_is_refused_up_front(
+    tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "a " * 500_000}) + "\n")
+    argv = ["--device", "cpu", "--model", str(tiny_dir), "--prompts-file", str(prompts)]
+    assert main(argv) == 2
+    assert _one_error_line(capsys) == (
+        "python -m harness: error: r00 is too long: 500000 prompt tokens + 64 new = 500064 "
+        "tokens, more than the model's context of 512 tokens (max_position_embeddings)"
+    )
+
+
+def test_more_continuations_than_the_vocabulary_is_bad_input(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--device", "cpu", "--model", str(tiny_dir), "--n", "257"]) == 2
+    assert _one_error_line(capsys).endswith(
+        "--n 257 is more than the model's vocabulary of 256 tokens: every continuation starts "
+        "from a different token"
+    )
+
+
+def test_a_model_with_a_sliding_window_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        sliding_window=8,
+    )
+    save_model_directory(MistralForCausalLM(config), tmp_path)
+    assert main(["--device", "cpu", "--model", str(tmp_path)]) == 2
+    assert _one_error_line(capsys) == (
+        "python -m harness: error: MistralForCausalLM is not supported by the paged attention "
+        "hook: sliding_window=8 < max_position_embeddings=128 (the hook attends to every "
+        "earlier token)"
+    )

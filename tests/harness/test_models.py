@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from harness.cli.main import main
-from harness.models import find_bundled_gguf, get_cache_dir, load_model
-from harness.oracle.equivalence import kv_layout
+from harness.models import find_bundled_gguf, get_cache_dir, kv_layout, load_model
 from harness.prompts import render_prompt
 from harness.runtime.paged_cache import PagedCache
 from impl import KVBlockManager

@@ -6,11 +6,17 @@ collaborators; each harness test that guards against one shows it catches it.
 
 import functools
 import random
+from pathlib import Path
+from typing import Any
 
-from harness.models import LoadedModel, tiny_llama
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import PreTrainedTokenizerFast
+
+from harness.models import LoadedModel, kv_layout, tiny_llama
 from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
-from harness.oracle.equivalence import kv_layout
 from harness.runtime.engine import (
     NO_PREFIX_CACHING,
     PREFIX_CACHING,
@@ -100,6 +106,23 @@ def paged_and_contiguous(
 def pool_layout() -> KVLayout:
     """The tiny model's K/V layout."""
     return kv_layout(tiny_model())
+
+
+def save_model_directory(
+    # Any: a transformers PreTrainedModel.
+    model: Any,
+    directory: Path,
+) -> Path:
+    """``model`` saved as a HF directory with a word-level tokenizer (one id per word of
+    ``"a b c ..."``) and a chat template, so ``--model`` can load it without a download."""
+    words = {"[UNK]": 0, **{chr(ord("a") + i): i + 1 for i in range(26)}}
+    backend = Tokenizer(WordLevel(words, unk_token="[UNK]"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 def poisoned_pool(

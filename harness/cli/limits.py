@@ -1,0 +1,154 @@
+"""The limits ``python -m harness`` holds its input to, checked before anything large is built.
+
+Two come from the model, two from the machine:
+- context: a request's prompt plus ``--max-new-tokens`` must fit the model's
+  ``max_position_embeddings``; a block no larger than that (a bigger one is never filled);
+- continuations: ``--n`` distinct first tokens need ``--n <= vocab_size``;
+- memory: the K/V tensors the run allocates (the paged pool and, for the allocator gate,
+  the contiguous buffers) must fit in ``MEMORY_FRACTION`` of the memory available on the
+  device when the run starts, the model already loaded;
+- threads: ``--threads`` at most the CPUs this process may use (torch 2.13 segfaults on
+  ``set_num_threads(10**9)``).
+
+Every refusal is a ``UsageError`` with the numbers and the limit in one line. This module
+does not decide how big the pool is (``main`` does); it only refuses what cannot run.
+"""
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.cli.parsing import UsageError
+from harness.runtime.engine import Request
+from harness.runtime.kv_pool import KVLayout
+
+# NOTE: half, not all: the rest holds a prefill's activations (a context-long prompt's
+# attention and MLP intermediates), the dense reference's own cache (one request's K/V),
+# the logits kept for the checks, and whatever else runs on the machine. A margin chosen,
+# not measured to the byte; the default run needs 0.28 GiB of K/V.
+MEMORY_FRACTION = 0.5
+
+
+def model_context(model: Any) -> int:  # Any: a transformers PreTrainedModel
+    """The most tokens (prompt and new) a request may hold: ``max_position_embeddings``."""
+    return int(model.config.max_position_embeddings)
+
+
+def check_options(
+    model: Any,  # Any: a transformers PreTrainedModel
+    block_size: int,
+    max_new_tokens: int,
+    num_continuations: int,
+) -> None:
+    """Refuse a block size, a new-token count or a continuation count the model cannot serve."""
+    context = model_context(model)
+    if block_size > context:
+        raise UsageError(
+            f"--block-size {block_size} is larger than the model's context of {context} tokens "
+            "(max_position_embeddings): no request would ever fill a block"
+        )
+    if max_new_tokens >= context:
+        raise UsageError(
+            f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
+            f"context of {context} tokens (max_position_embeddings)"
+        )
+    vocab_size = int(model.config.vocab_size)
+    if num_continuations > vocab_size:
+        raise UsageError(
+            f"--n {num_continuations} is more than the model's vocabulary of {vocab_size} tokens: "
+            "every continuation starts from a different token"
+        )
+
+
+def check_context(requests: Sequence[Request], context: int) -> None:
+    """Refuse the first request whose prompt plus new tokens exceed ``context`` tokens."""
+    for request in requests:
+        if request.max_tokens > context:
+            raise UsageError(
+                f"{request.request_id} is too long: {len(request.prompt_ids)} prompt tokens "
+                f"+ {request.max_new_tokens} new = {request.max_tokens} tokens, more than the "
+                f"model's context of {context} tokens (max_position_embeddings)"
+            )
+
+
+def kv_bytes(
+    requests: Sequence[Request], num_blocks: int, block_size: int, layout: KVLayout
+) -> tuple[int, int]:
+    """The K/V bytes of the paged pool, and at most of the gate's contiguous buffers.
+
+    The gate's contiguous run follows the paged schedule, where every live sequence holds a
+    block, so at most ``min(sequences, num_blocks)`` buffers of the longest request's
+    ``max_tokens`` rows exist at once.
+    """
+    pool = num_blocks * block_size * layout.bytes_per_token
+    sequences = sum(request.num_continuations for request in requests)
+    longest = max(request.max_tokens for request in requests)
+    contiguous = min(sequences, num_blocks) * longest * layout.bytes_per_token
+    return pool, contiguous
+
+
+def check_memory(
+    requests: Sequence[Request],
+    num_blocks: int,
+    block_size: int,
+    layout: KVLayout,
+    available: int,
+) -> None:
+    """Refuse a run whose K/V would take more than ``MEMORY_FRACTION`` of ``available`` bytes."""
+    pool, contiguous = kv_bytes(requests, num_blocks, block_size, layout)
+    limit = int(available * MEMORY_FRACTION)
+    if pool + contiguous > limit:
+        raise UsageError(
+            f"the run's K/V needs {_size(pool + contiguous)}: a pool of {num_blocks} blocks x "
+            f"{block_size} tokens x {layout.bytes_per_token} bytes ({_size(pool)}) and the "
+            f"gate's contiguous buffers ({_size(contiguous)}); the limit is {MEMORY_FRACTION:g} "
+            f"of the {_size(available)} of {layout.device.type} memory available, {_size(limit)}"
+        )
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory free for new tensors on ``device`` now: CUDA's free memory, or on the CPU
+    Linux's ``MemAvailable`` capped by this process's cgroup (v2) limit."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    available = _meminfo_available()
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        used = (cgroup / "memory.current").read_text().strip()
+    except OSError:
+        return available
+    if limit == "max":
+        return available
+    return min(available, int(limit) - int(used))
+
+
+def check_threads(threads: int) -> None:
+    """Refuse a ``--threads`` below 1 or above the CPUs this process may run on."""
+    cpus = len(os.sched_getaffinity(0))
+    if not 1 <= threads <= cpus:
+        raise UsageError(f"--threads must be between 1 and {cpus} (the CPUs here), got {threads}")
+
+
+def _meminfo_available() -> int:
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    for line in lines:
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024  # the value is in kB
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _size(count: int) -> str:
+    """Bytes in the largest unit of at least one: GiB, MiB, else bytes."""
+    if count >= 2**30:
+        return f"{count / 2**30:,.2f} GiB"
+    if count >= 2**20:
+        return f"{count / 2**20:,.2f} MiB"
+    return f"{count:,} bytes"

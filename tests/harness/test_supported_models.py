@@ -1,0 +1,217 @@
+"""What the paged attention hook does not implement is refused in one line, never dropped.
+
+``harness.models.check_supported`` refuses by the model's config and modules; the hook
+refuses by the arguments transformers passes it, for a model that got past the first
+check. Tiny seeded random-weight models built from transformers configs, no download.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
+
+import harness.runtime.engine
+from harness.models import (
+    LoadedModel,
+    UnsupportedModelError,
+    check_supported,
+    kv_layout,
+    load_model,
+    tiny_llama,
+)
+from harness.runtime.engine import Engine, Request
+from harness.runtime.kv_pool import KVLayout, PagedKVPool
+from harness.runtime.paged_attention import check_attention_kwargs
+from impl import KVBlockManager
+from tests.support.harness_cases import save_model_directory, tiny_model
+
+# Any: the keyword arguments of several transformers config classes.
+SHAPE: dict[str, Any] = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 128,
+}
+
+
+def _mistral(sliding_window: int | None) -> Any:  # Any: a transformers PreTrainedModel
+    torch.manual_seed(0)
+    return MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=sliding_window)).eval()
+
+
+def _gemma2(**overrides: Any) -> Any:  # Any: config values; a transformers PreTrainedModel
+    torch.manual_seed(0)
+    return Gemma2ForCausalLM(Gemma2Config(**SHAPE, **overrides)).eval()
+
+
+def _gpt_oss() -> Any:  # Any: a transformers PreTrainedModel
+    torch.manual_seed(0)
+    config = GptOssConfig(
+        **SHAPE,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        sliding_window=None,
+        layer_types=["full_attention"] * 2,
+    )
+    return GptOssForCausalLM(config).eval()
+
+
+def _refusal(model: Any) -> str:  # Any: a transformers PreTrainedModel
+    with pytest.raises(UnsupportedModelError) as refused:
+        check_supported(model)
+    message = str(refused.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_tiny_llama_is_supported() -> None:
+    check_supported(tiny_model().model)
+
+
+def test_a_sliding_window_narrower_than_the_context_is_refused() -> None:
+    assert _refusal(_mistral(sliding_window=8)) == (
+        "MistralForCausalLM is not supported by the paged attention hook: sliding_window=8 "
+        "< max_position_embeddings=128 (the hook attends to every earlier token)"
+    )
+
+
+def test_a_sliding_window_as_wide_as_the_context_is_supported() -> None:
+    check_supported(_mistral(sliding_window=128))
+
+
+def test_attention_logit_softcapping_is_refused() -> None:
+    # Gemma 2 has no SDPA in transformers 5.23, so it is refused for eager attention too.
+    message = _refusal(_gemma2(sliding_window=None, layer_types=["full_attention"] * 2))
+    assert message.endswith("; attn_logit_softcapping=50.0 (the hook does not softcap scores)")
+
+
+def test_gemma2_as_configured_is_refused_for_each_feature_in_one_line() -> None:
+    message = _refusal(_gemma2(sliding_window=8))
+    assert message == (
+        "Gemma2ForCausalLM is not supported by the paged attention hook: "
+        "attn_implementation='eager' (the hook runs SDPA, so the dense reference must too: "
+        "load with attn_implementation='sdpa'); "
+        "attn_logit_softcapping=50.0 (the hook does not softcap scores); "
+        "sliding_window=8 < max_position_embeddings=128 (the hook attends to every earlier "
+        "token); layer_types has ['sliding_attention'] (the hook implements full_attention)"
+    )
+
+
+def test_attention_sinks_are_refused() -> None:
+    assert _refusal(_gpt_oss()).endswith(
+        "; attention sinks (model.layers.0.self_attn.sinks and 1 more; the hook's softmax has "
+        "no sink term)"
+    )
+
+
+def test_another_attention_implementation_is_refused() -> None:
+    model = tiny_llama(seed=1).model
+    model.set_attn_implementation("eager")
+    assert _refusal(model) == (
+        "LlamaForCausalLM is not supported by the paged attention hook: "
+        "attn_implementation='eager' (the hook runs SDPA, so the dense reference must too: "
+        "load with attn_implementation='sdpa')"
+    )
+
+
+def test_training_mode_is_refused() -> None:
+    model = _mistral(sliding_window=None).train()
+    assert _refusal(model).endswith("the model is in training mode (dropout; call model.eval())")
+
+
+def test_no_pool_layout_is_made_for_an_unsupported_model() -> None:
+    # kv_layout is how a PagedKVPool (and so a PagedCache) is sized for a model.
+    with pytest.raises(UnsupportedModelError):
+        kv_layout(LoadedModel(model=_mistral(sliding_window=8), tokenizer=None, name="m"))
+
+
+def test_load_model_refuses_an_unsupported_model(tmp_path: Path) -> None:
+    save_model_directory(_mistral(sliding_window=8), tmp_path)
+    with pytest.raises(UnsupportedModelError, match="sliding_window=8"):
+        load_model(tmp_path, torch.device("cpu"), torch.float32)
+
+
+def test_the_engine_refuses_an_unsupported_model() -> None:
+    model = _mistral(sliding_window=8)
+    layout = KVLayout(2, 2, 8, torch.float32, torch.device("cpu"))
+    with pytest.raises(UnsupportedModelError, match="sliding_window=8"):
+        Engine(model, KVBlockManager(8, 4), PagedKVPool(layout, 8, 4), None)
+
+
+# -- the hook's own refusals, with check_supported bypassed ----------------------------
+
+
+def _run_unchecked(
+    monkeypatch: pytest.MonkeyPatch,
+    model: Any,  # Any: a transformers PreTrainedModel
+    prompt_tokens: int,
+) -> None:
+    """Run one request through the engine with ``check_supported`` planted out."""
+    monkeypatch.setattr(harness.runtime.engine, "check_supported", lambda model: None)
+    layout = KVLayout(2, 2, 8, torch.float32, torch.device("cpu"))
+    engine = Engine(model, KVBlockManager(16, 4), PagedKVPool(layout, 16, 4), None)
+    engine.run([Request("r0", tuple(range(1, prompt_tokens + 1)), 2)])
+
+
+def test_the_hook_runs_a_sliding_window_model_while_every_request_fits_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _run_unchecked(monkeypatch, _mistral(sliding_window=8), prompt_tokens=6)  # 8 tokens at most
+
+
+def test_the_hook_refuses_a_sliding_window_narrower_than_a_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(UnsupportedModelError) as refused:
+        _run_unchecked(monkeypatch, _mistral(sliding_window=8), prompt_tokens=12)
+    assert str(refused.value) == (
+        "the 'pagedkv' attention does not implement: sliding_window=8 under a request of 12 tokens"
+    )
+
+
+def test_the_hook_refuses_softcapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _gemma2(sliding_window=None, layer_types=["full_attention"] * 2)
+    with pytest.raises(UnsupportedModelError, match=r"does not implement: softcap=50\.0$"):
+        _run_unchecked(monkeypatch, model, prompt_tokens=3)
+
+
+def test_the_hook_refuses_attention_sinks(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnsupportedModelError, match=r"does not implement: s_aux$"):
+        _run_unchecked(monkeypatch, _gpt_oss(), prompt_tokens=3)
+
+
+@pytest.mark.parametrize(
+    ("mask", "dropout", "kwargs", "refused"),
+    [
+        (torch.ones(1, 1, 2, 2, dtype=torch.bool), 0.0, {}, "an attention_mask"),
+        (None, 0.1, {}, "dropout=0.1"),
+        (None, 0.0, {"position_bias": torch.zeros(1)}, "position_bias"),
+        (None, 0.0, {"is_causal": False}, "is_causal=False"),
+    ],
+)
+def test_the_hook_refuses_every_other_argument_it_would_drop(
+    mask: torch.Tensor | None,
+    dropout: float,
+    kwargs: dict[str, Any],  # Any: attention kwargs as transformers passes them
+    refused: str,
+) -> None:
+    with pytest.raises(UnsupportedModelError, match=f"does not implement: {refused}"):
+        check_attention_kwargs(mask, dropout, kwargs, longest=2)
+
+
+def test_the_hook_accepts_what_llama_passes() -> None:
+    kwargs = {"scaling": 0.25, "position_ids": torch.zeros(1, 2), "use_cache": False}
+    check_attention_kwargs(None, 0.0, kwargs, longest=2)
