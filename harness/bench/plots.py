@@ -187,6 +187,12 @@ def plot_kv_memory(series: Sequence[KVMemorySeries], path: Path) -> None:
     _save(figure, path)
 
 
+def preemption_steps(usage: Sequence[UsageSample]) -> list[int]:
+    """The indices of the samples whose step preempted (the manager's counter grew)."""
+    before = [0, *(sample.preemptions for sample in usage)]
+    return [i for i, sample in enumerate(usage) if sample.preemptions > before[i]]
+
+
 def plot_pool_over_time(usage: Sequence[UsageSample], total_blocks: int, path: Path) -> None:
     """The pool after each step: blocks used, cached free, free (stacked), preemptions marked."""
     figure, (axes,) = _figure(1)
@@ -203,8 +209,7 @@ def plot_pool_over_time(usage: Sequence[UsageSample], total_blocks: int, path: P
         colors=["tab:blue", "tab:cyan", "whitesmoke"],
         step="post",
     )
-    preempted = [i for i in steps if usage[i].preemptions > (usage[i - 1].preemptions if i else 0)]
-    for index, step in enumerate(preempted):
+    for index, step in enumerate(preemption_steps(usage)):
         axes.axvline(step, color="red", linewidth=1, label="preemption" if index == 0 else None)
     axes.set_xlim(0, max(1, len(usage) - 1))
     axes.set_ylim(0, total_blocks)
