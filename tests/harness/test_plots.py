@@ -2,12 +2,12 @@
 the command writes the figures and skips the decode one without its JSON."""
 
 import json
+import os
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import matplotlib
 import pytest
 
 from harness.bench import plots
@@ -50,8 +50,19 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def test_the_backend_draws_to_files_only() -> None:
-    assert matplotlib.get_backend().lower() == "agg"
+def test_the_module_draws_with_agg_even_when_the_environment_asks_for_a_display() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import harness.bench.plots, matplotlib; print(matplotlib.get_backend())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "MPLBACKEND": "TkAgg", "DISPLAY": ""},
+    )
+    assert done.stdout.strip().lower() == "agg"
 
 
 def test_the_fragmentation_plot_is_two_panels_wide(tmp_path: Path) -> None:
@@ -146,7 +157,9 @@ def test_the_main_command_refuses_a_plot_into_a_missing_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "nowhere" / "pool.png"
-    assert harness_main(["--device", "cpu", "--plot", str(missing)]) == 2
+    # A missing model too: were --plot not checked first, its error would show instead.
+    args = ["--device", "cpu", "--model", str(tmp_path / "no-model"), "--plot", str(missing)]
+    assert harness_main(args) == 2
     assert (
         capsys.readouterr()
         .err.strip()

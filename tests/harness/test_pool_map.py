@@ -3,12 +3,13 @@ and the printer draws the pool at those moments; colour only on a terminal witho
 
 import io
 import random
+from pathlib import Path
 
 import pytest
 
 from harness.cli.main import main as harness_main
 from harness.cli.pool_map import PoolMapPrinter, wants_color
-from harness.runtime.engine import Engine, PoolEvent, PoolObserver, Request
+from harness.runtime.engine import Engine, EngineResult, PoolEvent, PoolObserver, Request
 from impl import KVBlockManager
 from impl.block_map import LEGEND
 from tests.support.harness_cases import poisoned_pool, tiny_model
@@ -33,7 +34,7 @@ EXPECTED_EVENTS = [
 ]
 
 
-def fork_and_preempt(observer: PoolObserver) -> None:
+def fork_and_preempt(observer: PoolObserver) -> EngineResult:
     rng = random.Random(2)
     vocab = tiny_model().model.config.vocab_size
     parent = Request("p", tuple(rng.randrange(vocab) for _ in range(6)), 4, num_continuations=2)
@@ -41,7 +42,7 @@ def fork_and_preempt(observer: PoolObserver) -> None:
     engine = Engine(
         tiny_model().model, KVBlockManager(5, 4), poisoned_pool(5, 4), None, observer=observer
     )
-    engine.run([parent, other])
+    return engine.run([parent, other])
 
 
 def test_the_engine_tells_its_observer_of_each_step_fork_preemption_and_release() -> None:
@@ -50,8 +51,11 @@ def test_the_engine_tells_its_observer_of_each_step_fork_preemption_and_release(
     def record(event: PoolEvent, manager: KVBlockManager) -> None:
         events.append((event.kind, event.step, event.request_ids))
 
-    fork_and_preempt(record)
+    result = fork_and_preempt(record)
     assert events == EXPECTED_EVENTS
+    # Each step's sample counts the cached free blocks and the preemptions so far.
+    assert [s.cached_free_blocks for s in result.usage] == [0, 0, 0, 2, 0, 2, 2]
+    assert [s.preemptions for s in result.usage] == [0, 1, 1, 2, 2, 2, 2]
 
 
 def test_the_printer_draws_the_fork_and_the_preemption_and_skips_odd_steps() -> None:
@@ -131,9 +135,11 @@ def test_a_step_interval_below_one_is_refused() -> None:
 
 
 def test_the_main_command_refuses_a_map_interval_below_one(
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert harness_main(["--device", "cpu", "--pool-map", "0"]) == 2
+    # A missing model too: were --pool-map not checked first, its error would show instead.
+    args = ["--device", "cpu", "--model", str(tmp_path / "no-model"), "--pool-map", "0"]
+    assert harness_main(args) == 2
     assert capsys.readouterr().err.strip().endswith("--pool-map must be >= 1, got 0")
 
 
