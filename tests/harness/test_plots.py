@@ -50,7 +50,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def test_the_module_draws_with_agg_even_when_the_environment_asks_for_a_display() -> None:
+def test_the_module_draws_with_agg_even_when_the_environment_asks_for_another_backend() -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -60,7 +60,7 @@ def test_the_module_draws_with_agg_even_when_the_environment_asks_for_a_display(
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "MPLBACKEND": "TkAgg", "DISPLAY": ""},
+        env={**os.environ, "MPLBACKEND": "svg"},
     )
     assert done.stdout.strip().lower() == "agg"
 
