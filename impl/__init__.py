@@ -1,18 +1,15 @@
 """pagedkv's fast block allocator, with the article series' public API.
 
-``from impl import KVBlockManager, BlockAllocationError`` works as it did there; the
-records and the error are the spec's own classes, so spec and impl compare with ``==``.
+``from impl import KVBlockManager, BlockAllocationError`` works as it did there. The table
+records are the article's (mutable, a ``list`` of block ids); ``KVBlock``, ``KVBlockUsage``
+and the error are the spec's own classes.
 """
 
-from impl.block_key import BlockKey, default_block_hash
 from impl.manager import KVBlockManager
-from spec import (
-    BlockAllocationError,
-    KVBlock,
-    KVBlockUsage,
-    PromptAllocation,
-    RequestBlockTable,
-)
+from impl.prefix_cache import BlockKey, PrefixCache, default_block_hash
+from impl.records import PromptAllocation, RequestBlockTable, as_article
+from impl.spec_backed import SpecBackedManager
+from spec import BlockAllocationError, KVBlock, KVBlockUsage, ReleasedBlocks
 
 __all__ = [
     "BlockAllocationError",
@@ -20,7 +17,11 @@ __all__ = [
     "KVBlock",
     "KVBlockManager",
     "KVBlockUsage",
+    "PrefixCache",
     "PromptAllocation",
+    "ReleasedBlocks",
     "RequestBlockTable",
+    "SpecBackedManager",
+    "as_article",
     "default_block_hash",
 ]

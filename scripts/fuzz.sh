@@ -24,8 +24,8 @@ fuzz_worker() {
         echo "== worker $worker seed $seed, ${left}s left" >>"$logs/worker-$worker.log"
         status=0
         # SIGINT, not SIGTERM, at the deadline: pytest then stops cleanly and the tally
-        # is written. Exiting can take a while after a long run (Hypothesis frees what it
-        # learnt), hence -k 60 before the hard kill.
+        # is written (fuzz_targets.py re-enables SIGINT, which a background job inherits
+        # ignored). -k 60 is the last resort should a worker still hang.
         PAGEDKV_FUZZ_TALLY="$logs/tally" HYPOTHESIS_PROFILE=fuzz \
             timeout -s INT -k 60 "$left" \
             python -m pytest -q -x -p no:cacheprovider tests/support/fuzz_targets.py \

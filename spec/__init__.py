@@ -23,19 +23,40 @@ from spec.allocator import (
     take_copies,
     usage,
 )
-from spec.errors import BlockAllocationError
+from spec.errors import (
+    MAX_BLOCK_SIZE,
+    MAX_TOKEN_ID,
+    MAX_TOTAL_BLOCKS,
+    BlockAllocationError,
+    check_pool_shape,
+    check_request_id,
+    check_token_count,
+    check_token_ids,
+    duplicate_request,
+    unknown_request,
+)
 from spec.frozen_map import FrozenMap
 from spec.invariants import INVARIANTS, is_usage_consistent, violated_invariants
-from spec.records import KVBlock, KVBlockUsage, PromptAllocation, RequestBlockTable
+from spec.records import (
+    KVBlock,
+    KVBlockUsage,
+    PromptAllocation,
+    ReleasedBlocks,
+    RequestBlockTable,
+)
 
 __all__ = [
     "INVARIANTS",
+    "MAX_BLOCK_SIZE",
+    "MAX_TOKEN_ID",
+    "MAX_TOTAL_BLOCKS",
     "AllocatorState",
     "BlockAllocationError",
     "FrozenMap",
     "KVBlock",
     "KVBlockUsage",
     "PromptAllocation",
+    "ReleasedBlocks",
     "RequestBlockTable",
     "SharingCounters",
     "allocate",
@@ -46,6 +67,11 @@ __all__ = [
     "block_table",
     "blocks_for_tokens",
     "cached_prefix_blocks",
+    "check_pool_shape",
+    "check_request_id",
+    "check_token_count",
+    "check_token_ids",
+    "duplicate_request",
     "fork",
     "init",
     "is_usage_consistent",
@@ -53,6 +79,7 @@ __all__ = [
     "release",
     "slot_index",
     "take_copies",
+    "unknown_request",
     "usage",
     "violated_invariants",
 ]

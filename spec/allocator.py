@@ -21,15 +21,25 @@ a hit is confirmed by comparing token ids, never a hash. Appending into a shared
 filled last block copies it first (copy-on-write): the writer gets a fresh block and the
 (source, destination) pair joins ``pending_copies`` for the KV pool to perform.
 
-Errors (checked in the order each operation lists; a refused operation changes nothing):
-``ValueError`` for bad configuration, a negative count, a duplicate request id or the wrong
-kind of append; ``KeyError`` for an unknown request id; ``BlockAllocationError`` when the
-free and cached free queues together hold fewer blocks than the operation needs.
+Errors (``spec.errors``; checked in the order each operation lists; a refused operation
+changes nothing): ``TypeError`` for an argument of the wrong type; ``ValueError`` for bad
+configuration, a negative count, a token id out of range, a duplicate request id or the
+wrong kind of append; ``KeyError`` for an unknown request id; ``BlockAllocationError`` when
+the free and cached free queues together hold fewer blocks than the operation needs.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from spec.errors import BlockAllocationError
+from spec.errors import (
+    BlockAllocationError,
+    check_pool_shape,
+    check_request_id,
+    check_token_count,
+    check_token_ids,
+    duplicate_request,
+    unknown_request,
+)
 from spec.frozen_map import FrozenMap
 from spec.records import KVBlockUsage, RequestBlockTable
 
@@ -65,13 +75,12 @@ class AllocatorState:
 def blocks_for_tokens(block_size: int, token_count: int) -> int:
     """The number of blocks that ``token_count`` tokens occupy: ceil(token_count / block_size)."""
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    if token_count < 0:
-        raise ValueError(f"token_count must be >= 0, got {token_count}")
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    check_token_count(token_count)
     return -(-token_count // block_size)
 
 
-def slot_index(block_size: int, block_ids: tuple[int, ...], position: int) -> int:
+def slot_index(block_size: int, block_ids: Sequence[int], position: int) -> int:
     """Where token ``position`` of a request lives in the pool: block_id * block_size + offset."""
     if position < 0:
         raise ValueError(f"position must be >= 0, got {position}")
@@ -79,11 +88,12 @@ def slot_index(block_size: int, block_ids: tuple[int, ...], position: int) -> in
 
 
 def init(total_blocks: int, block_size: int) -> AllocatorState:
-    """An empty pool of ``total_blocks`` blocks of ``block_size`` tokens, all free, in id order."""
-    if total_blocks < 1:
-        raise ValueError(f"total_blocks must be >= 1, got {total_blocks}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    """An empty pool of ``total_blocks`` blocks of ``block_size`` tokens, all free, in id order.
+
+    Checks: both sizes ``int`` (TypeError), in [1, MAX_TOTAL_BLOCKS] and [1, MAX_BLOCK_SIZE]
+    (ValueError).
+    """
+    check_pool_shape(total_blocks, block_size)
     return AllocatorState(
         block_size=block_size,
         total_blocks=total_blocks,
@@ -103,7 +113,10 @@ def init(total_blocks: int, block_size: int) -> AllocatorState:
 
 def block_table(state: AllocatorState, request_id: str) -> RequestBlockTable:
     """The table of ``request_id``; ``KeyError`` if it holds no blocks here."""
-    return state.tables[request_id]
+    table = state.tables.get(request_id)
+    if table is None:
+        unknown_request(request_id)
+    return table
 
 
 def available_blocks(state: AllocatorState) -> int:
@@ -153,14 +166,16 @@ def usage(state: AllocatorState) -> KVBlockUsage:
 def allocate(state: AllocatorState, request_id: str, token_count: int) -> AllocatorState:
     """Give a new request blocks for ``token_count`` tokens whose ids are not tracked.
 
-    Checks: ``token_count >= 0`` (ValueError), a new ``request_id`` (ValueError), enough
-    blocks (BlockAllocationError). Its blocks are never cached.
+    Checks: an ``int`` ``token_count >= 0`` (TypeError, ValueError), a ``str`` request id
+    (TypeError) that is new (ValueError), enough blocks (BlockAllocationError). Its blocks
+    are never cached.
     """
     needed = blocks_for_tokens(state.block_size, token_count)
+    check_request_id(request_id)
     if request_id in state.tables:
-        raise ValueError(f"request {request_id!r} is already allocated")
+        duplicate_request(request_id)
     if needed > available_blocks(state):
-        raise BlockAllocationError(request_id, needed, available_blocks(state))
+        raise BlockAllocationError.out_of_blocks(request_id, needed, available_blocks(state))
     state, taken = _take_blocks(state, needed)
     table = RequestBlockTable(request_id, taken, token_count)
     return replace(state, tables=state.tables.set(request_id, table))
@@ -169,19 +184,22 @@ def allocate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
 def allocate_prompt(state: AllocatorState, request_id: str, token_ids: TokenIds) -> AllocatorState:
     """Give a new request blocks for its prompt, reusing the longest cached prefix.
 
-    Checks: a new ``request_id`` (ValueError), enough blocks beyond the cache hits
-    (BlockAllocationError). Hit blocks gain a reference (a cached free block is revived);
+    Checks: a ``str`` request id (TypeError) that is new (ValueError), token ids that are
+    ``int`` (TypeError) in [0, MAX_TOKEN_ID] (ValueError), enough blocks beyond the cache
+    hits (BlockAllocationError). Hit blocks gain a reference (a cached free block is revived);
     the rest come from the queues; every block the prompt fills becomes cached. The hits
     are ``cached_prefix_blocks(state, token_ids)`` of the state before.
     """
+    check_request_id(request_id)
     if request_id in state.tables:
-        raise ValueError(f"request {request_id!r} is already allocated")
+        duplicate_request(request_id)
+    check_token_ids(token_ids)
     hits = cached_prefix_blocks(state, token_ids)
     needed = blocks_for_tokens(state.block_size, len(token_ids)) - len(hits)
     revived = [block_id for block_id in hits if block_id in state.cached_free_block_ids]
     available = available_blocks(state) - len(revived)
     if needed > available:
-        raise BlockAllocationError(request_id, needed, available)
+        raise BlockAllocationError.out_of_blocks(request_id, needed, available)
     state = replace(
         state,
         cached_free_block_ids=tuple(
@@ -206,11 +224,11 @@ def allocate_prompt(state: AllocatorState, request_id: str, token_ids: TokenIds)
 def append_tokens(state: AllocatorState, request_id: str, token_count: int = 1) -> AllocatorState:
     """Grow a request allocated by count by ``token_count`` tokens, taking blocks as needed.
 
-    Checks: ``token_count >= 0`` (ValueError), a known request (KeyError), a request
-    allocated by count, not by token ids (ValueError), enough blocks (BlockAllocationError).
+    Checks: an ``int`` ``token_count >= 0`` (TypeError, ValueError), a known request
+    (KeyError), a request allocated by count, not by token ids (ValueError), enough blocks
+    (BlockAllocationError).
     """
-    if token_count < 0:
-        raise ValueError(f"token_count must be >= 0, got {token_count}")
+    check_token_count(token_count)
     block_table(state, request_id)
     if request_id in state.token_ids:
         raise ValueError(f"request {request_id!r} tracks token ids: use append_token_ids")
@@ -220,12 +238,14 @@ def append_tokens(state: AllocatorState, request_id: str, token_count: int = 1) 
 def append_token_ids(state: AllocatorState, request_id: str, token_ids: TokenIds) -> AllocatorState:
     """Grow a request allocated by ``allocate_prompt`` by these tokens; full blocks get cached.
 
-    Checks: a known request (KeyError), a request that tracks token ids (ValueError),
-    enough blocks (BlockAllocationError).
+    Checks: a known request (KeyError), a request that tracks token ids (ValueError), token
+    ids that are ``int`` (TypeError) in [0, MAX_TOKEN_ID] (ValueError), enough blocks
+    (BlockAllocationError).
     """
     block_table(state, request_id)
     if request_id not in state.token_ids:
         raise ValueError(f"request {request_id!r} was allocated by count: use append_tokens")
+    check_token_ids(token_ids)
     state = _grow(state, request_id, len(token_ids))
     old_ids = state.token_ids[request_id]
     state = replace(state, token_ids=state.token_ids.set(request_id, old_ids + tuple(token_ids)))
@@ -235,11 +255,13 @@ def append_token_ids(state: AllocatorState, request_id: str, token_ids: TokenIds
 def fork(state: AllocatorState, parent_id: str, child_id: str) -> AllocatorState:
     """Give ``child_id`` a table sharing every block of ``parent_id`` (one more reference each).
 
-    Checks: a known parent (KeyError), a new child id (ValueError). Takes no block.
+    Checks: a known parent (KeyError), a ``str`` child id (TypeError) that is new
+    (ValueError). Takes no block.
     """
     parent = block_table(state, parent_id)
+    check_request_id(child_id)
     if child_id in state.tables:
-        raise ValueError(f"request {child_id!r} is already allocated")
+        duplicate_request(child_id)
     child = RequestBlockTable(child_id, parent.block_ids, parent.token_count)
     token_ids = state.token_ids
     if parent_id in token_ids:
@@ -334,7 +356,7 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
     needed = blocks_for_tokens(block_size, new_token_count) - len(table.block_ids)
     needed += int(copy_on_write)
     if needed > available_blocks(state):
-        raise BlockAllocationError(request_id, needed, available_blocks(state))
+        raise BlockAllocationError.out_of_blocks(request_id, needed, available_blocks(state))
     state, taken = _take_blocks(state, needed)
     block_ids = table.block_ids
     if copy_on_write:

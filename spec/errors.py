@@ -1,24 +1,105 @@
-"""The error family shared by spec and impl.
+"""The error family shared by spec and impl, and the argument checks that raise it.
 
-Bad configuration and bad arguments raise the built-in ``ValueError``; an unknown
-request raises ``KeyError``. The one error of our own is ``BlockAllocationError``:
-the pool has too few free blocks for the request. It is defined here (standard
-library only) so that spec and impl raise the very same class.
+Spec and impl refuse the same calls with the same error and the same message, so both
+call these checks (impl inlines the cheap test on its hot paths and calls the check only
+to raise). Where the article series has wording for an error, the message starts with it
+and pagedkv's numbers follow, so code matching the article's messages keeps matching.
+
+- ``TypeError``: an argument of the wrong type (a ``bool`` or ``float`` count, a token id
+  that is not an ``int``, a request id that is not a ``str``);
+- ``ValueError``: bad configuration, a negative count, a token id out of range, a
+  duplicate request id, the wrong kind of append;
+- ``KeyError``: an unknown request id;
+- ``BlockAllocationError`` (a ``RuntimeError``): too few free blocks.
 """
+
+from collections.abc import Iterable
+from typing import NoReturn
+
+# The largest pool and block a manager accepts. NOTE: impl keeps a few words per block
+# (free queue, ref counts, cache keys), so 2**24 blocks cost ~0.5 GiB and ~3 s to set up;
+# a real GPU pool is far smaller (an 80 GiB H100 holds ~40k blocks of 16 tokens for an
+# 8B model in bf16).
+MAX_TOTAL_BLOCKS = 2**24
+MAX_BLOCK_SIZE = 2**16
+# Token ids are vocabulary indices; 2**32 bounds every tokenizer in use.
+MAX_TOKEN_ID = 2**32 - 1
 
 
 class BlockAllocationError(RuntimeError):
-    """Not enough free blocks: the message names the blocks needed and the blocks free."""
+    """Raised when the KV block pool cannot satisfy an allocation.
 
-    def __init__(self, request_id: str, blocks_needed: int, blocks_free: int) -> None:
-        super().__init__(
-            f"request {request_id!r} needs {blocks_needed} more block(s) "
-            f"but only {blocks_free} are free"
+    Constructs from a message, as the article's does. pagedkv raises it through
+    ``out_of_blocks``, which also sets ``request_id``, ``blocks_needed`` and
+    ``blocks_free`` (``None`` on an error built from a message alone).
+    """
+
+    request_id: str | None = None
+    blocks_needed: int | None = None
+    blocks_free: int | None = None
+
+    @classmethod
+    def out_of_blocks(
+        cls, request_id: str, blocks_needed: int, blocks_free: int
+    ) -> "BlockAllocationError":
+        """The error for ``request_id``: ``blocks_needed`` more blocks, ``blocks_free`` free."""
+        error = cls(
+            f"not enough free KV blocks: needed={blocks_needed} free={blocks_free} "
+            f"(request {request_id!r})"
         )
-        self.request_id = request_id
-        self.blocks_needed = blocks_needed
-        self.blocks_free = blocks_free
+        error.request_id = request_id
+        error.blocks_needed = blocks_needed
+        error.blocks_free = blocks_free
+        return error
 
-    def __reduce__(self) -> tuple[type["BlockAllocationError"], tuple[str, int, int]]:
-        # Keeps the error picklable (pytest-xdist and multiprocessing send it across).
-        return (BlockAllocationError, (self.request_id, self.blocks_needed, self.blocks_free))
+
+def check_pool_shape(total_blocks: object, block_size: object) -> None:
+    """Refuse a pool that cannot be served: non-int sizes, sizes below 1 or above the bounds."""
+    for name, value, limit in (
+        ("total_blocks", total_blocks, MAX_TOTAL_BLOCKS),
+        ("block_size", block_size, MAX_BLOCK_SIZE),
+    ):
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+        if value > limit:
+            raise ValueError(f"{name} must be at most {limit:,}, got {value:,}")
+
+
+def check_token_count(token_count: object) -> None:
+    """Refuse a token count that is not a non-negative ``int`` (``bool`` is refused too)."""
+    if type(token_count) is not int:
+        raise TypeError(
+            f"token_count must be an int, got {type(token_count).__name__} {token_count!r}"
+        )
+    if token_count < 0:
+        raise ValueError(f"token_count must be non-negative, got {token_count}")
+
+
+def check_token_ids(token_ids: Iterable[object]) -> None:
+    """Refuse token ids that are not ``int`` in [0, MAX_TOKEN_ID], naming the first bad one."""
+    for index, token_id in enumerate(token_ids):
+        if type(token_id) is not int:
+            raise TypeError(
+                f"token id {index} must be an int, got {type(token_id).__name__} {token_id!r}"
+            )
+        if not 0 <= token_id <= MAX_TOKEN_ID:
+            raise ValueError(f"token id {index} must be in [0, {MAX_TOKEN_ID}], got {token_id}")
+
+
+def check_request_id(request_id: object) -> None:
+    """Refuse a new request id that is not a ``str`` (the API's type; ``nan`` and ``None``
+    would break the tables' invariants)."""
+    if type(request_id) is not str:
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__} {request_id!r}")
+
+
+def duplicate_request(request_id: str) -> NoReturn:
+    """Raise the ``ValueError`` for a request id that already holds blocks."""
+    raise ValueError(f"request already has allocated blocks: {request_id}")
+
+
+def unknown_request(request_id: object) -> NoReturn:
+    """Raise the ``KeyError`` for a request id that holds no blocks."""
+    raise KeyError(f"request has no allocated blocks: {request_id}") from None

@@ -1,6 +1,9 @@
 """The value records of the article's API: a block, a request's table, a usage report.
 
-Spec and impl hand out these same frozen records, so a test compares them with ``==``.
+All frozen and hashable, so that a spec state is. ``KVBlock``, ``ReleasedBlocks`` and
+``KVBlockUsage`` are what impl hands out too; impl's ``RequestBlockTable`` and
+``PromptAllocation`` are the article's mutable twins of the ones here (a ``list`` of block
+ids), and ``spec.api.as_article`` maps these to those in one place.
 """
 
 from dataclasses import dataclass
@@ -33,6 +36,22 @@ class PromptAllocation:
 
     table: RequestBlockTable
     cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasedBlocks:
+    """What ``release_blocks`` and ``preempt`` report: a request's blocks in table order, and
+    which of them became free.
+
+    ``freed_block_ids`` went to the free queue (their K/V is dead: nothing may read it
+    again); ``cached_block_ids`` went to the cached free queue (a prefix hit may revive
+    them as they are). Both in release order, last block first. A block another table
+    still holds is in neither.
+    """
+
+    block_ids: tuple[int, ...]
+    freed_block_ids: tuple[int, ...]
+    cached_block_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

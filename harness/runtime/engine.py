@@ -543,12 +543,16 @@ class Engine:
 
     def _release(self, running: _Running) -> None:
         request_id = running.request.request_id
-        self.store.release(request_id, self._freed(self.manager.release(request_id)))
+        released = self.manager.release_blocks(request_id)
+        # Only blocks nobody may read again: a block another table holds keeps valid K/V,
+        # and so does a cached free block (a later prefix hit revives it as it is).
+        self.store.release(request_id, list(released.freed_block_ids))
         self._notify("release", request_id)
 
     def _preempt(self, running: _Running) -> None:
         request_id = running.request.request_id
-        self.store.release(request_id, self._freed(self.manager.preempt(request_id)))
+        released = self.manager.preempt(request_id)
+        self.store.release(request_id, list(released.freed_block_ids))
         self._notify("preempt", request_id)
 
     def _notify(
@@ -556,21 +560,6 @@ class Engine:
     ) -> None:
         if self.observer is not None:
             self.observer(PoolEvent(kind, self._step, request_ids), self.manager)
-
-    def _freed(self, block_ids: list[int]) -> list[int]:
-        """Which of a released table's blocks hold nothing anyone may read again.
-
-        A block another table still holds (a shared prefix, a fork) keeps valid K/V, and so
-        does a cached free block: a later prefix hit revives it as it is.
-        NOTE: ``cached_free_block_ids`` copies the cached free queue (O(cached blocks)); it
-        is only asked when a released block really dropped to no reference.
-        """
-        manager = self.manager
-        unreferenced = [block_id for block_id in block_ids if manager.ref_count(block_id) == 0]
-        if not unreferenced:
-            return []
-        cached = set(manager.cached_free_block_ids)
-        return [block_id for block_id in unreferenced if block_id not in cached]
 
     def _usage_sample(self) -> UsageSample:
         usage = self.manager.usage()

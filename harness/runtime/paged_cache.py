@@ -97,7 +97,8 @@ class PagedCache(Cache):
         if self.token_count == 0:
             return
         for request_id in self.request_ids:
-            self.pool.release(request_id, self.manager.release(request_id))
+            released = self.manager.release_blocks(request_id)
+            self.pool.release(request_id, list(released.freed_block_ids))
         self.token_count = 0
         self.plan = None
         for layer in self.layers:

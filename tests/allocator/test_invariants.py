@@ -249,9 +249,11 @@ def test_the_impl_check_catches_a_drifted_token_counter() -> None:
 def test_the_impl_check_catches_a_cached_block_missing_from_its_hash_bucket() -> None:
     pool = KVBlockManager(4, 2)
     pool.allocate_prompt("a", [1, 2, 3])
-    key = pool._block_key[0]
+    key = pool._prefix_cache.block_keys[0]
     assert key is not None
-    pool._cache[key.hash_value].remove(0)  # still keyed and counted, no longer findable
+    pool._prefix_cache.buckets[key.hash_value].remove(
+        0
+    )  # still keyed and counted, no longer findable
     with pytest.raises(
         AssertionError, match=r"broken: cache index: hash buckets, block keys and count disagree$"
     ):

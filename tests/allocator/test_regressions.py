@@ -40,15 +40,15 @@ class Regression:
 
 
 def alloc(request_id: str, token_count: int) -> Operation:
-    return Operation("allocate", request_id, token_count)
+    return Operation("allocate", (request_id, token_count))
 
 
 def slot(request_id: str) -> Operation:
-    return Operation("append_slot", request_id)
+    return Operation("append_slot", (request_id,))
 
 
 def release(request_id: str) -> Operation:
-    return Operation("release", request_id)
+    return Operation("release", (request_id,))
 
 
 REGRESSIONS = [

@@ -5,10 +5,15 @@ from typing import Protocol
 
 import pytest
 
-from impl import BlockAllocationError, KVBlockManager, PromptAllocation, RequestBlockTable
-from spec import KVBlockUsage
+from impl import (
+    BlockAllocationError,
+    KVBlockManager,
+    PromptAllocation,
+    RequestBlockTable,
+    SpecBackedManager,
+)
+from spec import KVBlockUsage, ReleasedBlocks
 from spec.invariants import violated_invariants
-from tests.support.spec_driver import SpecDriver
 
 
 class SharingAllocator(Protocol):
@@ -22,7 +27,7 @@ class SharingAllocator(Protocol):
     def append_token_ids(self, request_id: str, token_ids: Sequence[int]) -> RequestBlockTable: ...
     def fork(self, parent_id: str, child_id: str) -> RequestBlockTable: ...
     def release(self, request_id: str) -> list[int]: ...
-    def preempt(self, request_id: str) -> list[int]: ...
+    def preempt(self, request_id: str) -> ReleasedBlocks: ...
     def take_copies(self) -> list[tuple[int, int]]: ...
     def snapshot_request(self, request_id: str) -> RequestBlockTable: ...
     def usage(self) -> KVBlockUsage: ...
@@ -32,7 +37,7 @@ Factory = Callable[[int, int], SharingAllocator]
 TEN = list(range(1, 11))  # a 10-token prompt: two full blocks of 4 and half a third
 
 
-@pytest.fixture(params=[SpecDriver, KVBlockManager], ids=["spec", "impl"])
+@pytest.fixture(params=[SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
 def make(request: pytest.FixtureRequest) -> Factory:
     factory: Factory = request.param
     return factory
@@ -41,11 +46,11 @@ def make(request: pytest.FixtureRequest) -> Factory:
 def test_a_shared_prefix_reuses_the_cached_full_blocks(make: Factory) -> None:
     pool = make(8, 4)
     assert pool.allocate_prompt("a", TEN) == PromptAllocation(
-        RequestBlockTable("a", (0, 1, 2), 10), cached_tokens=0
+        RequestBlockTable("a", [0, 1, 2], 10), cached_tokens=0
     )
     # Same first 8 tokens, then a different tail: blocks 0 and 1 are shared.
     b = pool.allocate_prompt("b", [*TEN[:8], 20, 21, 22])
-    assert b == PromptAllocation(RequestBlockTable("b", (0, 1, 3), 11), cached_tokens=8)
+    assert b == PromptAllocation(RequestBlockTable("b", [0, 1, 3], 11), cached_tokens=8)
     usage = pool.usage()
     assert (usage.used_blocks, usage.shared_blocks, usage.prefix_hit_tokens) == (4, 2, 8)
     assert usage.cached_blocks == 2
@@ -55,7 +60,7 @@ def test_a_hit_never_covers_the_prompts_last_token(make: Factory) -> None:
     pool = make(8, 4)
     pool.allocate_prompt("a", TEN)
     # Exactly the 8 cached tokens: only block 0 is reused; the last block is recomputed.
-    assert pool.allocate_prompt("b", TEN[:8]).table.block_ids == (0, 3)
+    assert pool.allocate_prompt("b", TEN[:8]).table.block_ids == [0, 3]
     assert pool.usage().cached_blocks == 2  # block 3 duplicates block 1 and is not cached
 
 
@@ -67,7 +72,7 @@ def test_released_prefix_blocks_stay_findable_and_are_revived(make: Factory) -> 
     assert pool.free_block_ids == (3, 4, 5, 6, 7, 2)
     assert pool.cached_free_block_ids == (1, 0)
     again = pool.allocate_prompt("c", TEN)
-    assert again == PromptAllocation(RequestBlockTable("c", (0, 1, 3), 10), cached_tokens=8)
+    assert again == PromptAllocation(RequestBlockTable("c", [0, 1, 3], 10), cached_tokens=8)
     assert not pool.cached_free_block_ids
 
 
@@ -80,24 +85,24 @@ def test_plain_free_blocks_go_first_then_the_least_recently_freed_cached_one(
     pool.release("a")
     pool.release("b")
     assert (pool.free_block_ids, pool.cached_free_block_ids) == ((1, 3), (0, 2))
-    assert pool.allocate("c", 6).block_ids == (1, 3, 0)  # block 0 evicted, 2 still cached
+    assert pool.allocate("c", 6).block_ids == [1, 3, 0]  # block 0 evicted, 2 still cached
     assert pool.usage().evictions == 1
     pool.release("c")
     assert pool.free_block_ids[:3] == (0, 3, 1)  # block 0 lost its prefix when it was evicted
     revived = pool.allocate_prompt("d", [7, 8, 5])
-    assert revived == PromptAllocation(RequestBlockTable("d", (2, 0), 3), cached_tokens=2)
+    assert revived == PromptAllocation(RequestBlockTable("d", [2, 0], 3), cached_tokens=2)
 
 
 def test_fork_shares_blocks_and_the_first_writer_copies_the_partial_one(make: Factory) -> None:
     pool = make(6, 4)
     pool.allocate_prompt("p", [1, 2, 3, 4, 5, 6])  # block 0 full, block 1 holds 2 tokens
-    assert pool.fork("p", "c") == RequestBlockTable("c", (0, 1), 6)
+    assert pool.fork("p", "c") == RequestBlockTable("c", [0, 1], 6)
     assert pool.usage().shared_blocks == 2
     # The child writes into the shared partial block: it gets a copy, block 2.
-    assert pool.append_token_ids("c", [7]) == RequestBlockTable("c", (0, 2), 7)
+    assert pool.append_token_ids("c", [7]) == RequestBlockTable("c", [0, 2], 7)
     assert pool.take_copies() == [(1, 2)]
     # Block 1 is the parent's alone now: it writes in place, nothing to copy.
-    assert pool.append_token_ids("p", [9]) == RequestBlockTable("p", (0, 1), 7)
+    assert pool.append_token_ids("p", [9]) == RequestBlockTable("p", [0, 1], 7)
     assert pool.take_copies() == []
     assert pool.usage().cow_copies == 1 and pool.usage().shared_blocks == 1
 
@@ -107,7 +112,7 @@ def test_a_copy_on_write_append_that_also_opens_a_block_takes_both(make: Factory
     pool.allocate("p", 6)  # block 0 full, block 1 holds 2 tokens
     pool.fork("p", "c")
     # 3 tokens: 2 fill the copy of block 1 (block 2), the third opens block 3.
-    assert pool.append_tokens("c", 3) == RequestBlockTable("c", (0, 2, 3), 9)
+    assert pool.append_tokens("c", 3) == RequestBlockTable("c", [0, 2, 3], 9)
     assert pool.take_copies() == [(1, 2)]
     assert pool.free_block_ids == (4, 5)
 
@@ -131,13 +136,13 @@ def test_a_recomputed_request_shares_blocks_reached_through_an_equal_duplicate(
     pool.append_token_ids("r2", [0])
     pool.preempt("r0")
     assert pool.allocate_prompt("r0", [0] * 8) == PromptAllocation(
-        RequestBlockTable("r0", (0, 3, 4, 6), 8), cached_tokens=6
+        RequestBlockTable("r0", [0, 3, 4, 6], 8), cached_tokens=6
     )
-    assert pool.snapshot_request("r2") == RequestBlockTable("r2", (1, 3, 4, 5), 8)
+    assert pool.snapshot_request("r2") == RequestBlockTable("r2", [1, 3, 4, 5], 8)
     if isinstance(pool, KVBlockManager):
         pool.check_invariants()
     else:
-        assert isinstance(pool, SpecDriver)
+        assert isinstance(pool, SpecBackedManager)
         assert violated_invariants(pool.state) == []
 
 
@@ -145,20 +150,20 @@ def test_a_refused_copy_on_write_changes_nothing(make: Factory) -> None:
     pool = make(2, 4)
     pool.allocate("p", 6)  # blocks 0, 1: the pool is full
     pool.fork("p", "c")
-    with pytest.raises(BlockAllocationError, match=r"'c' needs 1 more block\(s\) but only 0"):
+    with pytest.raises(BlockAllocationError, match=r"needed=1 free=0 \(request 'c'\)"):
         pool.append_tokens("c", 1)
     assert pool.take_copies() == []
     assert pool.usage().cow_copies == 0 and pool.usage().shared_blocks == 2
     pool.release("p")  # now block 1 is the child's alone: no copy needed
-    assert pool.append_tokens("c", 2) == RequestBlockTable("c", (0, 1), 8)
+    assert pool.append_tokens("c", 2) == RequestBlockTable("c", [0, 1], 8)
 
 
 def test_preemption_releases_and_recompute_hits_its_own_blocks(make: Factory) -> None:
     pool = make(4, 4)
     pool.allocate_prompt("a", TEN)
-    assert pool.preempt("a") == [0, 1, 2]
+    assert pool.preempt("a") == ReleasedBlocks((0, 1, 2), (2,), (1, 0))
     readmitted = pool.allocate_prompt("a", TEN)
-    assert readmitted == PromptAllocation(RequestBlockTable("a", (0, 1, 3), 10), 8)
+    assert readmitted == PromptAllocation(RequestBlockTable("a", [0, 1, 3], 10), 8)
     assert pool.usage().preemptions == 1
 
 
@@ -170,7 +175,7 @@ def test_the_wrong_kind_of_append_is_a_value_error(make: Factory) -> None:
         pool.append_tokens("tracked", 1)
     with pytest.raises(ValueError, match="allocated by count"):
         pool.append_token_ids("counted", [3])
-    with pytest.raises(ValueError, match="already allocated"):
+    with pytest.raises(ValueError, match=r"^request already has allocated blocks: tracked$"):
         pool.fork("counted", "tracked")
     with pytest.raises(KeyError):
         pool.fork("missing", "new")
@@ -185,8 +190,8 @@ def test_a_hash_collision_is_no_hit() -> None:
     pool.check_invariants()
 
 
-def _same_prompts_on_the_spec(prompts: dict[str, list[int]]) -> SpecDriver:
-    driver = SpecDriver(8, 2)
+def _same_prompts_on_the_spec(prompts: dict[str, list[int]]) -> SpecBackedManager:
+    driver = SpecBackedManager(8, 2)
     for request_id, token_ids in prompts.items():
         driver.allocate_prompt(request_id, token_ids)
     return driver
@@ -199,7 +204,7 @@ def test_a_hit_behind_another_entry_of_a_colliding_bucket_is_found() -> None:
     prompts = {"a": [1, 2, 3], "b": [5, 6, 7], "c": [5, 6, 9]}
     for request_id, token_ids in prompts.items():
         allocation = pool.allocate_prompt(request_id, token_ids)
-    assert allocation == PromptAllocation(RequestBlockTable("c", (2, 4), 3), cached_tokens=2)
+    assert allocation == PromptAllocation(RequestBlockTable("c", [2, 4], 3), cached_tokens=2)
     assert pool.to_spec() == _same_prompts_on_the_spec(prompts).state
     pool.check_invariants()
 
@@ -211,7 +216,7 @@ def test_equal_tokens_under_another_parent_are_no_hit() -> None:
     prompts = {"a": [1, 2, 9], "b": [5, 6, 9], "c": [1, 2, 5, 6, 9]}
     for request_id, token_ids in prompts.items():
         allocation = pool.allocate_prompt(request_id, token_ids)
-    assert allocation == PromptAllocation(RequestBlockTable("c", (0, 4, 5), 5), cached_tokens=2)
+    assert allocation == PromptAllocation(RequestBlockTable("c", [0, 4, 5], 5), cached_tokens=2)
     assert pool.to_spec() == _same_prompts_on_the_spec(prompts).state
     pool.check_invariants()
 

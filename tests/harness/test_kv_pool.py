@@ -25,7 +25,7 @@ def _rows(count: int, start: float) -> torch.Tensor:
 def _plan(
     store: KVStore, request_id: str, block_ids: tuple[int, ...], token_count: int, slots: list[int]
 ) -> KVPlan:
-    return store.plan([RequestBlockTable(request_id, block_ids, token_count)], [slots])
+    return store.plan([RequestBlockTable(request_id, list(block_ids), token_count)], [slots])
 
 
 def _rows_of(sdpa_layout: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,7 @@ def test_a_token_lands_in_its_block_at_its_offset() -> None:
 def test_one_step_writes_and_reads_every_request_through_its_own_table() -> None:
     pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
     # "a" holds block 2 then 0 (3 tokens, its last one new); "b" holds block 3 (2 new tokens).
-    tables = [RequestBlockTable("a", (2, 0), 3), RequestBlockTable("b", (3,), 2)]
+    tables = [RequestBlockTable("a", [2, 0], 3), RequestBlockTable("b", [3], 2)]
     pool.write(0, _plan(pool, "a", (2,), 2, [4, 5]), _rows(2, 1.0), _rows(2, 5.0))
     plan = pool.plan(tables, [[0], [6, 7]])
     assert plan.write_index.tolist() == [0, 6, 7]

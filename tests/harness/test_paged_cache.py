@@ -81,9 +81,7 @@ def test_a_pool_too_small_refuses_the_step_and_changes_nothing() -> None:
     input_ids, attention_mask = left_padded_batch([8, 8], seed=0)
     manager = KVBlockManager(5, 4)  # 2 rows x 2 prompt blocks fit; the decode needs 2 more
     cache = PagedCache(manager, PagedKVPool(pool_layout(), 5, 4), 2)
-    with pytest.raises(
-        BlockAllocationError, match=r"'row-1' needs 1 more block\(s\) but only 0 are free"
-    ):
+    with pytest.raises(BlockAllocationError, match=r"needed=1 free=0 \(request 'row-1'\)"):
         generate(input_ids, attention_mask, cache)
     assert [manager.snapshot_request(r).token_count for r in cache.request_ids] == [8, 8]
     assert manager.num_free_blocks == 1

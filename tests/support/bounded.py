@@ -26,15 +26,16 @@ import importlib
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import spec
-from impl import KVBlockManager
-from spec import AllocatorState, BlockAllocationError, PromptAllocation, SharingCounters
+from impl import KVBlockManager, as_article
+from spec import AllocatorState, BlockAllocationError, SharingCounters
+from spec.api import OPERATIONS
 
 # The errors the spec may raise for a refused operation; anything else is a bug.
-SPECIFIED_ERRORS = (ValueError, KeyError, BlockAllocationError)
+SPECIFIED_ERRORS = (TypeError, ValueError, KeyError, BlockAllocationError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,26 +61,14 @@ class Bounds:
 
 @dataclass(frozen=True, slots=True)
 class Operation:
-    """One call: an operation's name and its arguments (those it does not take are unused)."""
+    """One call: the name of an API operation (a key of ``spec.api.OPERATIONS``, a method
+    of ``KVBlockManager``) and its arguments."""
 
     name: str
-    request_id: str = ""
-    token_count: int = 0
-    token_ids: tuple[int, ...] = ()
-    child_id: str = ""
+    args: tuple[object, ...] = ()
 
     def __str__(self) -> str:
-        if self.name in _TAKES_REQUEST_AND_COUNT:
-            return f"{self.name}({self.request_id!r}, {self.token_count})"
-        if self.name in _TAKES_COUNT:
-            return f"{self.name}({self.token_count})"
-        if self.name in _TAKES_REQUEST_AND_TOKENS:
-            return f"{self.name}({self.request_id!r}, {list(self.token_ids)})"
-        if self.name == "fork":
-            return f"fork({self.request_id!r}, {self.child_id!r})"
-        if self.name == "take_copies":
-            return "take_copies()"
-        return f"{self.name}({self.request_id!r})"
+        return f"{self.name}({', '.join(repr(arg) for arg in self.args)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,110 +102,12 @@ class Report:
         )
 
 
-_TAKES_REQUEST_AND_COUNT = ("allocate", "append_tokens")
-_TAKES_COUNT = ("can_allocate",)
-_TAKES_REQUEST_AND_TOKENS = ("allocate_prompt", "append_token_ids", "append_token_slot")
-
-# -- what each operation means in the spec, and how to call it on the impl ----------------
-
-SpecStep = Callable[[AllocatorState, Operation], tuple[AllocatorState, object]]
-ImplStep = Callable[[KVBlockManager, Operation], object]
+def _spec_step(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
+    return OPERATIONS[op.name](state, *op.args)
 
 
-def _spec_allocate(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    after = spec.allocate(state, op.request_id, op.token_count)
-    return after, spec.block_table(after, op.request_id)
-
-
-def _spec_append_tokens(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    after = spec.append_tokens(state, op.request_id, op.token_count)
-    return after, spec.block_table(after, op.request_id)
-
-
-def _spec_append_slot(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    # append_slot is append_tokens(request_id, 1) that returns the new token's slot.
-    after = spec.append_tokens(state, op.request_id, 1)
-    position = state.tables[op.request_id].token_count
-    block_ids = spec.block_table(after, op.request_id).block_ids
-    return after, spec.slot_index(state.block_size, block_ids, position)
-
-
-def _spec_release(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    released = list(spec.block_table(state, op.request_id).block_ids)
-    return spec.release(state, op.request_id), released
-
-
-def _spec_snapshot_request(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    return state, spec.block_table(state, op.request_id)
-
-
-def _spec_can_allocate(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    needed = spec.blocks_for_tokens(state.block_size, op.token_count)
-    return state, needed <= spec.available_blocks(state)
-
-
-def _spec_allocate_prompt(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    hits = spec.cached_prefix_blocks(state, op.token_ids)
-    after = spec.allocate_prompt(state, op.request_id, op.token_ids)
-    table = spec.block_table(after, op.request_id)
-    return after, PromptAllocation(table, len(hits) * state.block_size)
-
-
-def _spec_append_token_ids(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    after = spec.append_token_ids(state, op.request_id, op.token_ids)
-    return after, spec.block_table(after, op.request_id)
-
-
-def _spec_append_token_slot(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    after = spec.append_token_ids(state, op.request_id, op.token_ids)
-    position = state.tables[op.request_id].token_count
-    block_ids = spec.block_table(after, op.request_id).block_ids
-    return after, spec.slot_index(state.block_size, block_ids, position)
-
-
-def _spec_fork(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    after = spec.fork(state, op.request_id, op.child_id)
-    return after, spec.block_table(after, op.child_id)
-
-
-def _spec_preempt(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    released = list(spec.block_table(state, op.request_id).block_ids)
-    return spec.preempt(state, op.request_id), released
-
-
-def _spec_take_copies(state: AllocatorState, op: Operation) -> tuple[AllocatorState, object]:
-    return spec.take_copies(state), list(state.pending_copies)
-
-
-SPEC_STEPS: dict[str, SpecStep] = {
-    "allocate": _spec_allocate,
-    "append_tokens": _spec_append_tokens,
-    "append_slot": _spec_append_slot,
-    "release": _spec_release,
-    "snapshot_request": _spec_snapshot_request,
-    "can_allocate": _spec_can_allocate,
-    "allocate_prompt": _spec_allocate_prompt,
-    "append_token_ids": _spec_append_token_ids,
-    "append_token_slot": _spec_append_token_slot,
-    "fork": _spec_fork,
-    "preempt": _spec_preempt,
-    "take_copies": _spec_take_copies,
-}
-
-IMPL_STEPS: dict[str, ImplStep] = {
-    "allocate": lambda pool, op: pool.allocate(op.request_id, op.token_count),
-    "append_tokens": lambda pool, op: pool.append_tokens(op.request_id, op.token_count),
-    "append_slot": lambda pool, op: pool.append_slot(op.request_id),
-    "release": lambda pool, op: pool.release(op.request_id),
-    "snapshot_request": lambda pool, op: pool.snapshot_request(op.request_id),
-    "can_allocate": lambda pool, op: pool.can_allocate(op.token_count),
-    "allocate_prompt": lambda pool, op: pool.allocate_prompt(op.request_id, op.token_ids),
-    "append_token_ids": lambda pool, op: pool.append_token_ids(op.request_id, op.token_ids),
-    "append_token_slot": lambda pool, op: pool.append_token_slot(op.request_id, *op.token_ids),
-    "fork": lambda pool, op: pool.fork(op.request_id, op.child_id),
-    "preempt": lambda pool, op: pool.preempt(op.request_id),
-    "take_copies": lambda pool, op: pool.take_copies(),
-}
+def _impl_step(pool: KVBlockManager, op: Operation) -> object:
+    return getattr(pool, op.name)(*op.args)
 
 
 def operations(bounds: Bounds) -> list[Operation]:
@@ -224,20 +115,21 @@ def operations(bounds: Bounds) -> list[Operation]:
     token_counts = range(-1, bounds.max_token_count + 1)
     ops: list[Operation] = []
     for request_id in bounds.request_ids:
-        ops += [Operation("allocate", request_id, n) for n in token_counts]
-        ops += [Operation("append_tokens", request_id, n) for n in token_counts]
-        ops += [Operation(name, request_id) for name in ("append_slot", "release")]
-        ops.append(Operation("snapshot_request", request_id))
-    ops += [Operation("can_allocate", token_count=n) for n in token_counts]
+        ops += [Operation("allocate", (request_id, n)) for n in token_counts]
+        ops += [Operation("append_tokens", (request_id, n)) for n in token_counts]
+        ops += [Operation(name, (request_id,)) for name in ("append_slot", "release")]
+        ops.append(Operation("snapshot_request", (request_id,)))
+    ops += [Operation("can_allocate", (n,)) for n in token_counts]
     if not bounds.prompts:
         return ops
     for request_id in bounds.request_ids:
-        ops += [Operation("allocate_prompt", request_id, token_ids=p) for p in bounds.prompts]
+        ops += [Operation("allocate_prompt", (request_id, p)) for p in bounds.prompts]
         for token_id in (0, 1):
-            ops.append(Operation("append_token_ids", request_id, token_ids=(token_id,)))
-            ops.append(Operation("append_token_slot", request_id, token_ids=(token_id,)))
-        ops += [Operation("fork", request_id, child_id=child) for child in bounds.request_ids]
-        ops.append(Operation("preempt", request_id))
+            ops.append(Operation("append_token_ids", (request_id, (token_id,))))
+            ops.append(Operation("append_token_slot", (request_id, token_id)))
+        ops += [Operation("fork", (request_id, child)) for child in bounds.request_ids]
+        ops.append(Operation("preempt", (request_id,)))
+        ops.append(Operation("release_blocks", (request_id,)))
     ops.append(Operation("take_copies"))
     return ops
 
@@ -260,7 +152,7 @@ def _check_spec_step(before: AllocatorState, op: Operation, after: AllocatorStat
         return f"spec breaks invariant(s) {', '.join(broken)}"
     if (after.total_blocks, after.block_size) != (before.total_blocks, before.block_size):
         return "spec changed the pool's shape"
-    touched = {op.request_id, op.child_id}
+    touched = {arg for arg in op.args if isinstance(arg, str)}
     others_before = {k: v for k, v in before.tables.items() if k not in touched}
     others_after = {k: v for k, v in after.tables.items() if k not in touched}
     if others_before != others_after:
@@ -291,7 +183,7 @@ def check_transition(
     """Apply ``op`` to the spec state and to ``pool`` (in that state); return the new spec
     state and what went wrong, if anything."""
     try:
-        after, expected = SPEC_STEPS[op.name](before, op)
+        after, expected = _spec_step(before, op)
     except SPECIFIED_ERRORS as error:
         return before, _check_refusal(error, op, pool, before)
     except Exception as error:
@@ -300,10 +192,10 @@ def check_transition(
     if problem is not None:
         return after, problem
     try:
-        actual = IMPL_STEPS[op.name](pool, op)
+        actual = _impl_step(pool, op)
     except Exception as error:
         return after, f"spec returned {expected!r} but impl raised {_describe(error)}"
-    if actual != expected:
+    if actual != as_article(expected):
         return after, f"spec returned {expected!r} but impl returned {actual!r}"
     return after, _check_impl_state(pool, after)
 
@@ -312,7 +204,7 @@ def _check_refusal(
     expected: BaseException, op: Operation, pool: KVBlockManager, before: AllocatorState
 ) -> str | None:
     try:
-        actual = IMPL_STEPS[op.name](pool, op)
+        actual = _impl_step(pool, op)
     except Exception as error:
         if not _same_error(expected, error):
             return f"spec raised {_describe(expected)} but impl raised {_describe(error)}"
@@ -329,7 +221,7 @@ def _replay(
 ) -> KVBlockManager:
     pool = target_class(bounds.total_blocks, bounds.block_size)
     for op in path:
-        IMPL_STEPS[op.name](pool, op)
+        _impl_step(pool, op)
     return pool
 
 

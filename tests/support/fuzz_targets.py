@@ -11,6 +11,7 @@ when its worker processes are killed at the deadline (HypoFuzz's workers skip ``
 
 import atexit
 import os
+import signal
 from pathlib import Path
 
 from hypothesis.stateful import invariant
@@ -63,3 +64,9 @@ def _write_tally() -> None:
 
 
 atexit.register(_write_tally)
+# NOTE: a command started with ``&`` by a non-interactive shell (each scripts/fuzz.sh
+# worker) inherits SIGINT ignored, and Python then leaves it ignored: the deadline's
+# interrupt did nothing and the worker was killed hard 60 s later, its tally unwritten.
+# Restoring the default handler turns the interrupt into KeyboardInterrupt, so pytest
+# stops at the deadline, reports, and the tally is written at exit.
+signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,7 +1,8 @@
 """The model-vs-target state machine: spec (``self.model``) and impl (``self.target``) in lockstep.
 
-Every rule applies one operation to both, with valid and invalid arguments alike, and
-compares the return value or the raised error (type and message). After every step the
+Every rule applies one operation to both by name (spec through ``spec.api.OPERATIONS``),
+with valid and malformed arguments alike, and compares the return value or the raised
+error (type and message). After every step the
 invariants compare the whole states and run both invariant checks; a run ends by
 releasing everything and asserting that the pool is full again.
 
@@ -22,8 +23,9 @@ from hypothesis.stateful import (
 )
 
 import spec
-from impl import KVBlockManager
+from impl import KVBlockManager, as_article
 from spec import AllocatorState
+from spec.api import OPERATIONS
 
 T = TypeVar("T")
 
@@ -40,10 +42,28 @@ PROMPTS = st.builds(
 )
 
 
+# Malformed arguments, drawn now and then among the well-formed: every one must be refused
+# by spec and impl alike, with the same error, and change nothing.
+BAD_COUNTS = st.sampled_from([True, False, 1.0, 2.5, float("nan"), "3", None])
+BAD_TOKEN_IDS = st.sampled_from([-1, 2**32, True, 4.0, "a", None, (4,), [5]])
+BAD_REQUEST_IDS = st.sampled_from([float("nan"), None, 7, b"r0"])
+COUNTS = st.one_of(TOKEN_COUNTS, BAD_COUNTS)
+ANY_TOKEN_ID = st.one_of(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3), BAD_TOKEN_IDS)
+ANY_TOKEN_IDS = st.one_of(
+    TOKEN_IDS,
+    st.lists(ANY_TOKEN_ID, min_size=1, max_size=6).map(tuple),
+)
+ANY_PROMPTS = st.one_of(PROMPTS, PROMPTS, ANY_TOKEN_IDS)
+NEW_REQUEST_IDS = st.one_of(REQUEST_IDS, REQUEST_IDS, REQUEST_IDS, BAD_REQUEST_IDS)
+
+# The errors an operation may be refused with; anything else fails the test.
+REFUSALS = (TypeError, ValueError, KeyError, RuntimeError)
+
+
 def _outcome(call: Callable[[], T]) -> tuple[T | None, BaseException | None]:
     try:
         return call(), None
-    except (ValueError, KeyError, RuntimeError) as error:
+    except REFUSALS as error:
         return None, error
 
 
@@ -62,55 +82,40 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.model = spec.init(total_blocks, block_size)
         self.target = self.target_class(total_blocks, block_size)
 
-    def _step(
-        self,
-        model_op: Callable[[AllocatorState], AllocatorState],
-        target_op: Callable[[KVBlockManager], T],
-    ) -> tuple[AllocatorState, T | None]:
-        """Apply one operation to both; assert they agree on success or on the error."""
+    def _step(self, name: str, *args: object) -> object:
+        """Call ``name`` on both (spec through ``spec.api.OPERATIONS``); assert they agree
+        on the result, or on the error's type and message. Returns impl's result."""
         before = self.model
-        new_model, expected = _outcome(lambda: model_op(before))
-        result, actual = _outcome(lambda: target_op(self.target))
-        if expected is not None or actual is not None:
-            assert type(actual) is type(expected), f"spec raised {expected!r}, impl {actual!r}"
-            assert str(actual) == str(expected), f"messages differ: {expected} / {actual}"
-            return before, None
-        assert new_model is not None
-        self.model = new_model
-        return before, result
+        expected, expected_error = _outcome(lambda: OPERATIONS[name](before, *args))
+        actual, actual_error = _outcome(lambda: getattr(self.target, name)(*args))
+        if expected_error is not None or actual_error is not None:
+            assert type(actual_error) is type(expected_error), (
+                f"{name}{args}: spec raised {expected_error!r}, impl {actual_error!r}"
+            )
+            assert str(actual_error) == str(expected_error), (
+                f"{name}{args}: messages differ: {expected_error} / {actual_error}"
+            )
+            return None
+        assert expected is not None
+        self.model, result = expected
+        assert actual == as_article(result), f"{name}{args}: spec gave {result!r}, impl {actual!r}"
+        return actual
 
-    @rule(request_id=REQUEST_IDS, token_count=TOKEN_COUNTS)
+    @rule(request_id=NEW_REQUEST_IDS, token_count=COUNTS)
     def allocate(self, request_id: str, token_count: int) -> None:
-        _, table = self._step(
-            lambda s: spec.allocate(s, request_id, token_count),
-            lambda t: t.allocate(request_id, token_count),
-        )
-        if table is not None:
-            assert table == spec.block_table(self.model, request_id)
+        self._step("allocate", request_id, token_count)
 
     @rule(request_id=REQUEST_IDS, blocks=st.integers(0, 6), delta=st.sampled_from([-1, 0, 1]))
     def allocate_at_block_boundary(self, request_id: str, blocks: int, delta: int) -> None:
         self.allocate(request_id, blocks * self.model.block_size + delta)
 
-    @rule(request_id=REQUEST_IDS, token_count=st.integers(-1, 12))
+    @rule(request_id=REQUEST_IDS, token_count=st.one_of(st.integers(-1, 12), BAD_COUNTS))
     def append_tokens(self, request_id: str, token_count: int) -> None:
-        _, table = self._step(
-            lambda s: spec.append_tokens(s, request_id, token_count),
-            lambda t: t.append_tokens(request_id, token_count),
-        )
-        if table is not None:
-            assert table == spec.block_table(self.model, request_id)
+        self._step("append_tokens", request_id, token_count)
 
     @rule(request_id=REQUEST_IDS)
     def append_slot(self, request_id: str) -> None:
-        before, slot = self._step(
-            lambda s: spec.append_tokens(s, request_id, 1),
-            lambda t: t.append_slot(request_id),
-        )
-        if slot is not None:
-            table = spec.block_table(self.model, request_id)
-            position = before.tables[request_id].token_count
-            assert slot == spec.slot_index(self.model.block_size, table.block_ids, position)
+        self._step("append_slot", request_id)
 
     @precondition(lambda self: len(self.model.tables) > 0)
     @rule(data=st.data())
@@ -123,45 +128,21 @@ class AllocatorMachine(RuleBasedStateMachine):
             else:
                 self.append_slot(request_id)
 
-    @rule(request_id=REQUEST_IDS, token_ids=PROMPTS)
+    @rule(request_id=NEW_REQUEST_IDS, token_ids=ANY_PROMPTS)
     def allocate_prompt(self, request_id: str, token_ids: tuple[int, ...]) -> None:
-        before, allocation = self._step(
-            lambda s: spec.allocate_prompt(s, request_id, token_ids),
-            lambda t: t.allocate_prompt(request_id, token_ids),
-        )
-        if allocation is not None:
-            assert allocation.table == spec.block_table(self.model, request_id)
-            hits = spec.cached_prefix_blocks(before, token_ids)
-            assert allocation.cached_tokens == len(hits) * self.model.block_size
+        self._step("allocate_prompt", request_id, token_ids)
 
-    @rule(request_id=REQUEST_IDS, token_ids=TOKEN_IDS)
+    @rule(request_id=REQUEST_IDS, token_ids=ANY_TOKEN_IDS)
     def append_token_ids(self, request_id: str, token_ids: tuple[int, ...]) -> None:
-        _, table = self._step(
-            lambda s: spec.append_token_ids(s, request_id, token_ids),
-            lambda t: t.append_token_ids(request_id, token_ids),
-        )
-        if table is not None:
-            assert table == spec.block_table(self.model, request_id)
+        self._step("append_token_ids", request_id, token_ids)
 
-    @rule(request_id=REQUEST_IDS, token_id=st.integers(0, 3))
+    @rule(request_id=REQUEST_IDS, token_id=ANY_TOKEN_ID)
     def append_token_slot(self, request_id: str, token_id: int) -> None:
-        before, slot = self._step(
-            lambda s: spec.append_token_ids(s, request_id, (token_id,)),
-            lambda t: t.append_token_slot(request_id, token_id),
-        )
-        if slot is not None:
-            table = spec.block_table(self.model, request_id)
-            position = before.tables[request_id].token_count
-            assert slot == spec.slot_index(self.model.block_size, table.block_ids, position)
+        self._step("append_token_slot", request_id, token_id)
 
-    @rule(parent_id=REQUEST_IDS, child_id=REQUEST_IDS)
+    @rule(parent_id=REQUEST_IDS, child_id=NEW_REQUEST_IDS)
     def fork(self, parent_id: str, child_id: str) -> None:
-        _, table = self._step(
-            lambda s: spec.fork(s, parent_id, child_id),
-            lambda t: t.fork(parent_id, child_id),
-        )
-        if table is not None:
-            assert table == spec.block_table(self.model, child_id)
+        self._step("fork", parent_id, child_id)
 
     @precondition(lambda self: 0 < len(self.model.tables) < 5)
     @rule(data=st.data())
@@ -178,17 +159,11 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule()
     def take_copies(self) -> None:
-        assert self.target.take_copies() == list(self.model.pending_copies)
-        self.model = spec.take_copies(self.model)
+        self._step("take_copies")
 
     @rule(request_id=REQUEST_IDS)
     def preempt(self, request_id: str) -> None:
-        before, released = self._step(
-            lambda s: spec.preempt(s, request_id),
-            lambda t: t.preempt(request_id),
-        )
-        if released is not None:
-            assert released == list(before.tables[request_id].block_ids)
+        self._step("preempt", request_id)
 
     @precondition(lambda self: len(self.model.token_ids) > 0)
     @rule(data=st.data())
@@ -201,28 +176,31 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule(request_id=REQUEST_IDS)
     def release(self, request_id: str) -> None:
-        before, released = self._step(
-            lambda s: spec.release(s, request_id),
-            lambda t: t.release(request_id),
-        )
-        if released is not None:
-            assert released == list(before.tables[request_id].block_ids)
+        self._step("release", request_id)
+
+    @rule(request_id=REQUEST_IDS)
+    def release_blocks(self, request_id: str) -> None:
+        self._step("release_blocks", request_id)
 
     @rule(request_id=REQUEST_IDS)
     def snapshot_request(self, request_id: str) -> None:
-        def model_lookup(state: AllocatorState) -> AllocatorState:
-            spec.block_table(state, request_id)  # raises KeyError for an unknown id
-            return state
+        self._step("snapshot_request", request_id)
 
-        _, table = self._step(model_lookup, lambda t: t.snapshot_request(request_id))
-        if table is not None:
-            assert table == spec.block_table(self.model, request_id)
+    @rule(token_count=COUNTS)
+    def can_allocate(self, token_count: int) -> None:
+        self._step("can_allocate", token_count)
+
+    @rule(block_id=st.integers(0, 11))
+    def ref_count(self, block_id: int) -> None:
+        if block_id < self.model.total_blocks:
+            self._step("ref_count", block_id)
 
     @invariant()
     def states_agree(self) -> None:
         assert self.target.to_spec() == self.model
         assert self.target.free_block_ids == self.model.free_block_ids
-        assert self.target.request_tables == dict(self.model.tables)
+        tables = {request_id: as_article(t) for request_id, t in self.model.tables.items()}
+        assert dict(self.target.request_tables) == tables
         assert self.target.usage() == spec.usage(self.model)
 
     @invariant()

@@ -4,8 +4,16 @@ They prove the checks can fail. Each is the smallest change to ``KVBlockManager`
 plants one kind of bug met in real allocators.
 """
 
-from impl import BlockAllocationError, BlockKey, KVBlockManager, RequestBlockTable
+from impl import (
+    BlockAllocationError,
+    BlockKey,
+    KVBlockManager,
+    PrefixCache,
+    ReleasedBlocks,
+    RequestBlockTable,
+)
 from impl.manager import _Table
+from spec import check_request_id, duplicate_request
 
 
 class ReleasesInTableOrder(KVBlockManager):
@@ -14,6 +22,8 @@ class ReleasesInTableOrder(KVBlockManager):
     __slots__ = ()
 
     def release(self, request_id: str) -> list[int]:
+        if request_id not in self._tables:
+            return super().release(request_id)
         block_ids = self._tables[request_id].block_ids
         block_ids.reverse()
         super().release(request_id)
@@ -26,6 +36,8 @@ class LeaksOneBlockOnRelease(KVBlockManager):
     __slots__ = ()
 
     def release(self, request_id: str) -> list[int]:
+        if request_id not in self._tables:
+            return super().release(request_id)
         block_ids = list(self._tables[request_id].block_ids)
         released = super().release(request_id)
         if block_ids and block_ids[-1] in self._free:
@@ -42,14 +54,15 @@ class RefusedAllocateTakesBlocks(KVBlockManager):
 
     def allocate(self, request_id: str, token_count: int) -> RequestBlockTable:
         needed = self._blocks_for(token_count)
+        check_request_id(request_id)
         if request_id in self._tables:
-            raise ValueError(f"request {request_id!r} is already allocated")
+            duplicate_request(request_id)
         taken = self._take(min(needed, self.num_free_blocks))
         if len(taken) < needed:
-            raise BlockAllocationError(request_id, needed, len(taken))
+            raise BlockAllocationError.out_of_blocks(request_id, needed, len(taken))
         self._tables[request_id] = _Table(taken, token_count)
         self._allocated_tokens += token_count
-        return RequestBlockTable(request_id, tuple(taken), token_count)
+        return RequestBlockTable(request_id, list(taken), token_count)
 
 
 class OffByOneAtBlockBoundary(KVBlockManager):
@@ -58,8 +71,7 @@ class OffByOneAtBlockBoundary(KVBlockManager):
     __slots__ = ()
 
     def _blocks_for(self, token_count: int) -> int:
-        if token_count < 0:
-            raise ValueError(f"token_count must be >= 0, got {token_count}")
+        super()._blocks_for(token_count)  # the argument checks
         return token_count // self.block_size + 1
 
 
@@ -69,6 +81,8 @@ class DecodeSlotFromStaleBlock(KVBlockManager):
     __slots__ = ()
 
     def append_slot(self, request_id: str) -> int:
+        if request_id not in self._tables:
+            return super().append_slot(request_id)
         table = self._tables[request_id]
         offset = table.token_count % self.block_size
         stale = table.block_ids[-1] * self.block_size + offset if table.block_ids else None
@@ -89,10 +103,18 @@ class TrustsHashOnWeakHash(KVBlockManager):
     def __init__(self, total_blocks: int, block_size: int = 16) -> None:
         super().__init__(total_blocks, block_size, block_hash=weak_block_hash)
 
-    def _lookup(
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._prefix_cache = _TrustingPrefixCache(self.total_blocks, self.block_hash)
+
+
+class _TrustingPrefixCache(PrefixCache):
+    __slots__ = ()
+
+    def lookup(
         self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
     ) -> int | None:
-        bucket = self._cache.get(hash_value)
+        bucket = self.buckets.get(hash_value)
         return bucket[0] if bucket else None
 
 
@@ -110,9 +132,11 @@ class SkipsSharedDecrement(KVBlockManager):
 
     __slots__ = ()
 
-    def release(self, request_id: str) -> list[int]:
+    def release_blocks(self, request_id: str) -> ReleasedBlocks:
+        if request_id not in self._tables:
+            return super().release_blocks(request_id)
         shared = [b for b in self._tables[request_id].block_ids if self._ref_counts[b] > 1]
-        released = super().release(request_id)
+        released = super().release_blocks(request_id)
         for block_id in shared:
             self._ref_counts[block_id] += 1
         return released
@@ -139,10 +163,16 @@ class SkipsCopyOnWrite(KVBlockManager):
 class EvictedBlockStaysFindable(KVBlockManager):
     """(i) Reuses a cached free block without removing its prefix from the cache."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._prefix_cache = _ForgetfulPrefixCache(self.total_blocks, self.block_hash)
+
+
+class _ForgetfulPrefixCache(PrefixCache):
     __slots__ = ()
 
-    def _uncache(self, block_id: int) -> None:
-        self._cached_blocks -= 1  # counted as evicted, but the key and the bucket stay
+    def evict(self, block_id: int) -> None:
+        self.cached_blocks -= 1  # counted as evicted, but the key and the bucket stay
 
 
 PLANTED_BUGS: list[type[KVBlockManager]] = [

@@ -1,0 +1,194 @@
+"""The prefix cache: which free or held block already holds the K/V of a token prefix.
+
+A full block is cached under a ``BlockKey``: its tokens, chained to the key of the block
+before it. Keys are found by hash and confirmed by comparing token ids down the chain
+(``BlockKey.same_prefix``), so a hash collision can cost a comparison, never hand one
+request another's K/V (the failure of vLLM advisory GHSA-rm76-4mrf-v9r8, where a hash
+match alone was trusted).
+
+This module knows keys and blocks, not requests, ref counts or queues: ``impl.manager``
+decides when a block is cached (a prompt or an append fills it) and when it is evicted
+(a cached free block is taken for new tokens).
+"""
+
+from collections.abc import Callable, Iterator, Sequence
+
+BlockHash = Callable[[int, tuple[int, ...]], int]
+
+ROOT_HASH = 0
+
+
+def default_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
+    """Python's tuple hash of (parent hash, token ids): deterministic for ints, across runs."""
+    return hash((parent_hash, token_ids))
+
+
+class BlockKey:
+    """A block's tokens, the key of its parent block (``None`` for a first block), a hash.
+
+    The hash is computed once, when the key is made: each block is hashed once in the
+    life of a request.
+    """
+
+    __slots__ = ("hash_value", "parent", "token_ids")
+
+    def __init__(
+        self, parent: "BlockKey | None", token_ids: tuple[int, ...], hash_value: int
+    ) -> None:
+        self.parent = parent
+        self.token_ids = token_ids
+        self.hash_value = hash_value
+
+    def same_prefix(self, other: "BlockKey") -> bool:
+        """Whether both keys stand for the same whole token prefix, compared token by token."""
+        # NOTE: a loop, not recursion: a chain is as long as a prompt has blocks. Keys
+        # made while walking a cached chain share parents, so this ends at once.
+        mine: BlockKey | None = self
+        theirs: BlockKey | None = other
+        while mine is not theirs:
+            if mine is None or theirs is None or mine.token_ids != theirs.token_ids:
+                return False
+            mine, theirs = mine.parent, theirs.parent
+        return True
+
+    def prefix(self) -> tuple[int, ...]:
+        """The whole token prefix this key stands for (O(chain); for tests and checks)."""
+        parts: list[tuple[int, ...]] = []
+        key: BlockKey | None = self
+        while key is not None:
+            parts.append(key.token_ids)
+            key = key.parent
+        return tuple(token for part in reversed(parts) for token in part)
+
+
+class PrefixCache:
+    """Cached prefixes of ``total_blocks`` blocks: hash buckets and each block's key.
+
+    ``block_keys[b]`` is the key block ``b`` is cached under, or ``None``; ``buckets`` maps
+    a hash to the blocks cached under keys with that hash (one, but for collisions).
+    Both are public to ``impl.manager`` so its hot paths can read them without a call.
+    """
+
+    __slots__ = ("block_hash", "block_keys", "buckets", "cached_blocks")
+
+    def __init__(self, total_blocks: int, block_hash: BlockHash) -> None:
+        self.block_hash = block_hash
+        self.buckets: dict[int, list[int]] = {}
+        self.block_keys: list[BlockKey | None] = [None] * total_blocks
+        self.cached_blocks = 0
+
+    def match(
+        self, token_ids: tuple[int, ...], block_size: int
+    ) -> tuple[list[int], list[BlockKey]]:
+        """The cached blocks holding the longest prefix of ``token_ids``, and the keys made.
+
+        The hits never cover the last token, so at least one token of a prompt is computed.
+        ``keys`` holds a key per hit and, after a miss, the key of the missed block (so a
+        prompt that fills it needs no second hash).
+        """
+        block_hash = self.block_hash
+        block_keys = self.block_keys
+        buckets = self.buckets
+        keys: list[BlockKey] = []
+        hits: list[int] = []
+        parent: BlockKey | None = None
+        parent_hash = ROOT_HASH
+        hit_limit = (len(token_ids) - 1) // block_size
+        # NOTE: the default hash is inlined: a Python call per block is a sixth of a hit.
+        inline_hash = block_hash is default_block_hash
+        for start in range(0, hit_limit * block_size, block_size):
+            chunk = token_ids[start : start + block_size]
+            if inline_hash:
+                hash_value = hash((parent_hash, chunk))
+            else:
+                hash_value = block_hash(parent_hash, chunk)
+            bucket = buckets.get(hash_value)
+            block_id = None
+            if bucket is not None:
+                # NOTE: the common hit inlined (one candidate, the very parent key object,
+                # equal tokens); anything else goes through the full check in lookup.
+                candidate = block_keys[bucket[0]]
+                if len(bucket) == 1 and candidate is not None and candidate.parent is parent:
+                    block_id = bucket[0] if candidate.token_ids == chunk else None
+                else:
+                    block_id = self.lookup(parent, chunk, hash_value)
+            if block_id is None:
+                keys.append(BlockKey(parent, chunk, hash_value))
+                break
+            parent = block_keys[block_id]
+            assert parent is not None, "a cached block has a key"
+            parent_hash = hash_value
+            keys.append(parent)
+            hits.append(block_id)
+        return hits, keys
+
+    def lookup(
+        self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
+    ) -> int | None:
+        """The block caching the prefix ``parent`` + ``token_ids``, confirmed token by token.
+
+        ``None`` if no cached block holds it. The hash only narrows the candidates.
+        """
+        for block_id in self.buckets.get(hash_value, ()):
+            cached = self.block_keys[block_id]
+            assert cached is not None, "a block in the cache has a key"
+            if cached.token_ids != token_ids:
+                continue
+            # Walking a cached chain, the parents are the very same key objects.
+            if cached.parent is parent or (
+                cached.parent is not None
+                and parent is not None
+                and cached.parent.same_prefix(parent)
+            ):
+                return block_id
+        return None
+
+    def insert_full_blocks(
+        self,
+        token_ids: Sequence[int],
+        keys: list[BlockKey],
+        block_ids: Sequence[int],
+        first_index: int,
+        block_size: int,
+    ) -> None:
+        """Key every full block of a request from ``first_index`` on and cache it, unless
+        its prefix is cached already (the first block to hold a prefix keeps it).
+
+        ``keys`` is the request's list of full-block keys; missing ones are made here.
+        """
+        for index in range(first_index, len(token_ids) // block_size):
+            if index == len(keys):
+                parent = keys[-1] if keys else None
+                start = index * block_size
+                chunk = tuple(token_ids[start : start + block_size])
+                parent_hash = ROOT_HASH if parent is None else parent.hash_value
+                keys.append(BlockKey(parent, chunk, self.block_hash(parent_hash, chunk)))
+            key = keys[index]
+            if self.lookup(key.parent, key.token_ids, key.hash_value) is None:
+                block_id = block_ids[index]
+                self.buckets.setdefault(key.hash_value, []).append(block_id)
+                self.block_keys[block_id] = key
+                self.cached_blocks += 1
+
+    def evict(self, block_id: int) -> None:
+        """Forget the prefix ``block_id`` holds: it is about to be overwritten."""
+        key = self.block_keys[block_id]
+        assert key is not None, "an evicted block was cached"
+        bucket = self.buckets[key.hash_value]
+        bucket.remove(block_id)
+        if not bucket:
+            del self.buckets[key.hash_value]
+        self.block_keys[block_id] = None
+        self.cached_blocks -= 1
+
+    def prefixes(self) -> Iterator[tuple[tuple[int, ...], int]]:
+        """Every cached (whole token prefix, block id), in block id order (O(pool))."""
+        for block_id, key in enumerate(self.block_keys):
+            if key is not None:
+                yield key.prefix(), block_id
+
+    def is_index_consistent(self) -> bool:
+        """The buckets, the block keys and the count describe the same cached blocks."""
+        bucketed = {(h, b) for h, bucket in self.buckets.items() for b in bucket}
+        keyed = {(key.hash_value, b) for b, key in enumerate(self.block_keys) if key}
+        return bucketed == keyed and self.cached_blocks == len(keyed)

@@ -1,0 +1,46 @@
+"""The records impl hands out, shaped as in the article series: a table is a mutable
+dataclass with a ``list`` of block ids and defaults, so code written against the article
+runs unchanged.
+
+A returned table is a snapshot: changing it never changes the manager. The spec keeps
+frozen, hashable twins of these (``spec.RequestBlockTable``, ``spec.PromptAllocation``);
+``KVBlock``, ``ReleasedBlocks`` and ``KVBlockUsage`` are the spec's own classes.
+"""
+
+from dataclasses import dataclass, field
+
+import spec
+
+
+@dataclass(slots=True)
+class RequestBlockTable:
+    """A request's block table: its blocks in token order and the tokens they hold."""
+
+    request_id: str
+    block_ids: list[int] = field(default_factory=list)
+    token_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PromptAllocation:
+    """What ``allocate_prompt`` gives: the new table and how many prompt tokens hit the cache.
+
+    The first ``cached_tokens`` tokens' K/V are already in the pool; the engine computes
+    only the rest.
+    """
+
+    table: RequestBlockTable
+    cached_tokens: int
+
+
+def as_article(value: object) -> object:
+    """``value`` with spec tables (and prompt allocations) turned into these records; any
+    other value as it is. The one place the tests map spec results onto impl's."""
+    if isinstance(value, spec.RequestBlockTable):
+        return RequestBlockTable(value.request_id, list(value.block_ids), value.token_count)
+    if isinstance(value, spec.PromptAllocation):
+        table = RequestBlockTable(
+            value.table.request_id, list(value.table.block_ids), value.table.token_count
+        )
+        return PromptAllocation(table, value.cached_tokens)
+    return value

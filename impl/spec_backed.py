@@ -1,0 +1,116 @@
+"""``SpecBackedManager``: ``KVBlockManager``'s API with the spec behind it, for tests and
+benchmarks.
+
+Each method threads an immutable spec state through ``spec.api``'s function of the same
+name and hands back the records impl hands out; it decides nothing itself. So a scenario
+written against the manager runs on the spec unchanged, and the spec-side benchmark
+times exactly what the specification does. Slow on purpose: O(pool) per call.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from impl.records import PromptAllocation, RequestBlockTable, as_article
+from spec import AllocatorState, KVBlockUsage, ReleasedBlocks
+from spec import init as spec_init
+from spec.api import OPERATIONS
+
+
+class SpecBackedManager:
+    """A mutable handle on a spec state, shaped like ``impl.KVBlockManager``."""
+
+    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
+        self.state: AllocatorState = spec_init(total_blocks, block_size)
+
+    def call(self, name: str, *args: object) -> Any:  # Any: the method's own return type
+        """Apply the API call ``name`` to the state; return its result as impl would."""
+        self.state, result = OPERATIONS[name](self.state, *args)
+        return as_article(result)
+
+    @property
+    def total_blocks(self) -> int:
+        return self.state.total_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.state.block_size
+
+    @property
+    def free_block_ids(self) -> tuple[int, ...]:
+        return self.state.free_block_ids
+
+    @property
+    def cached_free_block_ids(self) -> tuple[int, ...]:
+        return self.state.cached_free_block_ids
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.state.free_block_ids) + len(self.state.cached_free_block_ids)
+
+    @property
+    def pending_copies(self) -> tuple[tuple[int, int], ...]:
+        return self.state.pending_copies
+
+    @property
+    def request_tables(self) -> Mapping[str, RequestBlockTable]:
+        return {request_id: self.snapshot_request(request_id) for request_id in self.state.tables}
+
+    def allocate(self, request_id: str, token_count: int) -> RequestBlockTable:
+        result: RequestBlockTable = self.call("allocate", request_id, token_count)
+        return result
+
+    def allocate_prompt(self, request_id: str, token_ids: Sequence[int]) -> PromptAllocation:
+        result: PromptAllocation = self.call("allocate_prompt", request_id, token_ids)
+        return result
+
+    def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable:
+        result: RequestBlockTable = self.call("append_tokens", request_id, token_count)
+        return result
+
+    def append_token_ids(self, request_id: str, token_ids: Sequence[int]) -> RequestBlockTable:
+        result: RequestBlockTable = self.call("append_token_ids", request_id, token_ids)
+        return result
+
+    def append_slot(self, request_id: str) -> int:
+        result: int = self.call("append_slot", request_id)
+        return result
+
+    def append_token_slot(self, request_id: str, token_id: int) -> int:
+        result: int = self.call("append_token_slot", request_id, token_id)
+        return result
+
+    def fork(self, parent_id: str, child_id: str) -> RequestBlockTable:
+        result: RequestBlockTable = self.call("fork", parent_id, child_id)
+        return result
+
+    def release(self, request_id: str) -> list[int]:
+        result: list[int] = self.call("release", request_id)
+        return result
+
+    def release_blocks(self, request_id: str) -> ReleasedBlocks:
+        result: ReleasedBlocks = self.call("release_blocks", request_id)
+        return result
+
+    def preempt(self, request_id: str) -> ReleasedBlocks:
+        result: ReleasedBlocks = self.call("preempt", request_id)
+        return result
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        result: list[tuple[int, int]] = self.call("take_copies")
+        return result
+
+    def snapshot_request(self, request_id: str) -> RequestBlockTable:
+        result: RequestBlockTable = self.call("snapshot_request", request_id)
+        return result
+
+    def can_allocate(self, token_count: int) -> bool:
+        result: bool = self.call("can_allocate", token_count)
+        return result
+
+    def ref_count(self, block_id: int) -> int:
+        result: int = self.call("ref_count", block_id)
+        return result
+
+    def usage(self) -> KVBlockUsage:
+        result: KVBlockUsage = self.call("usage")
+        return result

@@ -1,0 +1,153 @@
+"""impl's public API, call by call, as pure functions of a spec state: the one operation table.
+
+Each function takes a state and the arguments of ``KVBlockManager``'s method of the same
+name and returns the new state and what that method returns (in spec records: frozen
+tables, tuples of block ids). A refused call raises, as the method must, and there is no
+new state. ``OPERATIONS`` maps each method name to its function; the state machine, the
+bounded checker, the scenario tests and the spec-side benchmark all drive spec through it
+and impl by the same name, so an operation is written down once.
+
+``impl.records.as_article`` turns a result into the record impl hands out (the article's
+mutable table, with a ``list`` of block ids), so the two compare with ``==``.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from spec import allocator
+from spec.allocator import AllocatorState
+from spec.records import KVBlockUsage, PromptAllocation, ReleasedBlocks, RequestBlockTable
+
+# Any: each step takes its own method's arguments; the table is checked by the tests
+# that call every entry against impl, not by the type checker.
+Step = Callable[..., tuple[AllocatorState, Any]]
+
+
+def allocate(
+    state: AllocatorState, request_id: str, token_count: int
+) -> tuple[AllocatorState, RequestBlockTable]:
+    after = allocator.allocate(state, request_id, token_count)
+    return after, allocator.block_table(after, request_id)
+
+
+def allocate_prompt(
+    state: AllocatorState, request_id: str, token_ids: Sequence[int]
+) -> tuple[AllocatorState, PromptAllocation]:
+    ids = tuple(token_ids)
+    after = allocator.allocate_prompt(state, request_id, ids)
+    hits = allocator.cached_prefix_blocks(state, ids)
+    table = allocator.block_table(after, request_id)
+    return after, PromptAllocation(table, len(hits) * state.block_size)
+
+
+def append_tokens(
+    state: AllocatorState, request_id: str, token_count: int = 1
+) -> tuple[AllocatorState, RequestBlockTable]:
+    after = allocator.append_tokens(state, request_id, token_count)
+    return after, allocator.block_table(after, request_id)
+
+
+def append_token_ids(
+    state: AllocatorState, request_id: str, token_ids: Sequence[int]
+) -> tuple[AllocatorState, RequestBlockTable]:
+    after = allocator.append_token_ids(state, request_id, tuple(token_ids))
+    return after, allocator.block_table(after, request_id)
+
+
+def append_slot(state: AllocatorState, request_id: str) -> tuple[AllocatorState, int]:
+    """``append_tokens(request_id, 1)``, returning the new token's pool slot."""
+    after = allocator.append_tokens(state, request_id, 1)
+    return after, _last_slot(after, request_id)
+
+
+def append_token_slot(
+    state: AllocatorState, request_id: str, token_id: int
+) -> tuple[AllocatorState, int]:
+    """``append_token_ids(request_id, (token_id,))``, returning the new token's pool slot."""
+    after = allocator.append_token_ids(state, request_id, (token_id,))
+    return after, _last_slot(after, request_id)
+
+
+def fork(
+    state: AllocatorState, parent_id: str, child_id: str
+) -> tuple[AllocatorState, RequestBlockTable]:
+    after = allocator.fork(state, parent_id, child_id)
+    return after, allocator.block_table(after, child_id)
+
+
+def release(state: AllocatorState, request_id: str) -> tuple[AllocatorState, list[int]]:
+    """The request's block ids in table order, as the article's ``release`` returns them."""
+    after, released = release_blocks(state, request_id)
+    return after, list(released.block_ids)
+
+
+def release_blocks(state: AllocatorState, request_id: str) -> tuple[AllocatorState, ReleasedBlocks]:
+    after = allocator.release(state, request_id)
+    return after, _released(state, after, request_id)
+
+
+def preempt(state: AllocatorState, request_id: str) -> tuple[AllocatorState, ReleasedBlocks]:
+    after = allocator.preempt(state, request_id)
+    return after, _released(state, after, request_id)
+
+
+def take_copies(state: AllocatorState) -> tuple[AllocatorState, list[tuple[int, int]]]:
+    return allocator.take_copies(state), list(state.pending_copies)
+
+
+def snapshot_request(
+    state: AllocatorState, request_id: str
+) -> tuple[AllocatorState, RequestBlockTable]:
+    return state, allocator.block_table(state, request_id)
+
+
+def can_allocate(state: AllocatorState, token_count: int) -> tuple[AllocatorState, bool]:
+    needed = allocator.blocks_for_tokens(state.block_size, token_count)
+    return state, needed <= allocator.available_blocks(state)
+
+
+def ref_count(state: AllocatorState, block_id: int) -> tuple[AllocatorState, int]:
+    return state, state.ref_counts.get(block_id, 0)
+
+
+def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:
+    return state, allocator.usage(state)
+
+
+OPERATIONS: Mapping[str, Step] = MappingProxyType(
+    {
+        "allocate": allocate,
+        "allocate_prompt": allocate_prompt,
+        "append_tokens": append_tokens,
+        "append_token_ids": append_token_ids,
+        "append_slot": append_slot,
+        "append_token_slot": append_token_slot,
+        "fork": fork,
+        "release": release,
+        "release_blocks": release_blocks,
+        "preempt": preempt,
+        "take_copies": take_copies,
+        "snapshot_request": snapshot_request,
+        "can_allocate": can_allocate,
+        "ref_count": ref_count,
+        "usage": usage,
+    }
+)
+
+
+def _last_slot(state: AllocatorState, request_id: str) -> int:
+    table = allocator.block_table(state, request_id)
+    return allocator.slot_index(state.block_size, table.block_ids, table.token_count - 1)
+
+
+def _released(before: AllocatorState, after: AllocatorState, request_id: str) -> ReleasedBlocks:
+    block_ids = allocator.block_table(before, request_id).block_ids
+    newly_cached = set(after.cached_free_block_ids) - set(before.cached_free_block_ids)
+    now_free = set(after.free_block_ids) - set(before.free_block_ids)
+    in_release_order = tuple(reversed(block_ids))
+    return ReleasedBlocks(
+        block_ids,
+        tuple(b for b in in_release_order if b in now_free),
+        tuple(b for b in in_release_order if b in newly_cached),
+    )
