@@ -3,15 +3,21 @@
 For example ``python -m harness.bench.fragmentation --request-tokens 9,17,33,5,41,12`` allocates
 each request's tokens in a ``KVBlockManager`` and prints, as JSON, the pool's usage next to
 what a contiguous allocator would reserve if it gave every request the longest request's
-length. Needs no model and no torch.
+length. Needs no model and no torch. With ``--map`` it prints the pool as a block map
+(``impl.block_map``) instead.
 """
 
 import json
+import os
+import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from harness.cli.parsing import OneLineParser, fail
 from impl import BlockAllocationError, KVBlockManager
+from impl.block_map import render_block_map, snapshot_pool
+from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.fragmentation"
 
@@ -33,14 +39,55 @@ def parse_request_tokens(text: str) -> list[int]:
     return counts
 
 
+def allocate_requests(
+    block_size: int, total_blocks: int, request_tokens: Sequence[int]
+) -> KVBlockManager:
+    """A pool with request ``request-{i}`` allocated ``request_tokens[i]`` tokens, in order."""
+    manager = KVBlockManager(total_blocks, block_size)
+    for index, token_count in enumerate(request_tokens):
+        manager.allocate(f"request-{index}", token_count)
+    return manager
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSizePoint:
+    """The requests allocated in blocks of ``block_size``: utilization and waste."""
+
+    block_size: int
+    block_utilization: float
+    internal_fragmentation_tokens: int
+    request_count: int
+
+    @property
+    def fragmentation_tokens_per_request(self) -> float:
+        """Slots reserved but not holding a token, per request (mean)."""
+        return self.internal_fragmentation_tokens / self.request_count
+
+
+def sweep_block_sizes(
+    request_tokens: Sequence[int], block_sizes: Sequence[int]
+) -> list[BlockSizePoint]:
+    """The requests allocated at their token counts in a pool just big enough, per size."""
+    points = []
+    for block_size in block_sizes:
+        total_blocks = sum(blocks_for_tokens(block_size, count) for count in request_tokens)
+        usage = allocate_requests(block_size, total_blocks, request_tokens).usage()
+        points.append(
+            BlockSizePoint(
+                block_size,
+                usage.block_utilization,
+                usage.internal_fragmentation_tokens,
+                len(request_tokens),
+            )
+        )
+    return points
+
+
 def fragmentation_report(
     block_size: int, total_blocks: int, request_tokens: Sequence[int]
 ) -> dict[str, object]:
     """Allocate every request and compare with contiguous reservation at the longest length."""
-    manager = KVBlockManager(total_blocks, block_size)
-    for index, token_count in enumerate(request_tokens):
-        manager.allocate(f"request-{index}", token_count)
-    usage = manager.usage()
+    usage = allocate_requests(block_size, total_blocks, request_tokens).usage()
     allocated = sum(request_tokens)
     # A contiguous allocator that cannot grow a request in place reserves the longest
     # length for every request (the fixed-slot baseline of the article).
@@ -90,15 +137,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="9,17,33,5,41,12",
         help="comma-separated token counts, one per request (default: the article's example)",
     )
+    parser.add_argument(
+        "--map",
+        action="store_true",
+        help="print the pool as a block map (one cell per block) instead of the JSON report",
+    )
     args = parser.parse_args(argv)
     try:
         request_tokens = parse_request_tokens(args.request_tokens)
         report = fragmentation_report(args.block_size, args.total_blocks, request_tokens)
+        manager = allocate_requests(args.block_size, args.total_blocks, request_tokens)
     except ValueError as error:
         return fail(PROG, str(error))
     except BlockAllocationError as error:
         return fail(PROG, f"the pool of {args.total_blocks} blocks is too small: {error}")
-    print(json.dumps(report, indent=2))
+    if args.map:
+        width = shutil.get_terminal_size().columns
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        print(render_block_map(snapshot_pool(manager), width=width, color=color))
+    else:
+        print(json.dumps(report, indent=2))
     return 0
 
 

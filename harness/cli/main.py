@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from harness.bench.plots import plot_pool_over_time
 from harness.cli.limits import (
     available_bytes,
     check_context,
@@ -25,6 +26,7 @@ from harness.cli.limits import (
     model_context,
 )
 from harness.cli.parsing import OneLineParser, UsageError, fail
+from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
 from harness.models import (
     ModelLoadError,
@@ -149,6 +151,22 @@ def build_parser() -> argparse.ArgumentParser:
         "with other jobs, 1 is several times faster: the per-request attention is many small ops",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--pool-map",
+        type=int,
+        default=None,
+        metavar="EVERY",
+        help="print the pool's block map (on stderr) every EVERY engine steps of the "
+        "continuous-batching run, and at each preemption, fork and release",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="draw the pool over the continuous-batching run (blocks used, cached free, free "
+        "per step; preemptions marked) to FILE.png",
+    )
     return parser
 
 
@@ -165,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--arrival-gap must be >= 0, got {args.arrival_gap}")
         if args.n < 1:
             raise UsageError(f"--n must be >= 1, got {args.n}")
+        if args.pool_map is not None and args.pool_map < 1:
+            raise UsageError(f"--pool-map must be >= 1, got {args.pool_map}")
+        if args.plot is not None and not args.plot.parent.is_dir():
+            raise UsageError(f"--plot: no directory {str(args.plot.parent)!r} to write into")
         if args.threads is not None:
             check_threads(args.threads)
             torch.set_num_threads(args.threads)
@@ -210,8 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         engine_type=BatchInvariantEngine if args.batch_invariant else Engine,
         pool_type=PoisonedKVPool if args.poison_freed else PagedKVPool,
         allocation=NO_PREFIX_CACHING if args.no_prefix_cache else PREFIX_CACHING,
+        observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
     )
     report = run_equivalence(loaded, requests, pool, _progress)
+    if args.plot is not None:
+        plot_pool_over_time(report.usage, num_blocks, args.plot)
+        _progress(f"wrote {args.plot}")
     _progress("done")
     if args.json:
         print(json.dumps(as_json(report, loaded, pool, args), indent=2))

@@ -16,7 +16,7 @@ and gathers a row per continuation and the run's totals. It is *not* the command
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,8 +38,10 @@ from harness.runtime.engine import (
     BatchInvariantEngine,
     Engine,
     EngineResult,
+    PoolObserver,
     Request,
     RequestOutput,
+    UsageSample,
 )
 from harness.runtime.kv_pool import ContiguousKVBuffers, KVLayout, KVStore, PagedKVPool
 from impl import KVBlockManager
@@ -49,13 +51,17 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
-    """The paged pool to run on, the engine and pool classes, and how prompts get blocks."""
+    """The paged pool to run on, the engine and pool classes, and how prompts get blocks.
+
+    ``observer`` watches the pool during the continuous-batching run (check 3) only.
+    """
 
     num_blocks: int
     block_size: int
     engine_type: type[Engine] = Engine
     pool_type: type[PagedKVPool] = PagedKVPool
     allocation: Allocation = PREFIX_CACHING
+    observer: PoolObserver | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +85,7 @@ class RequestReport:
 
 @dataclass(frozen=True, slots=True)
 class EquivalenceReport:
-    """Every request's row and the run's totals."""
+    """Every request's row and the run's totals; ``usage``: the batched run's pool per step."""
 
     rows: list[RequestReport]
     dense_tokens_per_s: float
@@ -96,6 +102,7 @@ class EquivalenceReport:
     cow_copies: int
     preemptions: int
     blocks_saved_by_sharing: int
+    usage: list[UsageSample] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -123,13 +130,16 @@ def run_equivalence(
         engine = BatchInvariantEngine(loaded.model, manager, paged_pool, eos, pool.allocation)
         alone.update(engine.run([replace(request, arrival_step=0)]).outputs)
 
-    def run_packed(store: KVStore, allocation: Allocation) -> EngineResult:
+    def run_packed(
+        store: KVStore, allocation: Allocation, observer: PoolObserver | None = None
+    ) -> EngineResult:
         """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
         manager = KVBlockManager(pool.num_blocks, pool.block_size)
-        return pool.engine_type(loaded.model, manager, store, eos, allocation).run(requests)
+        engine = pool.engine_type(loaded.model, manager, store, eos, allocation, observer=observer)
+        return engine.run(requests)
 
     progress(f"paged, continuous batching: {len(requests)} requests")
-    batched = run_packed(paged_pool, pool.allocation)
+    batched = run_packed(paged_pool, pool.allocation, pool.observer)
     gate_paged = batched
     if pool.allocation is not NO_PREFIX_CACHING:
         progress(f"paged, same batching without prefix caching (gate): {len(requests)} requests")
@@ -228,4 +238,5 @@ def _report(
         cow_copies=batched.cow_copies,
         preemptions=batched.preemptions,
         blocks_saved_by_sharing=batched.blocks_saved_by_sharing,
+        usage=batched.usage,
     )

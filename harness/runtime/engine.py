@@ -23,8 +23,9 @@ allocator gate runs this same loop on contiguous buffers and compares.
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -122,7 +123,9 @@ class UsageSample:
     """The pool after one step: blocks in use, tokens held/reserved, blocks named by tables.
 
     ``table_blocks`` counts a block once per table that holds it, so it exceeds
-    ``used_blocks`` by exactly the blocks sharing saves at that step.
+    ``used_blocks`` by exactly the blocks sharing saves at that step. ``cached_free_blocks``
+    are free blocks still holding a cached prefix; ``preemptions`` counts the manager's
+    preemptions so far (the steps where it grows are the steps that preempted).
     """
 
     used_blocks: int
@@ -130,6 +133,25 @@ class UsageSample:
     allocated_tokens: int
     reserved_tokens: int
     table_blocks: int
+    cached_free_blocks: int = 0
+    preemptions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEvent:
+    """A moment an observer of the pool is told of: the end of a step (after the forward,
+    before finished requests release), or a preemption, fork or release just done.
+
+    ``request_ids``: none for a step, the parent then the child for a fork, else the one.
+    """
+
+    kind: Literal["step", "preempt", "fork", "release"]
+    step: int
+    request_ids: tuple[str, ...] = ()
+
+
+# Called with each event and the manager after it; it must only read the manager.
+PoolObserver = Callable[[PoolEvent, KVBlockManager], None]
 
 
 @dataclass(slots=True)
@@ -247,6 +269,8 @@ class Engine:
         store: KVStore,
         eos_token_id: int | None,
         allocation: Allocation = PREFIX_CACHING,
+        *,
+        observer: PoolObserver | None = None,
     ) -> None:
         check_supported(model)
         self.model = model
@@ -254,8 +278,10 @@ class Engine:
         self.store = store
         self.eos_token_id = eos_token_id
         self.allocation = allocation
+        self.observer = observer
         self._device: torch.device = next(model.parameters()).device
         self._prefill_tokens = 0
+        self._step = 0
 
     def run(self, requests: list[Request]) -> EngineResult:
         """Serve ``requests`` (arrival order by ``arrival_step``, then list order) to the end."""
@@ -275,6 +301,7 @@ class Engine:
                 while waiting or running:
                     if not running and waiting[0].request.arrival_step > step:
                         step = waiting[0].request.arrival_step  # nothing to do until then
+                    self._step = step
                     grown = self._grow_decoding(running, waiting)
                     while waiting and waiting[0].request.arrival_step <= step:
                         if not self._admit(waiting[0]):
@@ -291,6 +318,7 @@ class Engine:
                         outputs[child.request.request_id] = child.output
                     running.extend(children)
                     usage.append(self._usage_sample())
+                    self._notify("step")
                     for finished in [r for r in running if self._is_finished(r)]:
                         running.remove(finished)
                         self._release(finished)
@@ -486,6 +514,7 @@ class Engine:
             child_id = continuation_id(request.request_id, rank)
             self.manager.fork(request.request_id, child_id)
             self.store.fork(request.request_id, child_id)
+            self._notify("fork", request.request_id, child_id)
             token_id = first_tokens[rank]
             output = RequestOutput(
                 child_id, len(request.prompt_ids), [token_id], [logits], parent.output.max_blocks
@@ -520,21 +549,33 @@ class Engine:
         # Only blocks nobody may read again: a block another table holds keeps valid K/V,
         # and so does a cached free block (a later prefix hit revives it as it is).
         self.store.release(request_id, list(released.freed_block_ids))
+        self._notify("release", request_id)
 
     def _preempt(self, running: _Running) -> None:
         request_id = running.request.request_id
         released = self.manager.preempt(request_id)
         self.store.release(request_id, list(released.freed_block_ids))
+        self._notify("preempt", request_id)
+
+    def _notify(
+        self, kind: Literal["step", "preempt", "fork", "release"], *request_ids: str
+    ) -> None:
+        if self.observer is not None:
+            self.observer(PoolEvent(kind, self._step, request_ids), self.manager)
 
     def _usage_sample(self) -> UsageSample:
         usage = self.manager.usage()
         table_blocks = sum(len(table.block_ids) for table in self.manager.request_tables.values())
+        # NOTE: the cached free queue is copied to count it (O(cached free blocks)), like the
+        # tables above; the manager has no O(1) count of it.
         return UsageSample(
             usage.used_blocks,
             usage.request_count,
             usage.allocated_tokens,
             usage.reserved_tokens,
             table_blocks,
+            cached_free_blocks=len(self.manager.cached_free_block_ids),
+            preemptions=usage.preemptions,
         )
 
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from harness.bench.fragmentation import fragmentation_report, main
+from impl.block_map import LEGEND
 
 ARTICLE_ARGS = ["--block-size", "16", "--total-blocks", "64"]
 ARTICLE_ARGS += ["--request-tokens", "9,17,33,5,41,12"]
@@ -70,3 +71,29 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(args: list[str], messa
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_map_option_draws_the_articles_example_block_by_block(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main([*ARTICLE_ARGS, "--map"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    free = ", ".join(str(block_id) for block_id in range(11, 64))
+    assert lines == [
+        "pool: 64 blocks x 16 tokens; 11 used (0 shared), 0 cached free, 53 free",
+        " 0 [A ~][B  ][B ~][C  ][C  ][C ~][D ~][E  ][E  ][E ~][F ~][.  ][.  ][.  ][.  ]",
+        "15 " + "[.  ]" * 15,
+        "30 " + "[.  ]" * 15,
+        "45 " + "[.  ]" * 15,
+        "60 " + "[.  ]" * 4,
+        "A  request-0: token_count = 9, block_ids = [0]",
+        "B  request-1: token_count = 17, block_ids = [1, 2]",
+        "C  request-2: token_count = 33, block_ids = [3, 4, 5]",
+        "D  request-3: token_count = 5, block_ids = [6]",
+        "E  request-4: token_count = 41, block_ids = [7, 8, 9]",
+        "F  request-5: token_count = 12, block_ids = [10]",
+        f"free_block_ids = [{free}]",
+        "cached_free_block_ids = []",
+        LEGEND,
+    ]

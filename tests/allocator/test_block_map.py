@@ -1,0 +1,141 @@
+"""The block map: literal maps of small pools after a fork, a prefix hit, a copy-on-write
+and a release that leaves a cached free block; labels, wrapping and colour."""
+
+import pytest
+
+from impl import KVBlockManager
+from impl.block_map import (
+    LEGEND,
+    PoolSnapshot,
+    compute_label,
+    extend_labels,
+    render_block_map,
+    snapshot_pool,
+)
+from spec import RequestBlockTable
+
+
+def test_a_fork_shares_every_block_and_the_partly_filled_last_block_is_marked_too() -> None:
+    manager = KVBlockManager(6, 4)
+    manager.allocate("req-a", 6)
+    manager.fork("req-a", "req-b")
+    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+        [
+            "pool: 6 blocks x 4 tokens; 2 used (2 shared), 0 cached free, 4 free",
+            "0 [A* ][A*~][.  ][.  ][.  ][.  ]",
+            "A  req-a: token_count = 6, block_ids = [0, 1]",
+            "B  req-b: token_count = 6, block_ids = [0, 1]",
+            "free_block_ids = [2, 3, 4, 5]",
+            "cached_free_block_ids = []",
+            LEGEND,
+        ]
+    )
+
+
+def test_a_copy_on_write_gives_the_child_its_own_last_block() -> None:
+    manager = KVBlockManager(6, 4)
+    manager.allocate("req-a", 6)
+    manager.fork("req-a", "req-b")
+    manager.append_slot("req-b")
+    assert manager.take_copies() == [(1, 2)]
+    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+        [
+            "pool: 6 blocks x 4 tokens; 3 used (1 shared), 0 cached free, 3 free",
+            "0 [A* ][A ~][B ~][.  ][.  ][.  ]",
+            "A  req-a: token_count = 6, block_ids = [0, 1]",
+            "B  req-b: token_count = 7, block_ids = [0, 2]",
+            "free_block_ids = [3, 4, 5]",
+            "cached_free_block_ids = []",
+            LEGEND,
+        ]
+    )
+
+
+def test_a_prefix_hit_shares_the_full_prompt_blocks_only() -> None:
+    manager = KVBlockManager(6, 4)
+    manager.allocate_prompt("req-a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    hit = manager.allocate_prompt("req-b", [1, 2, 3, 4, 5, 6, 7, 8, 20, 21])
+    assert hit.cached_tokens == 8
+    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+        [
+            "pool: 6 blocks x 4 tokens; 4 used (2 shared), 0 cached free, 2 free",
+            "0 [A* ][A* ][A ~][B ~][.  ][.  ]",
+            "A  req-a: token_count = 9, block_ids = [0, 1, 2]",
+            "B  req-b: token_count = 10, block_ids = [0, 1, 3]",
+            "free_block_ids = [4, 5]",
+            "cached_free_block_ids = []",
+            LEGEND,
+        ]
+    )
+
+
+def test_a_released_full_block_is_cached_free_and_a_partial_one_plain_free() -> None:
+    manager = KVBlockManager(6, 4)
+    manager.allocate_prompt("req-a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
+    manager.allocate_prompt("req-b", [1, 2, 3, 4, 5, 6, 7, 8, 20])
+    labels = extend_labels({}, ["req-a", "req-b"])
+    manager.release("req-a")
+    # Block 2 (tokens 9-12) keeps its cached prefix; block 3 (token 13) was never cached.
+    # req-b keeps its label B, and the map wraps at 21 columns: three cells a row.
+    assert render_block_map(snapshot_pool(manager), labels, width=21) == "\n".join(
+        [
+            "pool: 6 blocks x 4 tokens; 3 used (0 shared), 1 cached free, 2 free",
+            "0 [B  ][B  ][:  ]",
+            "3 [.  ][B ~][.  ]",
+            "B  req-b: token_count = 9, block_ids = [0, 1, 4]",
+            "free_block_ids = [5, 3]",
+            "cached_free_block_ids = [2]",
+            LEGEND,
+        ]
+    )
+
+
+def test_labels_run_through_both_alphabets_then_take_two_letters() -> None:
+    assert [compute_label(i) for i in (0, 25, 26, 51, 52, 53, 103, 104)] == [
+        "A",
+        "Z",
+        "a",
+        "z",
+        "AA",
+        "AB",
+        "Az",
+        "BA",
+    ]
+
+
+def test_a_request_keeps_its_label_and_new_ones_never_reuse_a_released_ones() -> None:
+    labels = extend_labels({}, ["r0", "r1"])
+    assert extend_labels(labels, ["r2", "r1"]) == {"r0": "A", "r1": "B", "r2": "C"}
+
+
+def test_two_letter_labels_widen_every_cell() -> None:
+    pool = PoolSnapshot(
+        block_size=2,
+        total_blocks=3,
+        tables=(RequestBlockTable("x", (1,), 1),),
+        ref_counts=(0, 1, 0),
+        free_block_ids=(0, 2),
+        cached_free_block_ids=(),
+    )
+    lines = render_block_map(pool, {"x": "AB"}).splitlines()
+    assert lines[1] == "0 [.   ][AB ~][.   ]"
+    assert lines[2] == "AB  x: token_count = 1, block_ids = [1]"
+
+
+def test_a_width_narrower_than_one_cell_still_shows_one_cell_a_row() -> None:
+    manager = KVBlockManager(2, 4)
+    manager.allocate("req-a", 4)
+    assert render_block_map(snapshot_pool(manager), width=1).splitlines()[1:3] == [
+        "0 [A  ]",
+        "1 [.  ]",
+    ]
+
+
+@pytest.mark.parametrize("color", [False, True])
+def test_colour_escapes_appear_only_when_asked_for(color: bool) -> None:
+    manager = KVBlockManager(2, 4)
+    manager.allocate("req-a", 3)
+    text = render_block_map(snapshot_pool(manager), color=color)
+    assert ("\x1b[" in text) is color
+    if color:
+        assert "\x1b[31m[A ~]\x1b[0m\x1b[2m[.  ]\x1b[0m" in text
