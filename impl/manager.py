@@ -173,7 +173,7 @@ class KVBlockManager:
         return self._request_tables
 
     @property
-    def num_free_blocks(self) -> int:
+    def free_blocks(self) -> int:
         """How many blocks an allocation may take (cached free ones included), in O(1)."""
         return len(self._free) + len(self._cached_free)
 

@@ -44,7 +44,7 @@ class SpecBackedManager:
         return self.state.cached_free_block_ids
 
     @property
-    def num_free_blocks(self) -> int:
+    def free_blocks(self) -> int:
         return len(self.state.free_block_ids) + len(self.state.cached_free_block_ids)
 
     @property

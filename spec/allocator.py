@@ -111,7 +111,7 @@ def init(total_blocks: int, block_size: int) -> AllocatorState:
 # -- queries ----------------------------------------------------------------------------
 
 
-def block_table(state: AllocatorState, request_id: str) -> RequestBlockTable:
+def snapshot_request(state: AllocatorState, request_id: str) -> RequestBlockTable:
     """The table of ``request_id``; ``KeyError`` if it holds no blocks here."""
     table = state.tables.get(request_id)
     if table is None:
@@ -119,7 +119,7 @@ def block_table(state: AllocatorState, request_id: str) -> RequestBlockTable:
     return table
 
 
-def available_blocks(state: AllocatorState) -> int:
+def free_blocks(state: AllocatorState) -> int:
     """Blocks an allocation may take: the free queue plus the cached free queue."""
     return len(state.free_block_ids) + len(state.cached_free_block_ids)
 
@@ -141,13 +141,13 @@ def cached_prefix_blocks(state: AllocatorState, token_ids: TokenIds) -> tuple[in
 
 def usage(state: AllocatorState) -> KVBlockUsage:
     """The usage report, computed from the tables, the queues and the cache."""
-    free_blocks = available_blocks(state)
-    used_blocks = state.total_blocks - free_blocks
+    free = free_blocks(state)
+    used_blocks = state.total_blocks - free
     return KVBlockUsage(
         block_size=state.block_size,
         total_blocks=state.total_blocks,
         used_blocks=used_blocks,
-        free_blocks=free_blocks,
+        free_blocks=free,
         request_count=len(state.tables),
         allocated_tokens=sum(table.token_count for table in state.tables.values()),
         reserved_tokens=used_blocks * state.block_size,
@@ -174,8 +174,8 @@ def allocate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
     check_request_id(request_id)
     if request_id in state.tables:
         duplicate_request(request_id)
-    if needed > available_blocks(state):
-        raise BlockAllocationError.out_of_blocks(request_id, needed, available_blocks(state))
+    if needed > free_blocks(state):
+        raise BlockAllocationError.out_of_blocks(request_id, needed, free_blocks(state))
     state, taken = _take_blocks(state, needed)
     table = RequestBlockTable(request_id, taken, token_count)
     return replace(state, tables=state.tables.set(request_id, table))
@@ -197,7 +197,7 @@ def allocate_prompt(state: AllocatorState, request_id: str, token_ids: TokenIds)
     hits = cached_prefix_blocks(state, token_ids)
     needed = blocks_for_tokens(state.block_size, len(token_ids)) - len(hits)
     revived = [block_id for block_id in hits if block_id in state.cached_free_block_ids]
-    available = available_blocks(state) - len(revived)
+    available = free_blocks(state) - len(revived)
     if needed > available:
         raise BlockAllocationError.out_of_blocks(request_id, needed, available)
     state = replace(
@@ -229,7 +229,7 @@ def append_tokens(state: AllocatorState, request_id: str, token_count: int = 1) 
     (BlockAllocationError).
     """
     check_token_count(token_count)
-    block_table(state, request_id)
+    snapshot_request(state, request_id)
     if request_id in state.token_ids:
         raise ValueError(f"request {request_id!r} tracks token ids: use append_token_ids")
     return _grow(state, request_id, token_count)
@@ -242,7 +242,7 @@ def append_token_ids(state: AllocatorState, request_id: str, token_ids: TokenIds
     ids that are ``int`` (TypeError) in [0, MAX_TOKEN_ID] (ValueError), enough blocks
     (BlockAllocationError).
     """
-    block_table(state, request_id)
+    snapshot_request(state, request_id)
     if request_id not in state.token_ids:
         raise ValueError(f"request {request_id!r} was allocated by count: use append_tokens")
     check_token_ids(token_ids)
@@ -258,7 +258,7 @@ def fork(state: AllocatorState, parent_id: str, child_id: str) -> AllocatorState
     Checks: a known parent (KeyError), a ``str`` child id (TypeError) that is new
     (ValueError). Takes no block.
     """
-    parent = block_table(state, parent_id)
+    parent = snapshot_request(state, parent_id)
     check_request_id(child_id)
     if child_id in state.tables:
         duplicate_request(child_id)
@@ -280,9 +280,9 @@ def release(state: AllocatorState, request_id: str) -> AllocatorState:
     Checks: a known request (KeyError). A block left with no reference joins the tail of the
     cached free queue if it holds a cached prefix (it stays findable), else of the free
     queue; a pending copy into it is dropped. The ids released, in table order, are
-    ``block_table(state, request_id).block_ids``.
+    ``snapshot_request(state, request_id).block_ids``.
     """
-    table = block_table(state, request_id)
+    table = snapshot_request(state, request_id)
     cached = set(state.cache.values())
     ref_counts = dict(state.ref_counts)
     freed: list[int] = []
@@ -353,7 +353,7 @@ def _take_blocks(state: AllocatorState, count: int) -> tuple[AllocatorState, tup
 
 def _grow(state: AllocatorState, request_id: str, token_count: int) -> AllocatorState:
     """Add ``token_count`` tokens to a table, copying a shared partly filled last block first."""
-    table = block_table(state, request_id)
+    table = snapshot_request(state, request_id)
     block_size = state.block_size
     new_token_count = table.token_count + token_count
     copy_on_write = (
@@ -363,8 +363,8 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
     )
     needed = blocks_for_tokens(block_size, new_token_count) - len(table.block_ids)
     needed += int(copy_on_write)
-    if needed > available_blocks(state):
-        raise BlockAllocationError.out_of_blocks(request_id, needed, available_blocks(state))
+    if needed > free_blocks(state):
+        raise BlockAllocationError.out_of_blocks(request_id, needed, free_blocks(state))
     state, taken = _take_blocks(state, needed)
     block_ids = table.block_ids
     if copy_on_write:

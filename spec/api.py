@@ -28,7 +28,7 @@ def allocate(
     state: AllocatorState, request_id: str, token_count: int
 ) -> tuple[AllocatorState, RequestBlockTable]:
     after = allocator.allocate(state, request_id, token_count)
-    return after, allocator.block_table(after, request_id)
+    return after, allocator.snapshot_request(after, request_id)
 
 
 def allocate_prompt(
@@ -37,7 +37,7 @@ def allocate_prompt(
     ids = tuple(token_ids)
     after = allocator.allocate_prompt(state, request_id, ids)
     hits = allocator.cached_prefix_blocks(state, ids)
-    table = allocator.block_table(after, request_id)
+    table = allocator.snapshot_request(after, request_id)
     return after, PromptAllocation(table, len(hits) * state.block_size)
 
 
@@ -45,14 +45,14 @@ def append_tokens(
     state: AllocatorState, request_id: str, token_count: int = 1
 ) -> tuple[AllocatorState, RequestBlockTable]:
     after = allocator.append_tokens(state, request_id, token_count)
-    return after, allocator.block_table(after, request_id)
+    return after, allocator.snapshot_request(after, request_id)
 
 
 def append_token_ids(
     state: AllocatorState, request_id: str, token_ids: Sequence[int]
 ) -> tuple[AllocatorState, RequestBlockTable]:
     after = allocator.append_token_ids(state, request_id, tuple(token_ids))
-    return after, allocator.block_table(after, request_id)
+    return after, allocator.snapshot_request(after, request_id)
 
 
 def append_slot(state: AllocatorState, request_id: str) -> tuple[AllocatorState, int]:
@@ -73,7 +73,7 @@ def fork(
     state: AllocatorState, parent_id: str, child_id: str
 ) -> tuple[AllocatorState, RequestBlockTable]:
     after = allocator.fork(state, parent_id, child_id)
-    return after, allocator.block_table(after, child_id)
+    return after, allocator.snapshot_request(after, child_id)
 
 
 def release(state: AllocatorState, request_id: str) -> tuple[AllocatorState, list[int]]:
@@ -99,12 +99,12 @@ def take_copies(state: AllocatorState) -> tuple[AllocatorState, list[tuple[int, 
 def snapshot_request(
     state: AllocatorState, request_id: str
 ) -> tuple[AllocatorState, RequestBlockTable]:
-    return state, allocator.block_table(state, request_id)
+    return state, allocator.snapshot_request(state, request_id)
 
 
 def can_allocate(state: AllocatorState, token_count: int) -> tuple[AllocatorState, bool]:
     needed = allocator.blocks_for_tokens(state.block_size, token_count)
-    return state, needed <= allocator.available_blocks(state)
+    return state, needed <= allocator.free_blocks(state)
 
 
 def ref_count(state: AllocatorState, block_id: int) -> tuple[AllocatorState, int]:
@@ -137,12 +137,12 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
 
 
 def _last_slot(state: AllocatorState, request_id: str) -> int:
-    table = allocator.block_table(state, request_id)
+    table = allocator.snapshot_request(state, request_id)
     return allocator.slot_index(state.block_size, table.block_ids, table.token_count - 1)
 
 
 def _released(before: AllocatorState, after: AllocatorState, request_id: str) -> ReleasedBlocks:
-    block_ids = allocator.block_table(before, request_id).block_ids
+    block_ids = allocator.snapshot_request(before, request_id).block_ids
     newly_cached = set(after.cached_free_block_ids) - set(before.cached_free_block_ids)
     now_free = set(after.free_block_ids) - set(before.free_block_ids)
     in_release_order = tuple(reversed(block_ids))

@@ -30,26 +30,26 @@ class BlockAllocationError(RuntimeError):
     """Raised when the KV block pool cannot satisfy an allocation.
 
     Constructs from a message, as the article's does. pagedkv raises it through
-    ``out_of_blocks``, which also sets ``request_id``, ``blocks_needed`` and
-    ``blocks_free`` (``None`` on an error built from a message alone).
+    ``out_of_blocks``, which also sets ``request_id``, ``needed_blocks`` and
+    ``free_blocks`` (``None`` on an error built from a message alone).
     """
 
     request_id: str | None = None
-    blocks_needed: int | None = None
-    blocks_free: int | None = None
+    needed_blocks: int | None = None
+    free_blocks: int | None = None
 
     @classmethod
     def out_of_blocks(
-        cls, request_id: str, blocks_needed: int, blocks_free: int
+        cls, request_id: str, needed_blocks: int, free_blocks: int
     ) -> "BlockAllocationError":
-        """The error for ``request_id``: ``blocks_needed`` more blocks, ``blocks_free`` free."""
+        """The error for ``request_id``: ``needed_blocks`` more blocks, ``free_blocks`` free."""
         error = cls(
-            f"not enough free KV blocks: needed={blocks_needed} free={blocks_free} "
+            f"not enough free KV blocks: needed={needed_blocks} free={free_blocks} "
             f"(request {request_id!r})"
         )
         error.request_id = request_id
-        error.blocks_needed = blocks_needed
-        error.blocks_free = blocks_free
+        error.needed_blocks = needed_blocks
+        error.free_blocks = free_blocks
         return error
 
 

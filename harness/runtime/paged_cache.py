@@ -67,7 +67,7 @@ class PagedCache(Cache):
             taken = [rid for rid in self.request_ids if rid in manager.request_tables]
             if taken:
                 raise ValueError(f"the manager already holds requests {taken}")
-        free = manager.num_free_blocks
+        free = manager.free_blocks
         if per_row * len(self.request_ids) > free:
             # The first row that growing row by row would have refused, with its numbers.
             row = free // per_row

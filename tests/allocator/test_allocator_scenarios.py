@@ -133,4 +133,4 @@ def test_append_slot_returns_the_pool_row_of_each_new_token() -> None:
 def test_blocks_are_described_by_id_and_capacity() -> None:
     pool = KVBlockManager(3, 8)
     assert [(b.block_id, b.capacity_tokens) for b in pool.blocks] == [(0, 8), (1, 8), (2, 8)]
-    assert pool.num_free_blocks == 3 and pool.can_allocate(24) and not pool.can_allocate(25)
+    assert pool.free_blocks == 3 and pool.can_allocate(24) and not pool.can_allocate(25)

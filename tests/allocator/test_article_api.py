@@ -125,8 +125,8 @@ def test_out_of_blocks_keeps_the_numbers_on_the_error() -> None:
     with pytest.raises(BlockAllocationError) as refused:
         manager.allocate("req-b", 9)
     assert str(refused.value) == "not enough free KV blocks: needed=3 free=1 (request 'req-b')"
-    assert (refused.value.request_id, refused.value.blocks_needed) == ("req-b", 3)
-    assert refused.value.blocks_free == 1
+    assert (refused.value.request_id, refused.value.needed_blocks) == ("req-b", 3)
+    assert refused.value.free_blocks == 1
 
 
 @pytest.mark.parametrize(

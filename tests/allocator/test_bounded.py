@@ -138,7 +138,7 @@ def test_a_spec_step_that_breaks_an_invariant_is_reported_by_name(
     def release_forgetting_the_blocks(
         state: AllocatorState, request_id: str
     ) -> tuple[AllocatorState, object]:
-        released = list(spec.block_table(state, request_id).block_ids)
+        released = list(spec.snapshot_request(state, request_id).block_ids)
         return dataclasses.replace(state, tables=state.tables.delete(request_id)), released
 
     _patch_spec_step(monkeypatch, "release", release_forgetting_the_blocks)
@@ -181,7 +181,7 @@ def test_a_spec_step_that_touches_another_requests_table_is_reported(
     def release_dropping_every_table(
         state: AllocatorState, request_id: str
     ) -> tuple[AllocatorState, object]:
-        released = list(spec.block_table(state, request_id).block_ids)
+        released = list(spec.snapshot_request(state, request_id).block_ids)
         freed = state.free_block_ids + tuple(
             block_id for table in state.tables.values() for block_id in reversed(table.block_ids)
         )

@@ -9,13 +9,13 @@ def test_the_error_constructs_from_a_message_as_the_articles_does() -> None:
     error = BlockAllocationError("not enough free KV blocks: needed=2 free=1")
     assert isinstance(error, RuntimeError)
     assert str(error) == "not enough free KV blocks: needed=2 free=1"
-    assert (error.request_id, error.blocks_needed, error.blocks_free) == (None, None, None)
+    assert (error.request_id, error.needed_blocks, error.free_blocks) == (None, None, None)
 
 
-def test_the_error_pagedkv_raises_carries_the_request_and_the_blocks_needed_and_free() -> None:
+def test_the_error_pagedkv_raises_carries_the_request_and_the_needed_and_free_blocks() -> None:
     error = BlockAllocationError.out_of_blocks("b", 2, 1)
     assert str(error) == "not enough free KV blocks: needed=2 free=1 (request 'b')"
-    assert (error.request_id, error.blocks_needed, error.blocks_free) == ("b", 2, 1)
+    assert (error.request_id, error.needed_blocks, error.free_blocks) == ("b", 2, 1)
 
 
 def test_the_error_survives_a_pickle_round_trip_with_its_numbers() -> None:
@@ -23,4 +23,4 @@ def test_the_error_survives_a_pickle_round_trip_with_its_numbers() -> None:
     copy = pickle.loads(pickle.dumps(BlockAllocationError.out_of_blocks("b", 2, 1)))
     assert type(copy) is BlockAllocationError
     assert str(copy) == "not enough free KV blocks: needed=2 free=1 (request 'b')"
-    assert (copy.request_id, copy.blocks_needed, copy.blocks_free) == ("b", 2, 1)
+    assert (copy.request_id, copy.needed_blocks, copy.free_blocks) == ("b", 2, 1)

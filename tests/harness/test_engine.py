@@ -101,7 +101,7 @@ def test_release_on_finish_returns_every_block() -> None:
     manager = KVBlockManager(20, 4)
     result = run(requests, PagedKVPool(pool_layout(), 20, 4), manager)
     assert all(len(output.token_ids) == 6 for output in result.outputs.values())
-    assert manager.num_free_blocks == 20
+    assert manager.free_blocks == 20
     assert manager.request_tables == {}
     manager.check_invariants()
 
@@ -123,7 +123,7 @@ def test_an_exception_mid_run_still_releases_the_running_requests() -> None:
             FailingPool(pool_layout(), 20, 4),
             manager,
         )
-    assert manager.num_free_blocks == 20
+    assert manager.free_blocks == 20
     manager.check_invariants()
 
 
@@ -221,7 +221,7 @@ def test_a_request_larger_than_the_pool_is_refused_before_anything_runs() -> Non
     manager = KVBlockManager(2, 4)
     with pytest.raises(ValueError, match="needs up to"):
         run([request], PagedKVPool(pool_layout(), 2, 4), manager)
-    assert manager.num_free_blocks == 2
+    assert manager.free_blocks == 2
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5])
@@ -233,4 +233,4 @@ def test_a_pool_of_exactly_the_largest_request_serves_everyone_without_running_d
     manager = KVBlockManager(largest, block_size)
     result = run(requests, PoisonedKVPool(pool_layout(), largest, block_size), manager)
     assert [len(result.outputs[r.request_id].token_ids) for r in requests] == [7] * 6
-    assert manager.num_free_blocks == largest
+    assert manager.free_blocks == largest

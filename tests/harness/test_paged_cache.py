@@ -63,7 +63,7 @@ def test_generate_on_a_paged_cache_is_bit_identical_to_its_dense_cache(
     assert len(paged.logits) == len(reference.logits) == NEW_TOKENS
     for paged_logits, reference_logits in zip(paged.logits, reference.logits, strict=True):
         assert torch.equal(paged_logits, reference_logits)
-    assert manager.num_free_blocks == 61  # released at the end of the block
+    assert manager.free_blocks == 61  # released at the end of the block
     assert set(manager.request_tables) == {"filler"}
     manager.check_invariants()
 
@@ -84,9 +84,9 @@ def test_a_pool_too_small_refuses_the_step_and_changes_nothing() -> None:
     with pytest.raises(BlockAllocationError, match=r"needed=1 free=0 \(request 'row-1'\)"):
         generate(input_ids, attention_mask, cache)
     assert [manager.snapshot_request(r).token_count for r in cache.request_ids] == [8, 8]
-    assert manager.num_free_blocks == 1
+    assert manager.free_blocks == 1
     cache.release()
-    assert manager.num_free_blocks == 5
+    assert manager.free_blocks == 5
     manager.check_invariants()
 
 
@@ -122,4 +122,4 @@ def test_beam_search_on_a_paged_cache_is_refused_with_a_clear_error() -> None:
             do_sample=False,
             pad_token_id=0,
         )
-    assert manager.num_free_blocks == 16
+    assert manager.free_blocks == 16

@@ -168,8 +168,8 @@ def _check_impl_state(pool: KVBlockManager, expected: AllocatorState) -> str | N
     report = pool.usage()
     if not spec.is_usage_consistent(expected, report):
         return f"impl usage {report} != spec usage {spec.usage(expected)}"
-    if pool.num_free_blocks != spec.available_blocks(expected):
-        return f"impl num_free_blocks {pool.num_free_blocks} != {spec.available_blocks(expected)}"
+    if pool.free_blocks != spec.free_blocks(expected):
+        return f"impl free_blocks {pool.free_blocks} != {spec.free_blocks(expected)}"
     try:
         pool.check_invariants()
     except AssertionError as error:

@@ -76,7 +76,7 @@ def spec_slot_of_next_token(block_size: int, position: int, reused_blocks: int) 
     _check_domain(block_size, position, reused_blocks)
     state = _spec_state_before_the_token(block_size, position, reused_blocks)
     grown = spec.append_tokens(state, "r", 1)
-    return spec.slot_index(block_size, spec.block_table(grown, "r").block_ids, position)
+    return spec.slot_index(block_size, spec.snapshot_request(grown, "r").block_ids, position)
 
 
 def impl_slot_of_next_token(block_size: int, position: int, reused_blocks: int) -> int:
@@ -93,6 +93,6 @@ def spec_next_token_opens_a_block(block_size: int, position: int) -> bool:
 def impl_next_token_opens_a_block(block_size: int, position: int) -> bool:
     _check_domain(block_size, position, 0)
     pool = _impl_pool_before_the_token(block_size, position, 0)
-    free_before = pool.num_free_blocks
+    free_before = pool.free_blocks
     pool.append_slot("r")
-    return pool.num_free_blocks < free_before
+    return pool.free_blocks < free_before

@@ -212,7 +212,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for request_id in sorted(self.model.tables):
             self.release(request_id)
-        assert self.target.num_free_blocks == self.target.total_blocks, "a block leaked"
+        assert self.target.free_blocks == self.target.total_blocks, "a block leaked"
         free = self.target.free_block_ids + self.target.cached_free_block_ids
         assert sorted(free) == list(range(self.target.total_blocks))
         assert all(self.target.ref_count(b) == 0 for b in range(self.target.total_blocks))

@@ -57,7 +57,7 @@ class RefusedAllocateTakesBlocks(KVBlockManager):
         check_request_id(request_id)
         if request_id in self._tables:
             duplicate_request(request_id)
-        taken = self._take(min(needed, self.num_free_blocks))
+        taken = self._take(min(needed, self.free_blocks))
         if len(taken) < needed:
             raise BlockAllocationError.out_of_blocks(request_id, needed, len(taken))
         self._tables[request_id] = _Table(taken, token_count)

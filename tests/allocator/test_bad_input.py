@@ -1,0 +1,117 @@
+"""Bad input tried on purpose: every refusal is a typed error with one clear message, spec
+and impl raise the same one, and a refused call changes nothing.
+
+Each case is a call found to slip through before (issue "Bad input, tried on purpose"). The
+lockstep state machine draws such arguments at random too; these pin the literal cases.
+"""
+
+from collections.abc import Callable
+
+import pytest
+
+from impl import KVBlockManager, SpecBackedManager
+from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
+
+Manager = KVBlockManager | SpecBackedManager
+Call = Callable[[Manager], object]
+
+
+def _a_pool_with_a_prompt_and_a_counted_request(make: type[Manager]) -> Manager:
+    pool = make(4, 4)
+    pool.allocate_prompt("p", [1, 2, 3])
+    pool.allocate("c", 2)
+    return pool
+
+
+def _state(pool: Manager) -> object:
+    tables = {request_id: pool.snapshot_request(request_id) for request_id in ("p", "c")}
+    return (pool.free_block_ids, pool.cached_free_block_ids, tables, pool.usage())
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda m: m.allocate_prompt("b", (1, 2, 3, [4])),
+            TypeError,
+            "token id 3 must be an int, got list [4]",
+        ),
+        (
+            lambda m: m.append_token_ids("p", (4, [5], 6, 7, 8)),
+            TypeError,
+            "token id 1 must be an int, got list [5]",
+        ),
+        (lambda m: m.append_token_slot("p", 4.0), TypeError, "token id 0 must be an int"),
+        (lambda m: m.append_token_slot("p", True), TypeError, "got bool True"),
+        (lambda m: m.append_token_slot("p", -1), ValueError, "token id 0 must be in [0, "),
+        (lambda m: m.append_token_ids("p", [2**32]), ValueError, "got 4294967296"),
+        (lambda m: m.allocate("b", 2.0), TypeError, "token_count must be an int, got float 2.0"),
+        (lambda m: m.allocate("b", True), TypeError, "token_count must be an int, got bool True"),
+        (lambda m: m.append_tokens("c", False), TypeError, "got bool False"),
+        (lambda m: m.append_tokens("c", 1.5), TypeError, "got float 1.5"),
+        (lambda m: m.can_allocate(1.0), TypeError, "token_count must be an int"),
+        (lambda m: m.allocate(float("nan"), 1), TypeError, "request_id must be a str, got float"),
+        (lambda m: m.allocate_prompt(None, [1]), TypeError, "request_id must be a str"),
+        (lambda m: m.fork("p", 7), TypeError, "request_id must be a str, got int 7"),
+    ],
+)
+@pytest.mark.parametrize("make", [SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+def test_a_malformed_argument_is_refused_by_type_and_changes_nothing(
+    make: type[Manager], call: Call, error: type[Exception], message: str
+) -> None:
+    pool = _a_pool_with_a_prompt_and_a_counted_request(make)
+    before = _state(pool)
+    with pytest.raises(error) as refused:
+        call(pool)
+    assert message in str(refused.value)
+    assert _state(pool) == before
+    # Still usable: a valid append lands where it would have.
+    assert pool.append_token_slot("p", 4) == 3
+
+
+def test_spec_and_impl_refuse_a_numpy_token_id_alike() -> None:
+    numpy = pytest.importorskip("numpy")
+    messages = []
+    for make in (SpecBackedManager, KVBlockManager):
+        pool = _a_pool_with_a_prompt_and_a_counted_request(make)
+        before = _state(pool)
+        with pytest.raises(TypeError) as refused:
+            pool.append_token_slot("p", numpy.array(4))
+        assert _state(pool) == before
+        messages.append(str(refused.value))
+    assert messages[0] == messages[1] == "token id 0 must be an int, got ndarray array(4)"
+
+
+@pytest.mark.parametrize(
+    ("total_blocks", "block_size", "error", "message"),
+    [
+        (10**30, 16, ValueError, f"total_blocks must be at most {MAX_TOTAL_BLOCKS:,}, got 1,000"),
+        (16, 10**6, ValueError, f"block_size must be at most {MAX_BLOCK_SIZE:,}, got 1,000,000"),
+        (16, 2.0, TypeError, "block_size must be an int, got float 2.0"),
+        (16, 2.5, TypeError, "block_size must be an int, got float 2.5"),
+        (16, float("nan"), TypeError, "block_size must be an int, got float nan"),
+        (16, float("inf"), TypeError, "block_size must be an int, got float inf"),
+        (4.0, 16, TypeError, "total_blocks must be an int, got float 4.0"),
+        (True, 16, TypeError, "total_blocks must be an int, got bool True"),
+        (0, 16, ValueError, "total_blocks must be at least 1, got 0"),
+    ],
+)
+@pytest.mark.parametrize("make", [SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+def test_a_pool_that_cannot_be_served_is_refused_at_once(
+    make: type[Manager],
+    total_blocks: object,
+    block_size: object,
+    error: type[Exception],
+    message: str,
+) -> None:
+    with pytest.raises(error) as refused:
+        make(total_blocks, block_size)  # type: ignore[arg-type]
+    assert str(refused.value).startswith(message)
+
+
+def test_a_request_id_that_is_not_itself_cannot_break_the_invariants() -> None:
+    pool = KVBlockManager(4, 4)
+    with pytest.raises(TypeError):
+        pool.allocate(float("nan"), 1)  # type: ignore[arg-type]
+    pool.check_invariants()
+    assert pool.usage().request_count == 0
