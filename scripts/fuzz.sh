@@ -54,6 +54,6 @@ cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(dat
     END { printf "fuzz: %d worker(s), %d s, %d process(es), %d test cases, %d steps\n",
           workers, wall, runs, cases, steps }' | tee "$logs/summary.txt"
 if [ "$failed" -ne 0 ]; then
-    echo "fuzz: a failure was found; replay it with plain pytest (it is in .hypothesis/fuzz-db)" >&2
+    echo "fuzz: a failure was found; replay it with HYPOTHESIS_PROFILE=fuzz python -m pytest tests/support/fuzz_targets.py (it is in .hypothesis/fuzz-db)" >&2
     exit 1
 fi

@@ -34,7 +34,7 @@ from tests.support.planted_bugs import (
 # counts -1 to one past capacity. About 10 s on one core of the CI machine.
 FAST = list(all_bounds(max_blocks=3, max_block_size=3, request_ids=3, max_token_count=None))
 # The sharing operations on pools of 1..2 blocks (only the 1- and 2-token shapes of
-# 2 blocks: the 2 x 2 pool alone has 6,912 states and takes ~40 s; see docs/verification.md).
+# 2 blocks: the 2 x 2 pool alone has 6,912 states and takes ~40 s; see docs/results.md).
 FAST_SHARING = list(all_sharing_bounds(max_blocks=2, max_block_size=2, request_ids=2))[:3]
 
 # Each planted bug's first violation: the walk that finds it, the smallest pool shape
