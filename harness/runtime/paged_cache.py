@@ -71,7 +71,9 @@ class PagedCache(Cache):
         if per_row * len(self.request_ids) > free:
             # The first row that growing row by row would have refused, with its numbers.
             row = free // per_row
-            raise BlockAllocationError(self.request_ids[row], per_row, free - row * per_row)
+            raise BlockAllocationError.out_of_blocks(
+                self.request_ids[row], per_row, free - row * per_row
+            )
         new_slots: list[list[int]] = []
         for request_id in self.request_ids:
             if self.token_count == 0:
