@@ -27,7 +27,7 @@ after ``--deadline-s`` is recorded as skipped:
    ``generate`` (``harness.bench.decode``).
 ``--smoke`` runs every stage on CPU with a scaled-down model in about a minute; CI runs it
 (``tests/harness/test_gpu_check.py``), so a GPU run is never lost to a typo.
-Exit 0 when no stage failed; 1 otherwise.
+Exit 0 when no stage failed, 1 when one did, 2 without a CUDA device (and no --smoke).
 """
 
 import os
