@@ -107,7 +107,7 @@ def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> L
             raise ModelLoadError(
                 f"model directory {str(gguf_path)!r} has no config.json: not a HF model directory"
             )
-        load = functools.partial(_load_directory, gguf_path, gguf_path.name)
+        load = functools.partial(_load_directory, gguf_path, gguf_path.name, dtype)
     elif gguf_path.suffix == ".gguf":
         with gguf_path.open("rb") as file:
             magic = file.read(len(GGUF_MAGIC))
@@ -116,7 +116,7 @@ def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> L
                 f"model file {str(gguf_path)!r} is not a GGUF file: it starts with {magic!r}, "
                 f"not {GGUF_MAGIC!r}"
             )
-        load = functools.partial(_load_gguf_cached, gguf_path)
+        load = functools.partial(_load_gguf_cached, gguf_path, dtype)
     else:
         raise ModelNotFoundError(
             f"model path {str(gguf_path)!r} is neither a HF model directory nor a .gguf file"
@@ -126,7 +126,10 @@ def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> L
     except _LOAD_ERRORS as error:
         raise ModelLoadError(f"cannot load model {str(gguf_path)!r}: {_reason(error)}") from error
     check_supported(loaded.model)
-    loaded.model.to(device=device, dtype=dtype)
+    # NOTE: the dtype is given at load time, never by a later .to(dtype): that would also
+    # round the rotary inv_freq buffer (up to 1.4e-3 per frequency in bf16), which
+    # from_pretrained(dtype=...) keeps float32.
+    loaded.model.to(device=device)
     return loaded
 
 
@@ -242,21 +245,21 @@ def tiny_llama(seed: int) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=None, name=f"tiny-llama(seed={seed})")
 
 
-def _load_directory(directory: Path, name: str) -> LoadedModel:
+def _load_directory(directory: Path, name: str, dtype: torch.dtype) -> LoadedModel:
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
-        directory, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+        directory, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
     )
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name)
 
 
-def _load_gguf_cached(gguf_path: Path) -> LoadedModel:
+def _load_gguf_cached(gguf_path: Path, dtype: torch.dtype) -> LoadedModel:
     stat = gguf_path.stat()
     # The key changes whenever the file does, so a stale cache is never read.
     cached = get_cache_dir() / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     if (cached / "model.safetensors").is_file():
-        return _load_directory(cached, gguf_path.name)
+        return _load_directory(cached, gguf_path.name, dtype)
     tokenizer = AutoTokenizer.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True
     )
@@ -283,4 +286,7 @@ def _load_gguf_cached(gguf_path: Path) -> LoadedModel:
     tokenizer.save_pretrained(partial)
     # Renamed into place last: an interrupted save never looks like a finished cache.
     partial.rename(cached)
+    if dtype != torch.float32:
+        # Built from the float32 cache the way from_pretrained(dtype=...) builds it.
+        return _load_directory(cached, gguf_path.name, dtype)
     return LoadedModel(model=model, tokenizer=tokenizer, name=gguf_path.name)

@@ -8,7 +8,7 @@ scripts/setup.sh
 echo "== mypy --strict" >&2
 mypy
 echo "== ruff" >&2
-ruff check spec impl harness tests
-ruff format --check spec impl harness tests
+ruff check spec impl harness tests scripts/gpu_check.py
+ruff format --check spec impl harness tests scripts/gpu_check.py
 echo "== pytest" >&2
 python -m pytest -q --hypothesis-profile="${HYPOTHESIS_PROFILE:-ci}" "$@"

@@ -3,18 +3,27 @@
 For each batch size, the same prompts (the built-in ones, cycled) run
 - dense: a static batch through ``model.generate`` (left-padded, HF's dense cache);
 - paged: this project's engine, all requests arriving at once (the same batch composition);
-- hf-cb: transformers' own continuous batching, ``model.generate_batch``, if it runs here.
+- hf-cb: transformers' own continuous batching, ``model.generate_batch``, with an explicit
+  ``ContinuousBatchingConfig`` (below), if it runs here.
 Every request decodes exactly ``--max-new-tokens`` tokens (EOS ignored). Decode tokens/s
 is ``batch * (new_tokens - 1) / (t(new_tokens) - t(1))``: the time of a run that stops
 after its first token (prefill) is subtracted; NaN when fixed overheads make t(1) >= t(n).
 End-to-end tokens/s is ``batch * new_tokens / t(new_tokens)``. Times are medians of
-``--repeats`` runs after one warm-up, the methods taking turns in every repeat. KV bytes:
-dense = the padded cache, ``batch * (longest prompt + new tokens)`` tokens; paged = the
-blocks in use at the peak.
+``--repeats`` runs after one warm-up, the methods taking turns in every repeat; on CUDA
+every timed region starts and ends with ``torch.cuda.synchronize``. KV bytes: dense = the
+padded cache, ``batch * (longest prompt + new tokens)`` tokens; paged = the blocks in use
+at the peak; hf-cb = the blocks its config gives it.
+
+The warm-up's tokens are compared: the ``tokens`` column counts the requests whose tokens
+equal the paged engine's (a difference is a batched near-tie flip, not a failure here:
+``python -m harness`` is the check).
 It is a script, not a test.
 """
 
 import argparse
+import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -26,7 +35,9 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+from harness.cli.main import DTYPES
 from harness.cli.parsing import OneLineParser, fail
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
 from harness.oracle.dense import generate_dense_batch
@@ -37,6 +48,9 @@ from impl import KVBlockManager
 from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.decode"
+HF_CB_MAX_BATCH_TOKENS = 512
+
+Run = Callable[[int], list[list[int]]]  # new_tokens -> each request's tokens
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is kept")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="also write the rows as JSON"
+    )
+    parser.add_argument(
+        "--machine", default=None, help="how to name this machine in the JSON (default: guessed)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--methods",
@@ -61,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print one table."""
+    """Run the benchmark and print one table (and write the JSON when asked)."""
     args = build_parser().parse_args(argv)
     try:
         batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
@@ -72,49 +94,151 @@ def main(argv: list[str] | None = None) -> int:
     methods = set(args.methods.split(","))
     if not methods <= {"dense", "paged", "hf-cb"}:
         return fail(PROG, f"--methods must name dense, paged or hf-cb, got {args.methods!r}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return fail(PROG, "--device cuda given but no CUDA device is available")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
     try:
         loaded = (
-            tiny_llama(args.seed)
-            if args.tiny
-            else load_model(args.model, torch.device("cpu"), torch.float32)
+            _tiny(args.seed, device, dtype) if args.tiny else load_model(args.model, device, dtype)
         )
     except ModelNotFoundError as error:
         return fail(PROG, str(error))
-    prompts = _prompts(loaded, max(batch_sizes), args.seed)
+    settings = Settings(batch_sizes, args.max_new_tokens, args.block_size, args.repeats, methods)
+    rows = run_benchmark(loaded, _prompts(loaded, max(batch_sizes), args.seed), settings)
+    if args.json is not None:
+        args.json.write_text(json.dumps(as_json(rows, loaded, args.machine), indent=2) + "\n")
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What to run: batch sizes, new tokens per request, block size, repeats, methods."""
+
+    batch_sizes: list[int]
+    max_new_tokens: int
+    block_size: int
+    repeats: int
+    methods: set[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One method at one batch size: its rates, the dense baseline's, and token agreement."""
+
+    method: str
+    batch_size: int
+    rates: "Rates"
+    dense: "Rates"
+    kv_bytes: int
+    same_tokens: int  # requests whose tokens equal the paged engine's (or dense's)
+
+    @property
+    def decode_ratio_vs_dense(self) -> float:
+        """Decode tokens/s relative to dense ``generate`` at the same batch size."""
+        return self.rates.decode / self.dense.decode
+
+
+def run_benchmark(
+    loaded: LoadedModel, prompts: list[tuple[int, ...]], settings: Settings
+) -> list[Row]:
+    """Every method at every batch size; prints the table as it goes and returns its rows."""
     layout = kv_layout(loaded)
+    device = next(loaded.model.parameters()).device
     print(
-        f"model {loaded.name}; cpu threads {torch.get_num_threads()}; new tokens "
-        f"{args.max_new_tokens}; block size {args.block_size}; median of {args.repeats}"
+        f"model {loaded.name}; {_device_name(device)}, "
+        f"{str(layout.dtype).removeprefix('torch.')}; cpu threads {torch.get_num_threads()}; "
+        f"new tokens {settings.max_new_tokens}; block size {settings.block_size}; "
+        f"median of {settings.repeats}; hf-cb: {_hf_cb_config_text(settings.block_size)}"
     )
     print(
         f"{'method':<7} {'batch':>5} {'decode tok/s':>12} {'vs dense':>9} {'e2e tok/s':>9} "
-        f"{'run s':>7} {'KV MiB':>8}"
+        f"{'run s':>7} {'KV MiB':>8} {'tokens':>7}"
     )
-    for batch_size in batch_sizes:
+    rows: list[Row] = []
+    for batch_size in settings.batch_sizes:
         batch = prompts[:batch_size]
         peak: list[int] = []
-        runs: dict[str, Callable[[int], None]] = {"dense": partial(_run_dense, loaded, batch)}
-        if "paged" in methods:
+        runs: dict[str, Run] = {"dense": partial(_run_dense, loaded, batch)}
+        if "paged" in settings.methods:
             runs["paged"] = partial(
-                _run_paged, loaded, batch, block_size=args.block_size, peak=peak
+                _run_paged, loaded, batch, block_size=settings.block_size, peak=peak
             )
-        if "hf-cb" in methods:
-            runs["hf-cb"] = partial(_run_generate_batch, loaded, batch)
-        rates = _measure(runs, batch_size, args)
+        if "hf-cb" in settings.methods:
+            runs["hf-cb"] = partial(
+                _run_generate_batch, loaded, batch, block_size=settings.block_size
+            )
+        rates, tokens = _measure(runs, batch_size, settings, device)
+        new_tokens = settings.max_new_tokens
         kv_tokens = {
-            "dense": batch_size * (max(map(len, batch)) + args.max_new_tokens),
-            "paged": max(peak, default=0) * args.block_size,
+            "dense": batch_size * (max(map(len, batch)) + new_tokens),
+            "paged": max(peak, default=0) * settings.block_size,
+            "hf-cb": _hf_cb_num_blocks(batch, new_tokens, settings.block_size)
+            * settings.block_size,
         }
+        compare_to = tokens.get("paged", tokens["dense"])
         for method, method_rates in rates.items():
-            if method in methods:
-                tokens = kv_tokens.get(method)
-                kv_bytes = None if tokens is None else tokens * layout.bytes_per_token
-                _row(method, batch_size, method_rates, kv_bytes, rates["dense"])
+            if method in settings.methods:
+                same = sum(
+                    ours == theirs for ours, theirs in zip(tokens[method], compare_to, strict=True)
+                )
+                row = Row(
+                    method,
+                    batch_size,
+                    method_rates,
+                    rates["dense"],
+                    kv_tokens[method] * layout.bytes_per_token,
+                    same,
+                )
+                _print_row(row)
+                rows.append(row)
         sys.stdout.flush()
-    return 0
+    return rows
+
+
+def as_json(rows: list[Row], loaded: LoadedModel, machine: str | None) -> dict[str, object]:
+    """The rows in the schema the plot script reads (nothing more: it reads exactly this)."""
+    import transformers  # noqa: PLC0415 (only for its version)
+
+    parameter = next(loaded.model.parameters())
+    return {
+        "machine": machine or _guess_machine(parameter.device),
+        "device": parameter.device.type,
+        "dtype": str(parameter.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "rows": [
+            {
+                "method": row.method,
+                "batch_size": row.batch_size,
+                "decode_tok_s": row.rates.decode,
+                "e2e_tok_s": row.rates.end_to_end,
+                "decode_ratio_vs_dense": row.decode_ratio_vs_dense,
+            }
+            for row in rows
+        ],
+    }
+
+
+def _tiny(seed: int, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    loaded = tiny_llama(seed)
+    # A smoke model: cast after building (its rotary frequencies round too; nothing is
+    # compared with HF's own bf16 here).
+    loaded.model.to(device=device, dtype=dtype)
+    return loaded
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return "cpu"
+
+
+def _guess_machine(device: torch.device) -> str:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU"
+    return f"{os.cpu_count()}-core {platform.machine()}, {gpu}"
 
 
 def _prompts(loaded: LoadedModel, count: int, seed: int) -> list[tuple[int, ...]]:
@@ -152,20 +276,22 @@ class Rates:
 
 
 def _measure(
-    runs: dict[str, Callable[[int], None]], batch_size: int, args: argparse.Namespace
-) -> dict[str, Rates]:
-    """Median full-run and first-token-run times of every method, measured round-robin.
+    runs: dict[str, Run], batch_size: int, settings: Settings, device: torch.device
+) -> tuple[dict[str, Rates], dict[str, list[list[int]]]]:
+    """Median full-run and first-token-run times of every method, measured round-robin,
+    and each method's tokens from its warm-up run.
 
     NOTE: the methods take turns within each repeat (dense, paged, ..., then again), so a
     change in the machine's load during the benchmark slows all of them alike instead of
     landing on whichever method happened to run then. A method that fails its warm-up
     (``hf-cb`` where transformers cannot run it) is reported and left out.
     """
-    new_tokens: int = args.max_new_tokens
-    working: dict[str, Callable[[int], None]] = {}
+    new_tokens = settings.max_new_tokens
+    working: dict[str, Run] = {}
+    tokens: dict[str, list[list[int]]] = {}
     for method, run in runs.items():
         try:
-            run(new_tokens)  # warm-up
+            tokens[method] = run(new_tokens)  # warm-up
         except Exception as error:
             if method == "dense":
                 raise
@@ -174,12 +300,12 @@ def _measure(
             working[method] = run
     full: dict[str, list[float]] = {method: [] for method in working}
     first: dict[str, list[float]] = {method: [] for method in working}
-    for repeat in range(args.repeats):
-        print(f"[bench] batch {batch_size}: round {repeat + 1}/{args.repeats}", file=sys.stderr)
+    for repeat in range(settings.repeats):
+        print(f"[bench] batch {batch_size}: round {repeat + 1}/{settings.repeats}", file=sys.stderr)
         for method, run in working.items():
-            full[method].append(_timed(run, new_tokens))
-            first[method].append(_timed(run, 1))
-    return {
+            full[method].append(_timed(run, new_tokens, device))
+            first[method].append(_timed(run, 1, device))
+    rates = {
         method: Rates(
             statistics.median(full[method]),
             statistics.median(first[method]),
@@ -188,17 +314,29 @@ def _measure(
         )
         for method in working
     }
+    return rates, tokens
 
 
-def _timed(run: Callable[[int], None], new_tokens: int) -> float:
+def _timed(run: Run, new_tokens: int, device: torch.device) -> float:
+    # CUDA kernels run asynchronously: without a sync on both sides the clock would
+    # measure launches, not work.
+    _synchronize(device)
     started = time.perf_counter()
     run(new_tokens)
+    _synchronize(device)
     return time.perf_counter() - started
 
 
-def _run_dense(loaded: LoadedModel, batch: list[tuple[int, ...]], new_tokens: int) -> None:
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_dense(
+    loaded: LoadedModel, batch: list[tuple[int, ...]], new_tokens: int
+) -> list[list[int]]:
     pad = loaded.eos_token_id if loaded.eos_token_id is not None else 0
-    generate_dense_batch(loaded.model, batch, new_tokens, pad)
+    return generate_dense_batch(loaded.model, batch, new_tokens, pad)
 
 
 def _run_paged(
@@ -208,7 +346,7 @@ def _run_paged(
     *,
     block_size: int,
     peak: list[int],
-) -> None:
+) -> list[list[int]]:
     num_blocks = sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
     manager = KVBlockManager(num_blocks, block_size)
     pool = PagedKVPool(kv_layout(loaded), num_blocks, block_size)
@@ -216,26 +354,62 @@ def _run_paged(
     # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
     result = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING).run(requests)
     peak.append(result.peak_used_blocks)
+    return [result.outputs[request.request_id].token_ids for request in requests]
 
 
-def _run_generate_batch(loaded: LoadedModel, batch: list[tuple[int, ...]], new_tokens: int) -> None:
+def _hf_cb_num_blocks(batch: list[tuple[int, ...]], new_tokens: int, block_size: int) -> int:
+    """The pool the paged engine gets for ``batch``, so both hold every request at once."""
+    return sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
+
+
+def _hf_cb_config(num_blocks: int, block_size: int) -> ContinuousBatchingConfig:
+    """An explicitly sized config: without one HF sizes its cache from free memory (on CPU
+    60% of RAM per call: 12.6 GB RSS and 27 s for a batch-1 run), which would measure the
+    sizing, not the batching.
+    """
+    return ContinuousBatchingConfig(
+        page_size=block_size,
+        num_blocks=num_blocks,
+        max_batch_tokens=HF_CB_MAX_BATCH_TOKENS,
+        allow_block_sharing=False,  # the engine runs without prefix caching here too
+        auto_switch_to_flash=False,  # the same SDPA attention as the other two methods
+    )
+
+
+def _hf_cb_config_text(block_size: int) -> str:
+    return (
+        f"page_size {block_size}, num_blocks = the paged pool's, max_batch_tokens "
+        f"{HF_CB_MAX_BATCH_TOKENS}, no block sharing, no switch to flash"
+    )
+
+
+def _run_generate_batch(
+    loaded: LoadedModel, batch: list[tuple[int, ...]], new_tokens: int, *, block_size: int
+) -> list[list[int]]:
     config = GenerationConfig(
         max_new_tokens=new_tokens,
         do_sample=False,
         eos_token_id=None,
         pad_token_id=loaded.eos_token_id if loaded.eos_token_id is not None else 0,
     )
+    cb_config = _hf_cb_config(_hf_cb_num_blocks(batch, new_tokens, block_size), block_size)
     model: Any = loaded.model  # Any: a transformers causal LM
-    outputs = model.generate_batch([list(p) for p in batch], generation_config=config)
+    outputs = model.generate_batch(
+        [list(p) for p in batch], generation_config=config, continuous_batching_config=cb_config
+    )
     if len(outputs) != len(batch):
         raise RuntimeError(f"generate_batch returned {len(outputs)} of {len(batch)} requests")
+    # Ordered as the inputs (generate_batch reorders its results so).
+    return [list(output.generated_tokens) for output in outputs.values()]
 
 
-def _row(method: str, batch_size: int, rates: Rates, kv_bytes: int | None, dense: Rates) -> None:
-    kv = "-" if kv_bytes is None else f"{kv_bytes / 2**20:.2f}"
+def _print_row(row: Row) -> None:
+    kv = f"{row.kv_bytes / 2**20:.2f}"
+    rates = row.rates
     print(
-        f"{method:<7} {batch_size:>5} {rates.decode:>12.1f} {rates.decode / dense.decode:>8.2f}x "
-        f"{rates.end_to_end:>9.1f} {rates.full_s:>7.2f} {kv:>8}"
+        f"{row.method:<7} {row.batch_size:>5} {rates.decode:>12.1f} "
+        f"{row.decode_ratio_vs_dense:>8.2f}x {rates.end_to_end:>9.1f} {rates.full_s:>7.2f} "
+        f"{kv:>8} {row.same_tokens:>3}/{row.batch_size:<3}"
     )
 
 

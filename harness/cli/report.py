@@ -46,7 +46,7 @@ def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig
     print()
     print(
         f"requests and continuations passing all three checks: {identical}/{len(report.rows)} "
-        f"(ties: {ties}, tie margin {report.tie_margin:g})"
+        f"(ties: {ties}; tie rule: {report.tie_rule.describe()})"
     )
     print(f"paged and contiguous schedules identical: {report.schedules_equal}")
     print(
@@ -76,7 +76,12 @@ def as_json(
     report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig, args: argparse.Namespace
 ) -> dict[str, object]:
     def check(result: CheckResult) -> dict[str, object]:
-        return {"passed": result.passed, "tie": result.tie, "detail": result.detail}
+        return {
+            "passed": result.passed,
+            "tie": result.tie,
+            "margin_ulps": result.margin_ulps,
+            "detail": result.detail,
+        }
 
     return {
         "model": loaded.name,
@@ -91,7 +96,7 @@ def as_json(
         "n": args.n,
         "passed": report.passed,
         "schedules_equal": report.schedules_equal,
-        "tie_margin": report.tie_margin,
+        "tie_rule": {"dtype": report.tie_rule.dtype_name, "max_ulps": report.tie_rule.max_ulps},
         "requests": [
             {
                 "request_id": row.request_id,

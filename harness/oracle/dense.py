@@ -72,7 +72,9 @@ class ForceFirstToken(LogitsProcessor):
         """``scores``: ``[1, vocab]`` float32; a new tensor, so the raw logits stay as they are."""
         if input_ids.shape[1] != self.prompt_length:
             return scores
-        token_id = continuation_first_tokens(scores[0], self.num_continuations)[self.rank]
+        # On the host, as the engine chooses: topk may order equal logits differently on
+        # another device.
+        token_id = continuation_first_tokens(scores[0].cpu(), self.num_continuations)[self.rank]
         forced = torch.full_like(scores, float("-inf"))
         forced[:, token_id] = 0.0
         return forced
@@ -101,8 +103,9 @@ def _generate(
             logits_processor=processors,
         )
     elapsed = time.perf_counter() - started
-    token_ids = [int(t) for t in result.sequences[0, len(prompt_ids) :]]
-    logits = [step_logits[0].float() for step_logits in result.logits]
+    token_ids = result.sequences[0, len(prompt_ids) :].tolist()
+    # One transfer: the rows live on the host for the checks, as the engine's do.
+    logits = list(torch.cat(result.logits).float().cpu())  # each [vocab] float32
     return DenseOutput(token_ids=token_ids, logits=logits, elapsed_s=elapsed)
 
 

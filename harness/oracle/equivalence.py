@@ -18,17 +18,16 @@ and gathers a row per continuation and the run's totals. It is *not* the command
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.checks import (
-    TIE_MARGINS,
     CheckResult,
+    TieRule,
     TokenTrace,
     check_alone,
     check_batch,
     check_gate,
     max_logprob_delta,
+    tie_rule,
 )
 from harness.oracle.dense import DenseOutput, generate_dense, generate_dense_continuation
 from harness.runtime.engine import (
@@ -95,7 +94,7 @@ class EquivalenceReport:
     contiguous_bytes: int
     block_utilization: float
     peak_requests: int
-    tie_margin: float
+    tie_rule: TieRule
     schedules_equal: bool
     prefill_tokens: int
     prefix_hit_tokens: int
@@ -194,7 +193,7 @@ def _report(
     layout: KVLayout,
     pool: PoolConfig,
 ) -> EquivalenceReport:
-    tie_margin = TIE_MARGINS.get(layout.dtype, TIE_MARGINS[torch.float32])
+    rule = tie_rule(layout.dtype)
     gate_paged, contiguous = gate
     rows = []
     for request in requests:
@@ -213,7 +212,7 @@ def _report(
                     generated_tokens=len(paged.token_ids),
                     gate=gate_check,
                     alone=check_alone(sequence_id, _trace(alone[sequence_id]), reference),
-                    batch=check_batch(sequence_id, _trace(paged), reference, tie_margin),
+                    batch=check_batch(sequence_id, _trace(paged), reference, rule),
                     max_logprob_delta=max_logprob_delta(_trace(paged), reference),
                     max_blocks=paged.max_blocks,
                 )
@@ -231,7 +230,7 @@ def _report(
         contiguous_bytes=batched.peak_requests * max_tokens * layout.bytes_per_token,
         block_utilization=batched.block_utilization,
         peak_requests=batched.peak_requests,
-        tie_margin=tie_margin,
+        tie_rule=rule,
         schedules_equal=gate_paged.schedule == contiguous.schedule,
         prefill_tokens=batched.prefill_tokens,
         prefix_hit_tokens=batched.prefix_hit_tokens,

@@ -12,9 +12,11 @@ blocks -> prefill -> sample -> append -> decode loop -> release. Per engine step
    already have K/V in the pool and are not fed again) or ``allocate`` by count;
 3. one packed forward (``[1, T]``, prefills and decodes mixed) writes the new K/V to the
    store at those slots and reads each request's K/V through its block table;
-4. each request samples one token; a request with ``num_continuations = n > 1`` forks
-   ``n - 1`` children after its prefill, each starting from another of the prefill's best
-   tokens; a finished request releases its blocks at once.
+4. each request takes one token from the step's logits, copied to the host once (one
+   transfer, one sync per step; greedy is one ``argmax(dim=-1)`` over the step); a
+   request with ``num_continuations = n > 1`` forks ``n - 1`` children after its prefill,
+   each starting from another of the prefill's best tokens; a finished request releases
+   its blocks at once.
 
 The engine decides *when* a request receives blocks; the manager decides *which*; the
 store (``harness.runtime.kv_pool``) holds the tensors. The engine is store-agnostic, so the
@@ -114,7 +116,7 @@ class RequestOutput:
     request_id: str
     prompt_tokens: int
     token_ids: list[int] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)  # each [vocab] float32
+    logits: list[torch.Tensor] = field(default_factory=list)  # each [vocab] float32, host
     max_blocks: int = 0
 
 
@@ -310,10 +312,12 @@ class Engine:
                         outputs[admitted.request.request_id] = admitted.output
                         running.append(admitted)
                         grown[admitted.request.request_id] = self._grow(admitted)
-                    children: list[_Running] = []
-                    for group in self._forward_groups(running):
-                        schedule.append(tuple(r.request.request_id for r in group))
-                        children.extend(self._forward(group, grown))
+                    groups = self._forward_groups(running)
+                    schedule.extend(tuple(r.request.request_id for r in g) for g in groups)
+                    step_logits = [self._forward(group, grown) for group in groups]
+                    children = self._take_tokens(
+                        [r for group in groups for r in group], _to_host(step_logits)
+                    )
                     for child in children:
                         outputs[child.request.request_id] = child.output
                     running.extend(children)
@@ -422,7 +426,8 @@ class Engine:
     def _new_running(self, request: Request) -> _Running:
         generator = None
         if request.sampling.temperature > 0:
-            generator = torch.Generator(device=self._device)
+            # On the host, where the logits are sampled: the same draws on every device.
+            generator = torch.Generator()
             generator.manual_seed(request.sampling.seed)
         return _Running(
             request=request,
@@ -458,8 +463,8 @@ class Engine:
 
     def _forward(
         self, group: list[_Running], grown: dict[str, tuple[list[int], RequestBlockTable]]
-    ) -> list[_Running]:
-        """One forward of ``group``; each samples a token. Returns the children it forked."""
+    ) -> torch.Tensor:
+        """One forward of ``group``: float32 logits ``[len(group), vocab]``, on the device."""
         device = self._device
         input_ids: list[int] = []
         positions: list[int] = []
@@ -480,17 +485,31 @@ class Engine:
         copies = self.manager.take_copies()  # none left by _grow; kept for any other caller
         if copies:
             self.store.copy_blocks(copies)
-        logits = forward_step(
+        return forward_step(
             self.model,
             torch.tensor([input_ids], dtype=torch.int64, device=device),
             torch.tensor([positions], dtype=torch.int64, device=device),
             StepMetadata(self.store, self.store.plan(tables, new_slots), tuple(slices)),
             torch.tensor([s.query_end - 1 for s in slices], dtype=torch.int64, device=device),
         )
+
+    def _take_tokens(self, rows: list[_Running], logits: torch.Tensor) -> list[_Running]:
+        """Each of the step's requests takes its token; returns the children forks made.
+
+        ``logits``: ``[len(rows), vocab]`` float32 on the host, row ``i`` for ``rows[i]``.
+        Greedy tokens come from one ``argmax(dim=-1)`` over the step; each request keeps
+        its row (a view) for the checks.
+        """
+        greedy = logits.argmax(dim=-1).tolist()
         children: list[_Running] = []
-        for row, running in enumerate(group):
+        for row, running in enumerate(rows):
             first = not running.output.token_ids
-            token_id = self._sample(logits[row], running)
+            generator = running.generator
+            token_id = (
+                greedy[row]
+                if generator is None
+                else sample_token(logits[row], running.request.sampling, generator)
+            )
             running.output.token_ids.append(token_id)
             running.output.logits.append(logits[row])
             running.pending_ids = [token_id]
@@ -530,19 +549,6 @@ class Engine:
             )
         return children
 
-    def _sample(self, logits: torch.Tensor, running: _Running) -> int:
-        sampling = running.request.sampling
-        if running.generator is None:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / sampling.temperature, dim=-1)
-        if sampling.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-            outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= sampling.top_p
-            sorted_probs[outside] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=running.generator))
-
     def _release(self, running: _Running) -> None:
         request_id = running.request.request_id
         released = self.manager.release_blocks(request_id)
@@ -577,6 +583,29 @@ class Engine:
             cached_free_blocks=len(self.manager.cached_free_block_ids),
             preemptions=usage.preemptions,
         )
+
+
+def sample_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
+    """A token drawn from ``logits`` ([vocab], host) by temperature and top-p."""
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= sampling.top_p
+        sorted_probs[outside] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _to_host(step_logits: list[torch.Tensor]) -> torch.Tensor:
+    """The step's logits, every forward's rows in order, ``[rows, vocab]`` on the host.
+
+    NOTE: the step's one device-to-host transfer and its one sync: greedy choice, sampling
+    and the checks all read the host copy, so the device holds no logits between steps
+    (one float32 row is 192 KiB for SmolLM2's 49,152-token vocabulary).
+    """
+    stacked = step_logits[0] if len(step_logits) == 1 else torch.cat(step_logits)
+    return stacked.cpu()
 
 
 class BatchInvariantEngine(Engine):

@@ -1,5 +1,8 @@
 """The benchmark scripts run end to end on tiny inputs (smoke runs: no time is asserted)."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from harness.bench import allocator as bench_allocator
@@ -21,9 +24,42 @@ def test_the_decode_benchmark_prints_a_row_per_method_and_batch_size(
     assert all(row[3] == "1.00x" for row in rows if row[0] == "dense")
 
 
+def test_the_decode_benchmark_runs_hf_generate_batch_on_the_same_tokens_and_writes_the_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "decode.json"
+    argv = ["--tiny", "--batch-sizes", "2", "--max-new-tokens", "3", "--repeats", "1"]
+    assert bench_decode.main([*argv, "--json", str(path), "--machine", "test box"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert set(rows) == {"dense", "paged", "hf-cb"}
+    # The last column: requests whose tokens equal the paged engine's.
+    assert rows["hf-cb"][-1] == "2/2"
+    assert rows["dense"][-1] == "2/2"
+    written = json.loads(path.read_text())
+    assert set(written) == {"machine", "device", "dtype", "torch", "transformers", "rows"}
+    assert (written["machine"], written["device"], written["dtype"]) == (
+        "test box",
+        "cpu",
+        "float32",
+    )
+    assert [(row["method"], row["batch_size"]) for row in written["rows"]] == [
+        ("dense", 2),
+        ("paged", 2),
+        ("hf-cb", 2),
+    ]
+    assert all(
+        set(row) == {"method", "batch_size", "decode_tok_s", "e2e_tok_s", "decode_ratio_vs_dense"}
+        for row in written["rows"]
+    )
+
+
 @pytest.mark.parametrize(
     "argv",
-    [["--batch-sizes", "1,x"], ["--batch-sizes", "0"], ["--methods", "dense,vllm"]],
+    [
+        ["--batch-sizes", "1,x"],
+        ["--batch-sizes", "0"],
+        ["--methods", "dense,vllm"],
+    ],
 )
 def test_the_decode_benchmark_refuses_bad_input_with_exit_code_2(
     argv: list[str], capsys: pytest.CaptureFixture[str]

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from harness.oracle.checks import TIE_MARGINS, check_alone, check_batch, check_gate
-from harness.runtime.engine import BatchInvariantEngine, Request, SamplingParams
+from harness.oracle.checks import check_alone, check_batch, check_gate, tie_rule
+from harness.runtime import engine as engine_module
+from harness.runtime.engine import BatchInvariantEngine, Engine, Request, SamplingParams
 from harness.runtime.kv_pool import ContiguousKVBuffers, KVPlan, PagedKVPool, PoisonedKVPool
 from impl import KVBlockManager
 from spec import blocks_for_tokens
@@ -56,7 +57,7 @@ def test_a_static_batch_is_bit_identical_to_contiguous_buffers_and_emits_generat
             request.request_id,
             trace(paged, request.request_id),
             dense_trace(dense(request)),
-            TIE_MARGINS[torch.float32],
+            tie_rule(torch.float32),
         )
         assert batched.passed and not batched.tie, batched.detail
 
@@ -83,7 +84,7 @@ def test_continuous_batching_on_a_tight_pool_reuses_blocks_and_stays_equivalent(
             request_id,
             trace(paged, request_id),
             dense_trace(dense(request)),
-            TIE_MARGINS[torch.float32],
+            tie_rule(torch.float32),
         )
         assert batched.passed, batched.detail
 
@@ -234,3 +235,26 @@ def test_a_pool_of_exactly_the_largest_request_serves_everyone_without_running_d
     result = run(requests, PoisonedKVPool(pool_layout(), largest, block_size), manager)
     assert [len(result.outputs[r.request_id].token_ids) for r in requests] == [7] * 6
     assert manager.free_blocks == largest
+
+
+@pytest.mark.parametrize("engine_type", [Engine, BatchInvariantEngine])
+def test_the_engine_copies_logits_to_the_host_once_per_step_however_many_forwards(
+    engine_type: type[Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copies: list[int] = []
+    to_host = engine_module._to_host
+
+    def counting(step_logits: list[torch.Tensor]) -> torch.Tensor:
+        copies.append(len(step_logits))
+        return to_host(step_logits)
+
+    monkeypatch.setattr(engine_module, "_to_host", counting)
+    requests = make_requests(3, max_new_tokens=5, arrival_gap=0)
+    result = run(requests, PagedKVPool(pool_layout(), 32, 4), KVBlockManager(32, 4), engine_type)
+    assert len(copies) == len(result.usage)  # one per engine step
+    assert max(copies) == (3 if engine_type is BatchInvariantEngine else 1)
+    assert all(
+        logits.device.type == "cpu"
+        for output in result.outputs.values()
+        for logits in output.logits
+    )

@@ -45,6 +45,16 @@ def test_the_safetensors_cache_reloads_bit_identical_logits(
     assert torch.equal(expected, actual)
 
 
+def test_a_bf16_model_is_loaded_as_hf_loads_it_with_float32_rotary_frequencies() -> None:
+    float32 = load_model(None, CPU, torch.float32).model
+    bfloat16 = load_model(None, CPU, torch.bfloat16).model
+    assert next(bfloat16.parameters()).dtype == torch.bfloat16
+    # A cast after loading would round these to bf16 (up to 1.4e-3 per frequency).
+    inv_freq = bfloat16.model.rotary_emb.inv_freq
+    assert inv_freq.dtype == torch.float32
+    assert torch.equal(inv_freq, float32.model.rotary_emb.inv_freq)
+
+
 def test_the_main_command_passes_all_checks_on_a_few_prompts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,12 +10,12 @@ from dataclasses import replace
 import torch
 
 from harness.oracle.checks import (
-    TIE_MARGINS,
     CheckResult,
     TokenTrace,
     check_alone,
     check_batch,
     check_gate,
+    tie_rule,
 )
 from harness.oracle.dense import generate_dense_continuation
 from harness.runtime.engine import (
@@ -44,7 +44,7 @@ from tests.support.harness_cases import (
     trace,
 )
 
-TIE_MARGIN = TIE_MARGINS[torch.float32]
+TIE_RULE = tie_rule(torch.float32)
 
 
 def shared_prefix_requests(count: int, arrival_gap: int, max_new_tokens: int = 6) -> list[Request]:
@@ -66,7 +66,7 @@ def shared_prefix_requests(count: int, arrival_gap: int, max_new_tokens: int = 6
 def batched_checks(result: EngineResult, requests: list[Request]) -> list[CheckResult]:
     """Check 3 for every request of ``result``."""
     return [
-        check_batch(r.request_id, trace(result, r.request_id), dense_trace(dense(r)), TIE_MARGIN)
+        check_batch(r.request_id, trace(result, r.request_id), dense_trace(dense(r)), TIE_RULE)
         for r in requests
     ]
 
@@ -150,7 +150,7 @@ def test_three_continuations_fork_copy_on_write_and_each_matches_forced_generate
     assert alone.cow_copies == 2
     assert packed.blocks_saved_by_sharing >= 2
     for sequence_id, reference in references.items():
-        outcome = check_batch(sequence_id, trace(packed, sequence_id), reference, TIE_MARGIN)
+        outcome = check_batch(sequence_id, trace(packed, sequence_id), reference, TIE_RULE)
         assert outcome.passed, outcome.detail
         # Each continuation's own forwards (M = 1) compute what generate computes.
         outcome = check_alone(sequence_id, trace(alone, sequence_id), reference)
@@ -175,7 +175,7 @@ def test_without_the_copy_on_write_copy_a_continuation_is_ruined() -> None:
     failed = [
         sequence_id
         for sequence_id, reference in references.items()
-        if not check_batch(sequence_id, trace(result, sequence_id), reference, TIE_MARGIN).passed
+        if not check_batch(sequence_id, trace(result, sequence_id), reference, TIE_RULE).passed
     ]
     # The two copiers lost the prompt's last two tokens; the last writer kept the original.
     assert failed == ["p", "p/1"], failed
@@ -242,7 +242,7 @@ def test_a_copy_is_made_before_a_victim_in_the_same_step_frees_its_source() -> N
     assert result.schedule[:2] == [("p", "x"), ("p", "x")]
     assert result.cow_copies >= 1 and result.preemptions >= 1
     reference = continuation_references(parent)["p"]
-    outcome = check_batch("p", trace(result, "p"), reference, TIE_MARGIN)
+    outcome = check_batch("p", trace(result, "p"), reference, TIE_RULE)
     assert outcome.passed, outcome.detail
     for outcome in batched_checks(result, [other]):
         assert outcome.passed, outcome.detail

@@ -1,0 +1,632 @@
+#!/usr/bin/env python3
+"""The GPU check: one driver, stages in priority order under one deadline, one JSON, one log.
+
+Runs in a person's ``.venv`` on an A100/H100 (``python scripts/gpu_check.py``) and on a bare
+GPU machine that has only ``python3`` with torch and an older transformers. For the bare
+machine, carry the pinned transformers wheel, fetched once here into the git-ignored
+``.whl/``, and install it there into the git-ignored ``.site/``, which this script puts
+first on ``sys.path``:
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl transformers==5.23.0
+    python3 -m pip install --no-index --no-deps --target .site .whl/*.whl   # on the GPU machine
+    python3 scripts/gpu_check.py
+
+Results go under ``$OUT`` (or ``out/gpu_check`` when it is unset, created): ``gpu_check.json``
+and ``gpu_check.log``, nothing else. Stages, most important first; a stage that would start
+after ``--deadline-s`` is recorded as skipped:
+1. ``environment``: versions, the GPU, which SDPA backend each of our call shapes gets,
+   whether ``torch.nn.attention.varlen.varlen_attn`` takes a ``block_table``;
+2. ``device_tests``: the CUDA tests' cases (``tests/support/device_cases.py``), no pytest;
+3. ``checks``: the three checks for float32/bfloat16 x ``Engine``/``BatchInvariantEngine``
+   on the bundled SmolLM2 when it loads here, else on a seeded random model of its exact
+   shapes (``random_smollm2``), with every tie's margin in ulps;
+4. ``kernels``: agreement and speed of the attention read at SmolLM2's shapes, B = 8 at 512
+   tokens and B = 64 at 4096; only the gather path exists so far (no varlen or flex
+   backend to compare with yet), checked against SDPA on contiguous K/V;
+5. ``decode_bench``: bf16 decode tokens/s, paged engine and HF ``generate_batch`` vs dense
+   ``generate`` (``harness.bench.decode``).
+``--smoke`` runs every stage on CPU with a scaled-down model in about a minute; CI runs it
+(``tests/harness/test_gpu_check.py``), so a GPU run is never lost to a typo.
+Exit 0 when no stage failed, 1 when one did, 2 without a CUDA device (and no --smoke).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# .site first: the carried transformers must win over the machine's older one.
+for _path in (REPO, REPO / ".site"):
+    if _path.is_dir() and str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+# Before torch touches CUDA: check 2 on CUDA needs deterministic cuBLAS.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import inspect  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from harness.bench import decode as bench_decode  # noqa: E402
+from harness.models import LoadedModel, ModelNotFoundError, load_model  # noqa: E402
+from harness.oracle.equivalence import (  # noqa: E402
+    EquivalenceReport,
+    PoolConfig,
+    run_equivalence,
+)
+from harness.prompts import BUILTIN_PROMPTS, render_prompt  # noqa: E402
+from harness.runtime.engine import BatchInvariantEngine, Engine, Request  # noqa: E402
+from harness.runtime.kv_pool import KVLayout, PagedKVPool, PoisonedKVPool  # noqa: E402
+from harness.runtime.paged_attention import (  # noqa: E402
+    RequestSlice,
+    StepMetadata,
+    paged_attention_forward,
+)
+from impl import RequestBlockTable  # noqa: E402
+from tests.support.device_cases import (  # noqa: E402
+    paged_cache_generate_failures,
+    paged_equals_dense_failures,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+Json = dict[str, object]  # what a stage reports: JSON-ready values
+# How far the paged read may drift from SDPA on contiguous K/V before the kernels stage
+# fails: a few output ulps (outputs are O(1)). Bitwise equality is reported beside it.
+KERNEL_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+STAGES = ("environment", "device_tests", "checks", "kernels", "decode_bench")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """The sizes of a Llama; SmolLM2-135M's are the defaults."""
+
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 30
+    num_attention_heads: int = 9
+    num_key_value_heads: int = 3
+    head_dim: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How big each stage runs: the full GPU run or the CPU smoke run."""
+
+    device: torch.device
+    model_shape: ModelShape  # of the random model
+    device_test_requests: int
+    cpu_threads: int | None  # None: torch's default
+    requests: int
+    max_new_tokens: int
+    kernel_shapes: tuple[tuple[int, int], ...]  # (batch, context tokens)
+    kernel_repeats: int
+    bench_batch_sizes: tuple[int, ...]
+    bench_new_tokens: int
+    bench_repeats: int
+
+
+SMOLLM2_SHAPE = ModelShape()
+# Same heads (9 over 3), so GQA runs as in SmolLM2; small enough for a CPU minute.
+SMOKE_SHAPE = ModelShape(
+    vocab_size=512, hidden_size=144, intermediate_size=128, num_hidden_layers=2, head_dim=16
+)
+
+FULL = Plan(
+    device=torch.device("cuda"),
+    model_shape=SMOLLM2_SHAPE,
+    device_test_requests=6,
+    cpu_threads=None,
+    requests=14,
+    max_new_tokens=64,
+    kernel_shapes=((8, 512), (64, 4096)),
+    kernel_repeats=20,
+    bench_batch_sizes=(1, 8, 32),
+    bench_new_tokens=64,
+    bench_repeats=3,
+)
+SMOKE = Plan(
+    device=torch.device("cpu"),
+    model_shape=SMOKE_SHAPE,
+    device_test_requests=3,
+    cpu_threads=1,  # per-request attention is many small ops: one thread wins on CPU
+    requests=4,
+    max_new_tokens=6,
+    kernel_shapes=((2, 48),),
+    kernel_repeats=2,
+    bench_batch_sizes=(2,),
+    bench_new_tokens=3,
+    bench_repeats=1,
+)
+
+
+class Log:
+    """Every line both to stdout and to the log file."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("w", encoding="utf-8")
+
+    def __call__(self, message: str) -> None:
+        print(message, flush=True)
+        self.file.write(message + "\n")
+        self.file.flush()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The driver's options."""
+    parser = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="every stage on CPU, small")
+    parser.add_argument(
+        "--deadline-s", type=float, default=540.0, help="no stage starts after this (540)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the stages in order; write the JSON and the log; 0 when nothing failed."""
+    args = build_parser().parse_args(argv)
+    out = args.out or Path(os.environ.get("OUT") or REPO / "out" / "gpu_check")
+    out.mkdir(parents=True, exist_ok=True)
+    log = Log(out / "gpu_check.log")
+    plan = SMOKE if args.smoke else FULL
+    if plan.device.type == "cuda" and not torch.cuda.is_available():
+        log("gpu_check: no CUDA device here; use --smoke for the CPU run")
+        return 2
+    if plan.cpu_threads is not None:
+        torch.set_num_threads(plan.cpu_threads)
+    started = time.perf_counter()
+    results: dict[str, object] = {
+        "mode": "smoke" if args.smoke else "gpu",
+        "deadline_s": args.deadline_s,
+        "stages": {},
+    }
+    stages: dict[str, Callable[[Plan, Log], Json]] = {
+        "environment": stage_environment,
+        "device_tests": stage_device_tests,
+        "checks": stage_checks,
+        "kernels": stage_kernels,
+        "decode_bench": stage_decode_bench,
+    }
+    stage_results: dict[str, object] = {}
+    for name in STAGES:
+        elapsed = time.perf_counter() - started
+        if elapsed > args.deadline_s:
+            stage_results[name] = {"status": "skipped", "why": f"deadline at {elapsed:.0f} s"}
+            log(f"== {name}: skipped (deadline, {elapsed:.0f} s)")
+            continue
+        log(f"== {name} (at {elapsed:.0f} s)")
+        stage_results[name] = _run_stage(stages[name], plan, log)
+        _write(out, results | {"stages": stage_results, "elapsed_s": elapsed})
+    failed = [name for name, r in stage_results.items() if _status(r) in ("failed", "error")]
+    results |= {
+        "stages": stage_results,
+        "elapsed_s": time.perf_counter() - started,
+        "failed_stages": failed,
+        "passed": not failed,
+    }
+    _write(out, results)
+    log(f"gpu_check: {'PASS' if not failed else 'FAIL ' + ', '.join(failed)}; results in {out}")
+    return 0 if not failed else 1
+
+
+def _run_stage(stage: Callable[[Plan, Log], Json], plan: Plan, log: Log) -> object:
+    """One stage, timed; an exception is the stage's error, logged, and the next one runs."""
+    started = time.perf_counter()
+    try:
+        result = stage(plan, log)
+    except Exception as error:
+        log(traceback.format_exc())
+        result = {"status": "error", "error": f"{type(error).__name__}: {error}"}
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    log(f"   {result['status']} in {result['seconds']} s")
+    return result
+
+
+def _status(result: object) -> str:
+    return str(result.get("status")) if isinstance(result, dict) else "error"
+
+
+def _write(out: Path, results: dict[str, object]) -> None:
+    # Rewritten after every stage: a run cut off by the machine's limit keeps what it did.
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
+# -- stage 1: environment -------------------------------------------------------------------
+
+
+def stage_environment(plan: Plan, log: Log) -> Json:
+    """Versions, the device, SDPA's backend per call shape, ``varlen_attn``'s signature."""
+    env: Json = {
+        "status": "ok",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "transformers_path": str(Path(transformers.__file__).parent),
+        "cpu_count": os.cpu_count(),
+        "device": _device_text(plan.device),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "sdpa_backends": _sdpa_backends(plan.device),
+        "varlen_attn": _varlen_signature(),
+    }
+    for key, value in env.items():
+        log(f"   {key}: {value}")
+    return env
+
+
+def _device_text(device: torch.device) -> str:
+    if device.type != "cuda":
+        return f"cpu ({platform.processor() or platform.machine()})"
+    properties = torch.cuda.get_device_properties(device)
+    return (
+        f"{properties.name}, capability {properties.major}.{properties.minor}, "
+        f"{properties.total_memory / 2**30:.0f} GiB"
+    )
+
+
+def _sdpa_backends(device: torch.device) -> dict[str, str]:
+    """Which SDPA backend torch picks for each call our attention makes, bf16 and fp32.
+
+    SmolLM2's shapes: 9 query heads over 3 KV heads of 64. The calls: a whole prefill
+    (``is_causal``), a one-query decode, a partial prefill with a bottom-right bool mask.
+    """
+    from transformers.integrations.sdpa_attention import use_gqa_in_sdpa  # noqa: PLC0415
+
+    # Any: torch's pybind SDPBackend enum members.
+    names = {int(value): name for name, value in _sdp_backend_members().items()}
+    chosen: dict[str, str] = {}
+    for dtype_name, dtype in DTYPES.items():
+        for shape, (queries, keys, masked, causal) in {
+            "prefill_256": (256, 256, False, True),
+            "decode_1_of_512": (1, 512, False, False),
+            "partial_prefill_16_of_512": (16, 512, True, False),
+        }.items():
+            query = torch.randn(1, 9, queries, 64, dtype=dtype, device=device)
+            key = torch.randn(1, 3, keys, 64, dtype=dtype, device=device)
+            mask = None
+            if masked:
+                mask = torch.ones(queries, keys, dtype=torch.bool, device=device)
+                mask = mask.tril(keys - queries)[None, None]
+            gqa = bool(use_gqa_in_sdpa(mask, key, key))
+            if not gqa:  # HF's wrapper repeats the KV heads instead
+                key = key.repeat_interleave(3, dim=1)
+            try:
+                choice = torch._fused_sdp_choice(
+                    query, key, key, mask, 0.0, causal, scale=None, enable_gqa=gqa
+                )
+                chosen[f"{dtype_name}/{shape}"] = f"{names.get(int(choice), choice)} (gqa={gqa})"
+            except Exception as error:  # a private API: report, never fail the stage on it
+                chosen[f"{dtype_name}/{shape}"] = f"unknown: {type(error).__name__}: {error}"
+    return chosen
+
+
+def _sdp_backend_members() -> dict[str, Any]:  # Any: torch's pybind enum members
+    try:
+        from torch.nn.attention import SDPBackend  # noqa: PLC0415
+
+        members: dict[str, Any] = dict(SDPBackend.__members__)
+        return members
+    except (ImportError, AttributeError):
+        return {}
+
+
+def _varlen_signature() -> Json:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
+    except ImportError as error:
+        return {"available": False, "why": str(error)}
+    parameters = inspect.signature(varlen_attn).parameters
+    return {"available": True, "takes_block_table": "block_table" in parameters}
+
+
+# -- stage 2: the CUDA tests' cases ---------------------------------------------------------
+
+
+def stage_device_tests(plan: Plan, log: Log) -> Json:
+    """The cases ``tests/harness/test_cuda.py`` asserts, run without pytest."""
+    cases: dict[str, list[str]] = {}
+    with _deterministic():
+        for dtype_name, dtype in DTYPES.items():
+            for engine_type in (Engine, BatchInvariantEngine):
+                name = f"paged_equals_dense/{dtype_name}/{engine_type.__name__}"
+                cases[name] = paged_equals_dense_failures(
+                    plan.device, dtype, engine_type, plan.device_test_requests
+                )
+            cases[f"paged_cache_generate/{dtype_name}"] = paged_cache_generate_failures(
+                plan.device, dtype
+            )
+    for name, failures in cases.items():
+        log(f"   {name}: {'ok' if not failures else 'FAIL ' + '; '.join(failures)[:300]}")
+    status = "ok" if not any(cases.values()) else "failed"
+    return {"status": status, "cases": {name: failures or "ok" for name, failures in cases.items()}}
+
+
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    # warn_only: an op without a deterministic kernel warns (in the log) instead of raising.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+# -- stage 3: the three checks on SmolLM2 (or its shapes) ----------------------------------
+
+
+def random_smollm2(
+    shape: ModelShape, dtype: torch.dtype, device: torch.device
+) -> Any:  # Any: a transformers LlamaForCausalLM
+    """A seeded random Llama of ``shape`` whose logits look like a trained model's.
+
+    NOTE: default init gives near-uniform logits (argmax ties everywhere). A gain of
+    1.5/sqrt(fan_in) on every matrix and embeddings of std 0.3 gave a median top-1 logit of
+    29.5 at SmolLM2's shapes, against 28.2 for the real model, so the bf16 grid spacing
+    at the top-1 logit (what the tie rule counts in) is the real run's.
+    Built in float32 from a CPU seed, then loaded into a model made with ``dtype=`` as
+    ``from_pretrained`` makes it: the rotary ``inv_freq`` stays float32.
+    """
+    config = LlamaConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    source = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in source.named_parameters():
+            if "embed_tokens" in name:
+                parameter.normal_(0.0, 0.3)
+            elif parameter.dim() == 2:
+                parameter.normal_(0.0, 1.5 / math.sqrt(parameter.shape[1]))
+    model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    model.load_state_dict(source.state_dict())
+    model.to(device)
+    model.eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def stage_checks(plan: Plan, log: Log) -> Json:
+    """The three checks for float32/bfloat16 x packed/batch-invariant, poisoned pool."""
+    runs: dict[str, Json] = {}
+    for dtype_name, dtype in DTYPES.items():
+        loaded = _checks_model(plan, dtype)
+        requests = _checks_requests(loaded, plan)
+        needs = [request.blocks_needed(16) for request in requests]
+        for engine_type in (Engine, BatchInvariantEngine):
+            pool = PoolConfig(
+                num_blocks=max(*needs, -(-sum(needs) // 4)),  # tight, as the main command's
+                block_size=16,
+                engine_type=engine_type,
+                pool_type=PoisonedKVPool,
+            )
+            with _deterministic():
+                report = run_equivalence(loaded, requests, pool, lambda _: None)
+            name = f"{dtype_name}/{engine_type.__name__}"
+            runs[name] = _checks_summary(loaded.name, report)
+            log(f"   {name}: {json.dumps(runs[name])[:600]}")
+    status = "ok" if all(run["passed"] for run in runs.values()) else "failed"
+    return {"status": status, "runs": runs}
+
+
+def _checks_model(plan: Plan, dtype: torch.dtype) -> LoadedModel:
+    """The bundled SmolLM2 when it loads here (not in smoke runs), else the random one."""
+    if plan.device.type == "cuda":
+        try:
+            return load_model(None, plan.device, dtype)
+        except (ModelNotFoundError, ImportError, OSError):
+            pass  # a bare machine: no GGUF, no gguf package
+    model = random_smollm2(plan.model_shape, dtype, plan.device)
+    return LoadedModel(model=model, tokenizer=None, name="random-smollm2-shapes(seed=0)")
+
+
+def _checks_requests(loaded: LoadedModel, plan: Plan) -> list[Request]:
+    """The built-in prompts when there is a tokenizer; else seeded random prompts of their
+    lengths' range (31 to 370 tokens), arriving two steps apart."""
+    if loaded.tokenizer is not None:
+        prompts = [render_prompt(loaded.tokenizer, messages) for messages in BUILTIN_PROMPTS]
+    else:
+        generator = torch.Generator().manual_seed(1)
+        vocab = loaded.model.config.vocab_size
+        lengths = [31, 37, 40, 43, 67, 208, 370] if plan is FULL else [5, 9, 13]
+        prompts = [
+            tuple(torch.randint(vocab, (lengths[i % len(lengths)],), generator=generator).tolist())
+            for i in range(plan.requests)
+        ]
+    return [
+        Request(f"r{number:02d}", prompt, plan.max_new_tokens, arrival_step=2 * number)
+        for number, prompt in enumerate(prompts[: plan.requests])
+    ]
+
+
+def _checks_summary(model_name: str, report: EquivalenceReport) -> Json:
+    rows = report.rows
+    return {
+        "model": model_name,
+        "passed": report.passed,
+        "rows_passing": f"{sum(row.passed for row in rows)}/{len(rows)}",
+        "schedules_equal": report.schedules_equal,
+        "tie_rule": report.tie_rule.describe(),
+        "ties_ulps": [row.batch.margin_ulps for row in rows if row.batch.tie],
+        "failures": [
+            check.detail
+            for row in rows
+            for check in (row.gate, row.alone, row.batch)
+            if not check.passed
+        ],
+        "max_logprob_delta": max(row.max_logprob_delta for row in rows),
+        "paged_tokens_per_s": report.paged_tokens_per_s,
+    }
+
+
+# -- stage 4: the attention read ------------------------------------------------------------
+
+
+def stage_kernels(plan: Plan, log: Log) -> Json:
+    """The gather path's decode attention vs SDPA on contiguous K/V: agreement and time."""
+    shapes: dict[str, Json] = {}
+    agree = True
+    for batch, context in plan.kernel_shapes:
+        for dtype_name, dtype in DTYPES.items():
+            name = f"gather/{dtype_name}/B{batch}x{context}"
+            agreement = _gather_agreement_and_time(plan, batch, context, dtype)
+            agree = agree and agreement.max_abs_diff <= KERNEL_TOLERANCE[dtype]
+            shapes[name] = agreement.as_json()
+            log(f"   {name}: {shapes[name]}")
+    # NOTE: only the gather path exists; varlen and flex backends, when built, join here.
+    return {"status": "ok" if agree else "failed", "backends": ["gather"], "shapes": shapes}
+
+
+class _AttentionModule:
+    """What the attention function reads off HF's attention module: one layer, GQA 9/3."""
+
+    layer_idx = 0
+    num_key_value_groups = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """The paged read against SDPA on contiguous K/V, and the paged read's time."""
+
+    bitwise_equal: bool
+    max_abs_diff: float
+    median_ms: float
+
+    def as_json(self) -> Json:
+        """The three fields, for the results file."""
+        return {
+            "bitwise_equal": self.bitwise_equal,
+            "max_abs_diff": self.max_abs_diff,
+            "median_ms": round(self.median_ms, 4),
+        }
+
+
+def _gather_agreement_and_time(
+    plan: Plan, batch: int, context: int, dtype: torch.dtype
+) -> Agreement:
+    device, block_size = plan.device, 16
+    blocks_each = -(-context // block_size)
+    layout = KVLayout(1, 3, 64, dtype, device)
+    pool = PagedKVPool(layout, batch * blocks_each, block_size)
+    generator = torch.Generator().manual_seed(batch * context)
+    # Scattered tables: a seeded permutation of the pool's blocks.
+    order = torch.randperm(batch * blocks_each, generator=generator).tolist()
+    tables = [
+        RequestBlockTable(f"r{i}", order[i * blocks_each : (i + 1) * blocks_each], context)
+        for i in range(batch)
+    ]
+    for keys in (pool.keys[0], pool.values[0]):  # [num_blocks, block_size, 3, 64]
+        keys.copy_(torch.randn(keys.shape, generator=generator).to(dtype))
+    new_slots = [
+        [t.block_ids[(context - 1) // block_size] * block_size + (context - 1) % block_size]
+        for t in tables
+    ]
+    step_plan = pool.plan(tables, new_slots)
+    # The decode token's own K/V are the ones already at its slot, so the write is a no-op.
+    flat_k = pool.keys[0].view(-1, 3, 64)
+    flat_v = pool.values[0].view(-1, 3, 64)
+    slots = step_plan.write_index
+    key = flat_k.index_select(0, slots).transpose(0, 1)[None]  # [1, 3, batch, 64]
+    value = flat_v.index_select(0, slots).transpose(0, 1)[None]
+    query = torch.randn(1, 9, batch, 64, generator=generator).to(device=device, dtype=dtype)
+    slices = tuple(RequestSlice(i, i + 1) for i in range(batch))
+    step = StepMetadata(pool, step_plan, slices)
+
+    def paged() -> torch.Tensor:
+        output, _ = paged_attention_forward(
+            _AttentionModule(), query, key, value, None, scaling=None, pagedkv_step=step
+        )
+        return output  # [1, batch, 9, 64]
+
+    def contiguous() -> torch.Tensor:
+        outputs = []
+        for i, table in enumerate(tables):
+            rows = torch.tensor(table.block_ids, device=device)
+            k = pool.keys[0].index_select(0, rows).reshape(-1, 3, 64)[:context].contiguous()
+            v = pool.values[0].index_select(0, rows).reshape(-1, 3, 64)[:context].contiguous()
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, i : i + 1],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                enable_gqa=True,
+            )
+            outputs.append(out.transpose(1, 2))
+        return torch.cat(outputs, dim=1)
+
+    with torch.no_grad():
+        ours, reference = paged(), contiguous()
+        times = [_timed(paged, device) for _ in range(plan.kernel_repeats)]
+    difference = (ours.float() - reference.float()).abs().max()
+    return Agreement(
+        bool(torch.equal(ours, reference)), float(difference), 1000 * statistics.median(times)
+    )
+
+
+def _timed(call: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+# -- stage 5: the decode benchmark ----------------------------------------------------------
+
+
+def stage_decode_bench(plan: Plan, log: Log) -> Json:
+    """bf16 decode tokens/s: dense ``generate``, the paged engine, HF ``generate_batch``."""
+    loaded = _checks_model(plan, torch.bfloat16)
+    if loaded.tokenizer is not None:
+        prompts = [render_prompt(loaded.tokenizer, messages) for messages in BUILTIN_PROMPTS]
+    else:
+        prompts = [request.prompt_ids for request in _checks_requests(loaded, plan)]
+    prompts = [prompts[i % len(prompts)] for i in range(max(plan.bench_batch_sizes))]
+    settings = bench_decode.Settings(
+        list(plan.bench_batch_sizes),
+        plan.bench_new_tokens,
+        16,
+        plan.bench_repeats,
+        {"dense", "paged", "hf-cb"},
+    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rows = bench_decode.run_benchmark(loaded, prompts, settings)
+    for line in printed.getvalue().splitlines():
+        log(f"   {line}")
+    result = bench_decode.as_json(rows, loaded, None)
+    paged = [row for row in rows if row.method == "paged"]
+    result["status"] = "ok" if paged else "failed"
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The tiny-model equivalence on a given device and dtype, as plain functions.
+
+``tests/harness/test_cuda.py`` asserts them on CUDA; ``scripts/gpu_check.py`` runs them on
+a bare GPU machine (no pytest there) and, with ``--smoke``, on CPU. Each returns the
+failures it found, so an empty list is a pass.
+"""
+
+import torch
+
+from harness.models import LoadedModel, kv_layout, tiny_llama
+from harness.oracle.equivalence import PoolConfig, run_equivalence
+from harness.runtime.engine import BatchInvariantEngine, Engine
+from harness.runtime.kv_pool import PoisonedKVPool
+from harness.runtime.paged_cache import PagedCache
+from impl import KVBlockManager
+from tests.support.harness_cases import make_requests, poisoned_pool
+
+
+def tiny_on(device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """The seeded tiny Llama on ``device`` in ``dtype`` (cast after building: both sides of
+    every check use this same model, so its rounded rotary frequencies do not matter)."""
+    loaded = tiny_llama(seed=0)
+    loaded.model.to(device=device, dtype=dtype)
+    return loaded
+
+
+def paged_equals_dense_failures(
+    device: torch.device, dtype: torch.dtype, engine_type: type[Engine], count: int = 6
+) -> list[str]:
+    """The three checks on ``count`` staggered requests on a poisoned pool; what failed.
+
+    The batch-invariant engine must also take no tie.
+    """
+    requests = make_requests(count, max_new_tokens=10, arrival_gap=1)
+    pool = PoolConfig(
+        num_blocks=24, block_size=4, engine_type=engine_type, pool_type=PoisonedKVPool
+    )
+    report = run_equivalence(tiny_on(device, dtype), requests, pool, lambda _: None)
+    failures = [
+        check.detail
+        for row in report.rows
+        for check in (row.gate, row.alone, row.batch)
+        if not check.passed
+    ]
+    if not report.schedules_equal:
+        failures.append("paged and contiguous schedules differ")
+    if engine_type is BatchInvariantEngine:
+        failures.extend(
+            f"batch-invariant tie: {row.batch.detail}" for row in report.rows if row.batch.tie
+        )
+    return failures
+
+
+def paged_cache_generate_failures(device: torch.device, dtype: torch.dtype) -> list[str]:
+    """``generate`` on a ``PagedCache`` vs its dense cache, a left-padded batch of two:
+    the steps whose tokens or logits differ."""
+    loaded = tiny_on(device, dtype)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(loaded.model.config.vocab_size, (2, 11), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :4] = 0  # row 1 is left-padded
+    kwargs = {
+        "attention_mask": attention_mask.to(device),
+        "max_new_tokens": 8,
+        "do_sample": False,
+        "pad_token_id": 0,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+    }
+    pool = poisoned_pool(32, 4, kv_layout(loaded))
+    with torch.no_grad(), PagedCache(KVBlockManager(32, 4), pool, 2) as cache:
+        paged = loaded.model.generate(input_ids.to(device), past_key_values=cache, **kwargs)
+        dense = loaded.model.generate(input_ids.to(device), **kwargs)
+    failures = []
+    if not torch.equal(paged.sequences, dense.sequences):
+        failures.append("paged-cache generate emitted other tokens than generate")
+    for step, (ours, theirs) in enumerate(zip(paged.logits, dense.logits, strict=True)):
+        if not torch.equal(ours, theirs):
+            failures.append(f"step {step}: paged-cache logits differ from generate's")
+    return failures
