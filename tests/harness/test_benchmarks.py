@@ -21,7 +21,9 @@ def test_the_decode_benchmark_prints_a_row_per_method_and_batch_size(
         ("dense", "3"),
         ("paged", "3"),
     ]
-    assert all(row[3] == "1.00x" for row in rows if row[0] == "dense")
+    # Dense is its own reference; NaN when a loaded machine made the first-token run of
+    # this 3-token smoke run no faster than the whole run (Rates.decode says so).
+    assert all(row[3] in ("1.00x", "nanx") for row in rows if row[0] == "dense")
 
 
 def test_the_decode_benchmark_runs_hf_generate_batch_on_the_same_tokens_and_writes_the_json(
