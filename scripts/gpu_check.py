@@ -422,7 +422,7 @@ def stage_checks(plan: Plan, log: Log) -> Json:
         needs = [request.blocks_needed(16) for request in requests]
         for engine_type in (Engine, BatchInvariantEngine):
             pool = PoolConfig(
-                num_blocks=max(*needs, -(-sum(needs) // 4)),  # tight, as the main command's
+                total_blocks=max(*needs, -(-sum(needs) // 4)),  # tight, as the main command's
                 block_size=16,
                 engine_type=engine_type,
                 pool_type=PoisonedKVPool,
@@ -542,7 +542,7 @@ def _gather_agreement_and_time(
         RequestBlockTable(f"r{i}", order[i * blocks_each : (i + 1) * blocks_each], context)
         for i in range(batch)
     ]
-    for keys in (pool.keys[0], pool.values[0]):  # [num_blocks, block_size, 3, 64]
+    for keys in (pool.keys[0], pool.values[0]):  # [total_blocks, block_size, 3, 64]
         keys.copy_(torch.randn(keys.shape, generator=generator).to(dtype))
     new_slots = [
         [t.block_ids[(context - 1) // block_size] * block_size + (context - 1) % block_size]

@@ -347,9 +347,9 @@ def _run_paged(
     block_size: int,
     peak: list[int],
 ) -> list[list[int]]:
-    num_blocks = sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
-    manager = KVBlockManager(num_blocks, block_size)
-    pool = PagedKVPool(kv_layout(loaded), num_blocks, block_size)
+    total_blocks = sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
+    manager = KVBlockManager(total_blocks, block_size)
+    pool = PagedKVPool(kv_layout(loaded), total_blocks, block_size)
     requests = [Request(f"r{i}", prompt, new_tokens) for i, prompt in enumerate(batch)]
     # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
     result = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING).run(requests)
@@ -362,14 +362,14 @@ def _hf_cb_num_blocks(batch: list[tuple[int, ...]], new_tokens: int, block_size:
     return sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
 
 
-def _hf_cb_config(num_blocks: int, block_size: int) -> ContinuousBatchingConfig:
+def _hf_cb_config(total_blocks: int, block_size: int) -> ContinuousBatchingConfig:
     """An explicitly sized config: without one HF sizes its cache from free memory (on CPU
     60% of RAM per call: 12.6 GB RSS and 27 s for a batch-1 run), which would measure the
     sizing, not the batching.
     """
     return ContinuousBatchingConfig(
         page_size=block_size,
-        num_blocks=num_blocks,
+        num_blocks=total_blocks,  # HF's name for the pool's block count
         max_batch_tokens=HF_CB_MAX_BATCH_TOKENS,
         allow_block_sharing=False,  # the engine runs without prefix caching here too
         auto_switch_to_flash=False,  # the same SDPA attention as the other two methods

@@ -75,34 +75,34 @@ def check_context(requests: Sequence[Request], context: int) -> None:
 
 
 def kv_bytes(
-    requests: Sequence[Request], num_blocks: int, block_size: int, layout: KVLayout
+    requests: Sequence[Request], total_blocks: int, block_size: int, layout: KVLayout
 ) -> tuple[int, int]:
     """The K/V bytes of the paged pool, and at most of the gate's contiguous buffers.
 
     The gate's contiguous run follows the paged schedule, where every live sequence holds a
-    block, so at most ``min(sequences, num_blocks)`` buffers of the longest request's
+    block, so at most ``min(sequences, total_blocks)`` buffers of the longest request's
     ``max_tokens`` rows exist at once.
     """
-    pool = num_blocks * block_size * layout.bytes_per_token
+    pool = total_blocks * block_size * layout.bytes_per_token
     sequences = sum(request.num_continuations for request in requests)
     longest = max(request.max_tokens for request in requests)
-    contiguous = min(sequences, num_blocks) * longest * layout.bytes_per_token
+    contiguous = min(sequences, total_blocks) * longest * layout.bytes_per_token
     return pool, contiguous
 
 
 def check_memory(
     requests: Sequence[Request],
-    num_blocks: int,
+    total_blocks: int,
     block_size: int,
     layout: KVLayout,
     available: int,
 ) -> None:
     """Refuse a run whose K/V would take more than ``MEMORY_FRACTION`` of ``available`` bytes."""
-    pool, contiguous = kv_bytes(requests, num_blocks, block_size, layout)
+    pool, contiguous = kv_bytes(requests, total_blocks, block_size, layout)
     limit = int(available * MEMORY_FRACTION)
     if pool + contiguous > limit:
         raise UsageError(
-            f"the run's K/V needs {_size(pool + contiguous)}: a pool of {num_blocks} blocks x "
+            f"the run's K/V needs {_size(pool + contiguous)}: a pool of {total_blocks} blocks x "
             f"{block_size} tokens x {layout.bytes_per_token} bytes ({_size(pool)}) and the "
             f"gate's contiguous buffers ({_size(contiguous)}); the limit is {MEMORY_FRACTION:g} "
             f"of the {_size(available)} of {layout.device.type} memory available, {_size(limit)}"

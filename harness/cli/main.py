@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument(
-        "--num-blocks",
+        "--total-blocks",
         type=int,
         default=None,
         help="blocks in the pool (default: about a quarter of what all requests need at once, "
@@ -212,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             for number, messages in enumerate(prompts)
         ]
         check_context(requests, model_context(loaded.model))
-        num_blocks = _num_blocks(requests, args.block_size, args.num_blocks)
+        total_blocks = _total_blocks(requests, args.block_size, args.total_blocks)
         # Before any pool (or the manager's free list) is built.
         check_memory(
-            requests, num_blocks, args.block_size, kv_layout(loaded), available_bytes(device)
+            requests, total_blocks, args.block_size, kv_layout(loaded), available_bytes(device)
         )
     except (
         UsageError,
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ) as error:
         return fail(PROG, str(error))
     pool = PoolConfig(
-        num_blocks=num_blocks,
+        total_blocks=total_blocks,
         block_size=args.block_size,
         engine_type=BatchInvariantEngine if args.batch_invariant else Engine,
         pool_type=PoisonedKVPool if args.poison_freed else PagedKVPool,
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report = run_equivalence(loaded, requests, pool, _progress)
     if args.plot is not None:
-        plot_pool_over_time(report.usage, num_blocks, args.plot)
+        plot_pool_over_time(report.usage, total_blocks, args.plot)
         _progress(f"wrote {args.plot}")
     _progress("done")
     if args.json:
@@ -267,7 +267,7 @@ def _with_system_prompt(prompts: Sequence[Messages], system_prompt: str | None) 
     return [(("system", system_prompt), *messages) for messages in prompts]
 
 
-def _num_blocks(requests: list[Request], block_size: int, requested: int | None) -> int:
+def _total_blocks(requests: list[Request], block_size: int, requested: int | None) -> int:
     needs = [request.blocks_needed(block_size) for request in requests]
     if requested is None:
         # Tight on purpose: about a quarter of the demand, so blocks are freed and reused.
@@ -275,7 +275,7 @@ def _num_blocks(requests: list[Request], block_size: int, requested: int | None)
     if requested < max(needs):
         longest = max(range(len(requests)), key=lambda index: needs[index])
         raise UsageError(
-            f"--num-blocks {requested} cannot hold even one request: "
+            f"--total-blocks {requested} cannot hold even one request: "
             f"{requests[longest].request_id} "
             f"needs {needs[longest]} blocks of {block_size} tokens "
             f"({requests[longest].max_tokens} tokens, {requests[longest].num_continuations} "

@@ -19,7 +19,7 @@ def _mark(passed: bool, tie: bool = False) -> str:
 
 def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig) -> None:
     print(
-        f"model {loaded.name}; pool {pool.num_blocks} blocks x {pool.block_size} tokens; "
+        f"model {loaded.name}; pool {pool.total_blocks} blocks x {pool.block_size} tokens; "
         f"{pool.engine_type.__name__}, {pool.pool_type.__name__}, "
         f"{type(pool.allocation).__name__}"
     )
@@ -87,7 +87,7 @@ def as_json(
         "model": loaded.name,
         "device": str(next(loaded.model.parameters()).device),
         "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
-        "num_blocks": pool.num_blocks,
+        "total_blocks": pool.total_blocks,
         "block_size": pool.block_size,
         "batch_invariant": bool(args.batch_invariant),
         "poison_freed": bool(args.poison_freed),

@@ -16,7 +16,7 @@ work for bf16: its logits sit on a grid whose spacing doubles every binade (0.12
 |logit| in [16, 32), 0.25 in [32, 64)), so a fixed 0.25 is one ulp in one binade and
 "exact ties only" in the one below. Margins are reported in ulps.
 
-Why each ``TIE_ULPS`` value (the measurements are in ``docs/harness.md``):
+Why each ``TIE_ULPS`` value (the measurements are in ``docs/results.md``):
 - bfloat16, 8 ulps. A flip needs the reference's top two logits to move toward each other
   by the margin. Measured on SmolLM2-135M bf16 on CPU (packed batching vs ``generate``,
   14 prompts x 64 tokens): each of the top two logits moved by up to 4 ulps of the top-1

@@ -55,7 +55,7 @@ class PoolConfig:
     ``observer`` watches the pool during the continuous-batching run (check 3) only.
     """
 
-    num_blocks: int
+    total_blocks: int
     block_size: int
     engine_type: type[Engine] = Engine
     pool_type: type[PagedKVPool] = PagedKVPool
@@ -120,11 +120,11 @@ def run_equivalence(
         progress(f"dense generate: request {number}/{len(requests)}")
         dense.update(_generate_dense(loaded, request))
 
-    paged_pool = pool.pool_type(layout, pool.num_blocks, pool.block_size)
+    paged_pool = pool.pool_type(layout, pool.total_blocks, pool.block_size)
     alone: dict[str, RequestOutput] = {}
     for number, request in enumerate(requests, 1):
         progress(f"paged, one request alone: request {number}/{len(requests)}")
-        manager = KVBlockManager(pool.num_blocks, pool.block_size)
+        manager = KVBlockManager(pool.total_blocks, pool.block_size)
         # Its continuations each in their own forward (M = 1), like generate's.
         engine = BatchInvariantEngine(loaded.model, manager, paged_pool, eos, pool.allocation)
         alone.update(engine.run([replace(request, arrival_step=0)]).outputs)
@@ -133,7 +133,7 @@ def run_equivalence(
         store: KVStore, allocation: Allocation, observer: PoolObserver | None = None
     ) -> EngineResult:
         """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
-        manager = KVBlockManager(pool.num_blocks, pool.block_size)
+        manager = KVBlockManager(pool.total_blocks, pool.block_size)
         engine = pool.engine_type(loaded.model, manager, store, eos, allocation, observer=observer)
         return engine.run(requests)
 
@@ -225,7 +225,7 @@ def _report(
         rows=rows,
         dense_tokens_per_s=dense_tokens / dense_seconds,
         paged_tokens_per_s=batched.generated_tokens / batched.elapsed_s,
-        pool_bytes=pool.num_blocks * bytes_per_block,
+        pool_bytes=pool.total_blocks * bytes_per_block,
         peak_paged_bytes=batched.peak_used_blocks * bytes_per_block,
         contiguous_bytes=batched.peak_requests * max_tokens * layout.bytes_per_token,
         block_utilization=batched.block_utilization,

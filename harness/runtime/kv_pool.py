@@ -1,9 +1,9 @@
 """Where K/V tensors live: the paged pool, and the contiguous buffers the allocator gate uses.
 
 ``PagedKVPool`` is the real thing: per layer one K and one V tensor of shape
-``[num_blocks, block_size, num_kv_heads, head_dim]``. Token ``t`` of a request lives in
+``[total_blocks, block_size, num_kv_heads, head_dim]``. Token ``t`` of a request lives in
 row ``slot = block_ids[t // block_size] * block_size + t % block_size`` of the flat view
-``[num_blocks * block_size, num_kv_heads, head_dim]``; the slots come from
+``[total_blocks * block_size, num_kv_heads, head_dim]``; the slots come from
 ``impl.KVBlockManager`` and nothing else. Layout, block-major then token then head:
 - a block is one contiguous chunk of memory, so releasing or poisoning a block is one
   slice write, and a request's K/V for one block is one contiguous read;
@@ -95,7 +95,7 @@ class KVStore(Protocol):
 
 
 class PagedKVPool:
-    """The paged KV pool: ``num_blocks`` blocks of ``block_size`` tokens for every layer."""
+    """The paged KV pool: ``total_blocks`` blocks of ``block_size`` tokens for every layer."""
 
     __slots__ = (
         "_flat_keys",
@@ -103,34 +103,34 @@ class PagedKVPool:
         "block_size",
         "keys",
         "layout",
-        "num_blocks",
+        "total_blocks",
         "values",
     )
 
-    def __init__(self, layout: KVLayout, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 1 or block_size < 1:
+    def __init__(self, layout: KVLayout, total_blocks: int, block_size: int) -> None:
+        if total_blocks < 1 or block_size < 1:
             raise ValueError(
-                f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}"
+                f"total_blocks and block_size must be >= 1, got {total_blocks}, {block_size}"
             )
         self.layout = layout
-        self.num_blocks = num_blocks
+        self.total_blocks = total_blocks
         self.block_size = block_size
-        shape = (num_blocks, block_size, layout.num_kv_heads, layout.head_dim)
-        # keys[l], values[l]: [num_blocks, block_size, num_kv_heads, head_dim]
+        shape = (total_blocks, block_size, layout.num_kv_heads, layout.head_dim)
+        # keys[l], values[l]: [total_blocks, block_size, num_kv_heads, head_dim]
         self.keys = [
             torch.zeros(shape, dtype=layout.dtype, device=layout.device)
             for _ in range(layout.num_layers)
         ]
         self.values = [torch.zeros_like(k) for k in self.keys]
-        flat = (num_blocks * block_size, layout.num_kv_heads, layout.head_dim)
-        # Views sharing the storage above: [num_blocks * block_size, num_kv_heads, head_dim]
+        flat = (total_blocks * block_size, layout.num_kv_heads, layout.head_dim)
+        # Views sharing the storage above: [total_blocks * block_size, num_kv_heads, head_dim]
         self._flat_keys = [k.view(flat) for k in self.keys]
         self._flat_values = [v.view(flat) for v in self.values]
 
     @property
     def nbytes(self) -> int:
         """Bytes the pool holds for K and V over all layers."""
-        return self.num_blocks * self.block_size * self.layout.bytes_per_token
+        return self.total_blocks * self.block_size * self.layout.bytes_per_token
 
     def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
         """Writes go to the pool slots ``new_slots``; a read gathers the tables' blocks whole.

@@ -38,10 +38,10 @@ class PagedCache(Cache):
     def __init__(
         self, manager: KVBlockManager, pool: PagedKVPool, batch_size: int, name: str = "row"
     ) -> None:
-        if (manager.total_blocks, manager.block_size) != (pool.num_blocks, pool.block_size):
+        if (manager.total_blocks, manager.block_size) != (pool.total_blocks, pool.block_size):
             raise ValueError(
                 f"manager ({manager.total_blocks} blocks of {manager.block_size}) and pool "
-                f"({pool.num_blocks} blocks of {pool.block_size}) must match"
+                f"({pool.total_blocks} blocks of {pool.block_size}) must match"
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

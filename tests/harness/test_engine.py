@@ -42,7 +42,7 @@ def test_one_request_on_scattered_blocks_is_bit_identical_to_generate(block_size
 def test_a_static_batch_is_bit_identical_to_contiguous_buffers_and_emits_generates_tokens() -> None:
     requests = make_requests(4, max_new_tokens=10, arrival_gap=0)
     paged, contiguous = paged_and_contiguous(
-        requests, manager_type=KVBlockManager, num_blocks=64, block_size=8
+        requests, manager_type=KVBlockManager, total_blocks=64, block_size=8
     )
     assert paged.schedule == contiguous.schedule
     assert paged.schedule[0] == ("r0", "r1", "r2", "r3")  # one packed forward, all four
@@ -69,7 +69,7 @@ def test_continuous_batching_on_a_tight_pool_reuses_blocks_and_stays_equivalent(
     paged, contiguous = paged_and_contiguous(
         requests,
         manager_type=RecordingManager,
-        num_blocks=largest + 4,
+        total_blocks=largest + 4,
         block_size=block_size,
         pool_type=PoisonedKVPool,
     )
@@ -131,7 +131,7 @@ def test_an_exception_mid_run_still_releases_the_running_requests() -> None:
 def test_a_corrupted_block_table_makes_paged_diverge_from_contiguous() -> None:
     requests = make_requests(3, max_new_tokens=10, arrival_gap=1)
     paged, contiguous = paged_and_contiguous(
-        requests, manager_type=SwappedBlockManager, num_blocks=40, block_size=4
+        requests, manager_type=SwappedBlockManager, total_blocks=40, block_size=4
     )
     failures = [
         check_gate(r.request_id, trace(paged, r.request_id), trace(contiguous, r.request_id))
@@ -146,18 +146,18 @@ def test_a_corrupted_block_table_makes_paged_diverge_from_contiguous() -> None:
 
 
 def _early_release_runs(
-    num_blocks: int, pool_type: type[PagedKVPool]
+    total_blocks: int, pool_type: type[PagedKVPool]
 ) -> tuple[list[Request], dict[str, list[int]], dict[str, list[int]]]:
     requests = make_requests(6, max_new_tokens=8, arrival_gap=1)
     block_size = 64  # one block per request: the stale table always covers the next token
     buggy = run(
         requests,
-        pool_type(pool_layout(), num_blocks, block_size),
-        KVBlockManager(num_blocks, block_size),
+        pool_type(pool_layout(), total_blocks, block_size),
+        KVBlockManager(total_blocks, block_size),
         EarlyReleaseEngine,
     )
     correct = run(
-        requests, ContiguousKVBuffers(pool_layout(), 64), KVBlockManager(num_blocks, block_size)
+        requests, ContiguousKVBuffers(pool_layout(), 64), KVBlockManager(total_blocks, block_size)
     )
     return (
         requests,
@@ -169,12 +169,12 @@ def _early_release_runs(
 def test_a_use_after_free_is_invisible_on_a_roomy_pool_without_poison() -> None:
     # Why the poison exists: freed blocks keep their K/V until reused, so a roomy FIFO pool
     # hides the bug completely.
-    _, buggy, correct = _early_release_runs(num_blocks=64, pool_type=PagedKVPool)
+    _, buggy, correct = _early_release_runs(total_blocks=64, pool_type=PagedKVPool)
     assert buggy == correct
 
 
 def test_a_use_after_free_ruins_the_output_on_a_poisoned_pool() -> None:
-    requests, buggy, correct = _early_release_runs(num_blocks=64, pool_type=PoisonedKVPool)
+    requests, buggy, correct = _early_release_runs(total_blocks=64, pool_type=PoisonedKVPool)
     ruined = [r.request_id for r in requests if buggy[r.request_id] != correct[r.request_id]]
     assert len(ruined) == len(requests), ruined
 
@@ -201,10 +201,10 @@ def test_seeded_sampling_is_reproducible_and_paging_does_not_change_it() -> None
         for r in make_requests(3, max_new_tokens=10, arrival_gap=1)
     ]
     paged, contiguous = paged_and_contiguous(
-        requests, manager_type=KVBlockManager, num_blocks=40, block_size=4
+        requests, manager_type=KVBlockManager, total_blocks=40, block_size=4
     )
     again, _ = paged_and_contiguous(
-        requests, manager_type=KVBlockManager, num_blocks=40, block_size=4
+        requests, manager_type=KVBlockManager, total_blocks=40, block_size=4
     )
     greedy = run(
         make_requests(3, max_new_tokens=10, arrival_gap=1),

@@ -40,7 +40,7 @@ def _read_one(store: KVStore, layer_idx: int, plan: KVPlan) -> tuple[torch.Tenso
 
 
 def test_a_token_lands_in_its_block_at_its_offset() -> None:
-    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool = PagedKVPool(LAYOUT, total_blocks=4, block_size=2)
     # A table (3, 1): tokens 0, 1 in block 3; token 2 in block 1, offset 0.
     plan = _plan(pool, "a", (3, 1), 3, [6, 7, 2])
     assert plan.write_index.tolist() == [6, 7, 2]
@@ -57,7 +57,7 @@ def test_a_token_lands_in_its_block_at_its_offset() -> None:
 
 
 def test_one_step_writes_and_reads_every_request_through_its_own_table() -> None:
-    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool = PagedKVPool(LAYOUT, total_blocks=4, block_size=2)
     # "a" holds block 2 then 0 (3 tokens, its last one new); "b" holds block 3 (2 new tokens).
     tables = [RequestBlockTable("a", [2, 0], 3), RequestBlockTable("b", [3], 2)]
     pool.write(0, _plan(pool, "a", (2,), 2, [4, 5]), _rows(2, 1.0), _rows(2, 5.0))
@@ -74,13 +74,13 @@ def test_one_step_writes_and_reads_every_request_through_its_own_table() -> None
 
 
 def test_the_pool_size_counts_k_and_v_of_every_layer() -> None:
-    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool = PagedKVPool(LAYOUT, total_blocks=4, block_size=2)
     assert LAYOUT.bytes_per_token == 2 * 2 * 2 * 3 * 4
     assert pool.nbytes == 8 * LAYOUT.bytes_per_token
 
 
 def test_a_poisoned_pool_fills_exactly_the_released_blocks_with_nan() -> None:
-    pool = PoisonedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool = PoisonedKVPool(LAYOUT, total_blocks=4, block_size=2)
     pool.release("a", [2, 0])
     for tensor in (*pool.keys, *pool.values):
         assert tensor[[0, 2]].isnan().all()
@@ -88,7 +88,7 @@ def test_a_poisoned_pool_fills_exactly_the_released_blocks_with_nan() -> None:
 
 
 def test_a_plain_pool_leaves_released_blocks_as_they_were() -> None:
-    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool = PagedKVPool(LAYOUT, total_blocks=4, block_size=2)
     pool.release("a", [2, 0])
     assert not any(tensor.isnan().any() for tensor in pool.keys)
 
@@ -106,7 +106,7 @@ def test_contiguous_buffers_store_by_position_and_ignore_block_ids() -> None:
 
 
 def test_copy_on_write_copies_a_block_in_every_layer_and_nothing_else() -> None:
-    pool = PagedKVPool(LAYOUT, num_blocks=4, block_size=2)
+    pool = PagedKVPool(LAYOUT, total_blocks=4, block_size=2)
     for layer in range(2):
         # Block 1 holds rows 10, 11 (keys) and 20, 21 (values) in every layer.
         pool.write(layer, _plan(pool, "a", (1,), 2, [2, 3]), _rows(2, 10.0), _rows(2, 20.0))

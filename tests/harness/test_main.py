@@ -194,7 +194,7 @@ def test_a_block_larger_than_the_context_is_bad_input(
 def test_a_pool_larger_than_memory_is_bad_input(
     tiny_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--device", "cpu", "--model", str(tiny_dir), "--num-blocks", "1000000000"]
+    argv = ["--device", "cpu", "--model", str(tiny_dir), "--total-blocks", "1000000000"]
     assert main(argv) == 2
     line = _one_error_line(capsys)
     assert line.startswith(

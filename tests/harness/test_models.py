@@ -85,10 +85,10 @@ def test_a_pool_too_small_for_one_request_is_bad_input(
 ) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "hello"}\n')
-    argv = ["--device", "cpu", "--prompts-file", str(prompts), "--num-blocks", "1"]
+    argv = ["--device", "cpu", "--prompts-file", str(prompts), "--total-blocks", "1"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "--num-blocks 1 cannot hold even one request: r00 needs" in err
+    assert "--total-blocks 1 cannot hold even one request: r00 needs" in err
     assert "Traceback" not in err
 
 

@@ -198,7 +198,7 @@ def test_the_gate_stays_bitwise_through_preemption_and_fork() -> None:
     paged, contiguous = paged_and_contiguous(
         requests,
         manager_type=KVBlockManager,
-        num_blocks=largest + 2,
+        total_blocks=largest + 2,
         block_size=4,
         pool_type=PoisonedKVPool,
     )

@@ -33,7 +33,7 @@ def paged_equals_dense_failures(
     """
     requests = make_requests(count, max_new_tokens=10, arrival_gap=1)
     pool = PoolConfig(
-        num_blocks=24, block_size=4, engine_type=engine_type, pool_type=PoisonedKVPool
+        total_blocks=24, block_size=4, engine_type=engine_type, pool_type=PoisonedKVPool
     )
     report = run_equivalence(tiny_on(device, dtype), requests, pool, lambda _: None)
     failures = [

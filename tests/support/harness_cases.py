@@ -75,7 +75,7 @@ def paged_and_contiguous(
     requests: list[Request],
     *,
     manager_type: type[KVBlockManager],
-    num_blocks: int,
+    total_blocks: int,
     block_size: int,
     pool_type: type[PagedKVPool] = PagedKVPool,
     engine_type: type[Engine] = Engine,
@@ -87,8 +87,8 @@ def paged_and_contiguous(
     layout = pool_layout()
     paged = run(
         requests,
-        pool_type(layout, num_blocks, block_size),
-        manager_type(num_blocks, block_size),
+        pool_type(layout, total_blocks, block_size),
+        manager_type(total_blocks, block_size),
         engine_type,
         NO_PREFIX_CACHING,
     )
@@ -96,7 +96,7 @@ def paged_and_contiguous(
     contiguous = run(
         requests,
         ContiguousKVBuffers(layout, max_tokens),
-        KVBlockManager(num_blocks, block_size),
+        KVBlockManager(total_blocks, block_size),
         engine_type,
         NO_PREFIX_CACHING,
     )
@@ -126,11 +126,11 @@ def save_model_directory(
 
 
 def poisoned_pool(
-    num_blocks: int, block_size: int, layout: KVLayout | None = None
+    total_blocks: int, block_size: int, layout: KVLayout | None = None
 ) -> PoisonedKVPool:
     """A pool whose every block is NaN until written (the tiny model's layout by default)."""
-    pool = PoisonedKVPool(layout or pool_layout(), num_blocks, block_size)
-    pool.poison(list(range(num_blocks)))
+    pool = PoisonedKVPool(layout or pool_layout(), total_blocks, block_size)
+    pool.poison(list(range(total_blocks)))
     return pool
 
 
