@@ -416,32 +416,42 @@ class KVBlockManager:
             table = self._tables.pop(request_id)
         except KeyError:
             unknown_request(request_id)
-        block_ids = table.block_ids
-        ref_counts = self._ref_counts
         self._allocated_tokens -= table.token_count
-        block_keys = self._prefix_cache.block_keys
-        freed: list[int] = []
-        cached: list[int] = []
-        for block_id in reversed(block_ids):
-            count = ref_counts[block_id] - 1
-            ref_counts[block_id] = count
-            if count == 1:
-                self._shared_blocks -= 1
-            elif count == 0:
-                if block_keys[block_id] is None:
-                    freed.append(block_id)
-                else:
-                    cached.append(block_id)
-                    self._cached_free[block_id] = None
-        self._free.extend(freed)
-        if self._pending_copies and (freed or cached):
-            # A copy into a block nobody holds any more is moot (see spec.release).
-            self._pending_copies = [
-                (source, destination)
-                for source, destination in self._pending_copies
-                if ref_counts[destination]
-            ]
-        return ReleasedBlocks(tuple(block_ids), tuple(freed), tuple(cached))
+        freed, cached = self._drop_references(table.block_ids)
+        return ReleasedBlocks(tuple(table.block_ids), tuple(freed), tuple(cached))
+
+    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
+        """Shrink a request to its first ``token_count`` tokens (the rollback of rejected
+        speculative tokens); returns a snapshot. O(blocks dropped).
+
+        The blocks wholly past the new length are dropped as ``release`` drops them; a
+        cached full block left partly filled stops being cached (see ``spec.truncate``).
+        """
+        if type(token_count) is not int or token_count < 0:
+            check_token_count(token_count)
+        try:
+            table = self._tables[request_id]
+        except KeyError:
+            unknown_request(request_id)
+        if token_count > table.token_count:
+            raise ValueError(
+                f"cannot truncate request {request_id!r} to {token_count} tokens: "
+                f"it holds {table.token_count}"
+            )
+        block_size = self.block_size
+        keep = -(-token_count // block_size)
+        block_ids = table.block_ids
+        self._drop_references(block_ids[keep:])
+        del block_ids[keep:]
+        self._allocated_tokens -= table.token_count - token_count
+        table.token_count = token_count
+        if table.token_ids is not None and table.keys is not None:
+            del table.token_ids[token_count:]
+            del table.keys[token_count // block_size :]
+        last_is_partial = token_count % block_size != 0
+        if last_is_partial and self._prefix_cache.block_keys[block_ids[-1]] is not None:
+            self._prefix_cache.evict(block_ids[-1])
+        return RequestBlockTable(request_id, list(block_ids), token_count)
 
     def preempt(self, request_id: str) -> ReleasedBlocks:
         """Release a request the engine preempts to recompute later; counts the preemption."""
@@ -534,6 +544,34 @@ class KVBlockManager:
             ref_counts[block_id] = 1
             taken.append(block_id)
         return taken
+
+    def _drop_references(self, block_ids: list[int]) -> tuple[list[int], list[int]]:
+        """Drop one reference from each of ``block_ids``, last first; return the blocks
+        that went to the free queue and those that went to the cached free queue."""
+        ref_counts = self._ref_counts
+        block_keys = self._prefix_cache.block_keys
+        freed: list[int] = []
+        cached: list[int] = []
+        for block_id in reversed(block_ids):
+            count = ref_counts[block_id] - 1
+            ref_counts[block_id] = count
+            if count == 1:
+                self._shared_blocks -= 1
+            elif count == 0:
+                if block_keys[block_id] is None:
+                    freed.append(block_id)
+                else:
+                    cached.append(block_id)
+                    self._cached_free[block_id] = None
+        self._free.extend(freed)
+        if self._pending_copies and (freed or cached):
+            # A copy into a block nobody holds any more is moot (see spec.release).
+            self._pending_copies = [
+                (source, destination)
+                for source, destination in self._pending_copies
+                if ref_counts[destination]
+            ]
+        return freed, cached
 
     def _add_reference(self, block_id: int) -> None:
         count = self._ref_counts[block_id] + 1

@@ -83,6 +83,10 @@ class SpecBackedManager:
         result: RequestBlockTable = self.call("fork", parent_id, child_id)
         return result
 
+    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
+        result: RequestBlockTable = self.call("truncate", request_id, token_count)
+        return result
+
     def release(self, request_id: str) -> list[int]:
         result: list[int] = self.call("release", request_id)
         return result

@@ -21,6 +21,7 @@ from spec.allocator import (
     slot_index,
     snapshot_request,
     take_copies,
+    truncate,
     usage,
 )
 from spec.errors import (
@@ -79,6 +80,7 @@ __all__ = [
     "slot_index",
     "snapshot_request",
     "take_copies",
+    "truncate",
     "unknown_request",
     "usage",
     "violated_invariants",

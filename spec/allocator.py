@@ -283,32 +283,44 @@ def release(state: AllocatorState, request_id: str) -> AllocatorState:
     ``snapshot_request(state, request_id).block_ids``.
     """
     table = snapshot_request(state, request_id)
-    cached = set(state.cache.values())
-    ref_counts = dict(state.ref_counts)
-    freed: list[int] = []
-    freed_cached: list[int] = []
-    for block_id in reversed(table.block_ids):
-        ref_counts[block_id] -= 1
-        if ref_counts[block_id] == 0:
-            del ref_counts[block_id]
-            (freed_cached if block_id in cached else freed).append(block_id)
+    state = _drop_references(state, table.block_ids)
     token_ids = state.token_ids
     if request_id in token_ids:
         token_ids = token_ids.delete(request_id)
+    return replace(state, tables=state.tables.delete(request_id), token_ids=token_ids)
+
+
+def truncate(state: AllocatorState, request_id: str, token_count: int) -> AllocatorState:
+    """Shrink a request to its first ``token_count`` tokens: the rollback of rejected
+    speculative tokens.
+
+    Checks: an ``int`` ``token_count >= 0`` (TypeError, ValueError), a known request
+    (KeyError), ``token_count`` at most the request's tokens (ValueError). The blocks wholly
+    beyond the new length are dropped as ``release`` drops a table's blocks (last first, to
+    the tails of the queues). If the new last block is partly filled and was a cached full
+    block, it stops being cached, whoever holds it: its slots past the new length will be
+    written again (in place, or in a copy if it is shared: the next append copies a shared
+    partly filled block). Tokens past the new length are forgotten.
+    """
+    check_token_count(token_count)
+    table = snapshot_request(state, request_id)
+    if token_count > table.token_count:
+        raise ValueError(
+            f"cannot truncate request {request_id!r} to {token_count} tokens: "
+            f"it holds {table.token_count}"
+        )
+    keep = blocks_for_tokens(state.block_size, token_count)
+    state = _drop_references(state, table.block_ids[keep:])
+    kept = table.block_ids[:keep]
+    cache = state.cache
+    if token_count % state.block_size and kept[-1] in cache.values():
+        cache = FrozenMap({key: b for key, b in cache.items() if b != kept[-1]})
+    token_ids = state.token_ids
+    if request_id in token_ids:
+        token_ids = token_ids.set(request_id, token_ids[request_id][:token_count])
+    shrunk = RequestBlockTable(request_id, kept, token_count)
     return replace(
-        state,
-        free_block_ids=state.free_block_ids + tuple(freed),
-        cached_free_block_ids=state.cached_free_block_ids + tuple(freed_cached),
-        tables=state.tables.delete(request_id),
-        token_ids=token_ids,
-        ref_counts=FrozenMap(ref_counts),
-        # A copy into a block nobody holds any more is moot: it is dropped, so a pending
-        # copy never writes into a block that is free or lent to another request.
-        pending_copies=tuple(
-            (source, destination)
-            for source, destination in state.pending_copies
-            if destination in ref_counts
-        ),
+        state, tables=state.tables.set(request_id, shrunk), token_ids=token_ids, cache=cache
     )
 
 
@@ -334,6 +346,33 @@ def _add_references(
     for block_id in block_ids:
         counts[block_id] = counts.get(block_id, 0) + 1
     return FrozenMap(counts)
+
+
+def _drop_references(state: AllocatorState, block_ids: tuple[int, ...]) -> AllocatorState:
+    """Drop one reference from each of ``block_ids``, last first; a block left with none
+    joins the tail of the cached free queue if it holds a cached prefix, else of the free
+    queue. A pending copy into a block that became free is moot and is dropped, so a
+    pending copy never writes into a block that is free or lent to another request."""
+    cached = set(state.cache.values())
+    ref_counts = dict(state.ref_counts)
+    freed: list[int] = []
+    freed_cached: list[int] = []
+    for block_id in reversed(block_ids):
+        ref_counts[block_id] -= 1
+        if ref_counts[block_id] == 0:
+            del ref_counts[block_id]
+            (freed_cached if block_id in cached else freed).append(block_id)
+    return replace(
+        state,
+        free_block_ids=state.free_block_ids + tuple(freed),
+        cached_free_block_ids=state.cached_free_block_ids + tuple(freed_cached),
+        ref_counts=FrozenMap(ref_counts),
+        pending_copies=tuple(
+            (source, destination)
+            for source, destination in state.pending_copies
+            if destination in ref_counts
+        ),
+    )
 
 
 def _take_blocks(state: AllocatorState, count: int) -> tuple[AllocatorState, tuple[int, ...]]:

@@ -76,6 +76,13 @@ def fork(
     return after, allocator.snapshot_request(after, child_id)
 
 
+def truncate(
+    state: AllocatorState, request_id: str, token_count: int
+) -> tuple[AllocatorState, RequestBlockTable]:
+    after = allocator.truncate(state, request_id, token_count)
+    return after, allocator.snapshot_request(after, request_id)
+
+
 def release(state: AllocatorState, request_id: str) -> tuple[AllocatorState, list[int]]:
     """The request's block ids in table order, as the article's ``release`` returns them."""
     after, released = release_blocks(state, request_id)
@@ -124,6 +131,7 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
         "append_slot": append_slot,
         "append_token_slot": append_token_slot,
         "fork": fork,
+        "truncate": truncate,
         "release": release,
         "release_blocks": release_blocks,
         "preempt": preempt,

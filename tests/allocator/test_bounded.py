@@ -27,6 +27,9 @@ from tests.support.planted_bugs import (
     ReleasesInTableOrder,
     SkipsCopyOnWrite,
     SkipsSharedDecrement,
+    TruncatedBlockStaysCached,
+    TruncateKeepsTheCutBlocks,
+    TruncateUnsharesTheLastBlock,
     TrustsHashOnWeakHash,
 )
 
@@ -63,7 +66,26 @@ SHORTEST_FAILURES: dict[type[KVBlockManager], tuple[str, int, int, list[str]]] =
         "sharing",
         1,
         1,
-        ["allocate_prompt('r0', (0,))", "release('r0')", "allocate('r0', 1)"],
+        ["allocate_prompt('r0', (0,))", "truncate('r0', 0)", "allocate('r1', 1)"],
+    ),
+    TruncateKeepsTheCutBlocks: ("count", 1, 1, ["allocate('r0', 1)", "truncate('r0', 0)"]),
+    TruncatedBlockStaysCached: (
+        "sharing",
+        1,
+        2,
+        ["allocate_prompt('r0', (0, 0))", "truncate('r0', 1)"],
+    ),
+    TruncateUnsharesTheLastBlock: (
+        "sharing",
+        1,
+        2,
+        [
+            "allocate('r0', 1)",
+            "append_tokens('r0', 1)",
+            "fork('r0', 'r1')",
+            "truncate('r0', 1)",
+            "append_tokens('r0', 1)",
+        ],
     ),
 }
 WALKS = {"count": FAST, "sharing": FAST_SHARING}
@@ -85,15 +107,15 @@ def test_every_reachable_state_of_the_small_pools_agrees_between_spec_and_impl()
     assert [report.violation for report in reports] == [None] * len(FAST)
     # Reachability is part of the spec's behaviour: these counts move only if it changes.
     assert [report.states for report in reports] == [20, 32, 44, 76, 160, 268, 378, 960, 1830]
-    assert sum(report.transitions for report in reports) == 294_900
+    assert sum(report.transitions for report in reports) == 406_752
 
 
 def test_every_reachable_sharing_state_of_the_small_pools_agrees_between_spec_and_impl() -> None:
     reports = [check(bounds_) for bounds_ in FAST_SHARING]
     print("\n".join(str(report) for report in reports))
     assert [report.violation for report in reports] == [None] * len(FAST_SHARING)
-    assert [report.states for report in reports] == [27, 46, 590]
-    assert sum(report.transitions for report in reports) == 30_498
+    assert [report.states for report in reports] == [48, 139, 912]
+    assert sum(report.transitions for report in reports) == 57_148
 
 
 def test_every_planted_bug_has_a_listed_shortest_failure() -> None:
@@ -122,6 +144,10 @@ def test_the_checker_tries_negative_counts_unknown_and_duplicate_ids_and_exhaust
         "append_tokens('r0', 0)",
         "append_tokens('r0', 1)",
         "append_tokens('r0', 2)",
+        "truncate('r0', -1)",
+        "truncate('r0', 0)",
+        "truncate('r0', 1)",
+        "truncate('r0', 2)",
         "append_slot('r0')",
         "release('r0')",
         "snapshot_request('r0')",
@@ -154,10 +180,10 @@ def test_the_command_line_prints_states_and_transitions_per_configuration(
     assert bounded.main(["--max-blocks", "2", "--max-block-size", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(
-        "blocks=1 block_size=1 request_ids=3 token_counts=-1..2: 20 states, 740 transitions"
+        "blocks=1 block_size=1 request_ids=3 token_counts=-1..2: 20 states, 980 transitions"
     )
     assert lines[1].startswith("blocks=2 block_size=1 request_ids=3 token_counts=-1..3: 76 states")
-    assert lines[2].startswith("all configurations: 96 states, 4084 transitions")
+    assert lines[2].startswith("all configurations: 96 states, 5464 transitions")
 
 
 def test_the_command_line_exits_one_and_prints_the_path_on_a_planted_bug(

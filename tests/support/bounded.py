@@ -117,6 +117,7 @@ def operations(bounds: Bounds) -> list[Operation]:
     for request_id in bounds.request_ids:
         ops += [Operation("allocate", (request_id, n)) for n in token_counts]
         ops += [Operation("append_tokens", (request_id, n)) for n in token_counts]
+        ops += [Operation("truncate", (request_id, n)) for n in token_counts]
         ops += [Operation(name, (request_id,)) for name in ("append_slot", "release")]
         ops.append(Operation("snapshot_request", (request_id,)))
     ops += [Operation("can_allocate", (n,)) for n in token_counts]

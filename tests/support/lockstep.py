@@ -113,6 +113,42 @@ class AllocatorMachine(RuleBasedStateMachine):
     def append_tokens(self, request_id: str, token_count: int) -> None:
         self._step("append_tokens", request_id, token_count)
 
+    @rule(request_id=REQUEST_IDS, token_count=st.one_of(st.integers(-1, 40), BAD_COUNTS))
+    def truncate(self, request_id: str, token_count: int) -> None:
+        self._step("truncate", request_id, token_count)
+
+    @precondition(lambda self: len(self.model.tables) > 0)
+    @rule(data=st.data())
+    def speculate_and_roll_back(self, data: st.DataObject) -> None:
+        """Speculative decoding: append k draft tokens, cut the rejected ones, append the
+        bonus token."""
+        self._speculate(data, data.draw(st.sampled_from(sorted(self.model.tables))))
+
+    @precondition(lambda self: 0 < len(self.model.tables) < 5)
+    @rule(data=st.data())
+    def fork_then_speculate(self, data: st.DataObject) -> None:
+        """Parallel sampling with speculation: a rollback into blocks a fork still shares."""
+        parent_id = data.draw(st.sampled_from(sorted(self.model.tables)))
+        child_id = data.draw(REQUEST_IDS.filter(lambda r: r not in self.model.tables))
+        self.fork(parent_id, child_id)
+        self._speculate(data, data.draw(st.sampled_from([parent_id, child_id])))
+
+    def _speculate(self, data: st.DataObject, request_id: str) -> None:
+        before = self.model.tables[request_id].token_count
+        drafts = data.draw(st.integers(1, 2 * self.model.block_size + 1))
+        tracked = request_id in self.model.token_ids
+        if tracked:
+            self.append_token_ids(
+                request_id, tuple(data.draw(st.integers(0, 3)) for _ in range(drafts))
+            )
+        else:
+            self.append_tokens(request_id, drafts)
+        self.truncate(request_id, before + data.draw(st.integers(0, drafts)))
+        if tracked:
+            self.append_token_slot(request_id, data.draw(st.integers(0, 3)))
+        else:
+            self.append_slot(request_id)
+
     @rule(request_id=REQUEST_IDS)
     def append_slot(self, request_id: str) -> None:
         self._step("append_slot", request_id)

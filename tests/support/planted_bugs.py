@@ -13,6 +13,7 @@ from impl import (
     RequestBlockTable,
 )
 from impl.manager import _Table
+from impl.prefix_cache import BlockHash
 from spec import check_request_id, duplicate_request
 
 
@@ -175,6 +176,67 @@ class _ForgetfulPrefixCache(PrefixCache):
         self.cached_blocks -= 1  # counted as evicted, but the key and the bucket stay
 
 
+class TruncateKeepsTheCutBlocks(KVBlockManager):
+    """(j) Rollback shortens the table but never gives the blocks past the new length back."""
+
+    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
+        if (
+            request_id not in self._tables
+            or not 0 <= token_count <= self._tables[request_id].token_count
+        ):
+            return super().truncate(request_id, token_count)
+        table = self._tables[request_id]
+        keep = -(-token_count // self.block_size)
+        for block_id in table.block_ids[keep:]:
+            self._ref_counts[block_id] = 0  # unreferenced, but in no queue: leaked
+        del table.block_ids[keep:]
+        self._allocated_tokens -= table.token_count - token_count
+        table.token_count = token_count
+        if table.token_ids is not None and table.keys is not None:
+            del table.token_ids[token_count:]
+            del table.keys[token_count // self.block_size :]
+        return self.snapshot_request(request_id)
+
+
+class TruncatedBlockStaysCached(KVBlockManager):
+    """(k) A cached full block that rollback leaves partly filled stays findable, so a
+    later prompt would hit K/V about to be overwritten."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._prefix_cache = _EvictionRefusingPrefixCache(self.total_blocks, self.block_hash)
+
+    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
+        assert isinstance(self._prefix_cache, _EvictionRefusingPrefixCache)
+        self._prefix_cache.refusing = True
+        try:
+            return super().truncate(request_id, token_count)
+        finally:
+            self._prefix_cache.refusing = False
+
+
+class _EvictionRefusingPrefixCache(PrefixCache):
+    __slots__ = ("refusing",)
+
+    def __init__(self, total_blocks: int, block_hash: BlockHash) -> None:
+        super().__init__(total_blocks, block_hash)
+        self.refusing = False
+
+    def evict(self, block_id: int) -> None:
+        if not self.refusing:
+            super().evict(block_id)
+
+
+class TruncateUnsharesTheLastBlock(KVBlockManager):
+    """(l) Rollback marks the table as holding only its own blocks, so the next append
+    writes into a block it still shares (a fork's) in place, without a copy."""
+
+    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
+        table = super().truncate(request_id, token_count)
+        self._tables[request_id].exclusive = self._tables[request_id].token_ids is None
+        return table
+
+
 PLANTED_BUGS: list[type[KVBlockManager]] = [
     ReleasesInTableOrder,
     LeaksOneBlockOnRelease,
@@ -185,4 +247,7 @@ PLANTED_BUGS: list[type[KVBlockManager]] = [
     SkipsSharedDecrement,
     SkipsCopyOnWrite,
     EvictedBlockStaysFindable,
+    TruncateKeepsTheCutBlocks,
+    TruncatedBlockStaysCached,
+    TruncateUnsharesTheLastBlock,
 ]

@@ -1,0 +1,96 @@
+"""``truncate``, the rollback of rejected speculative tokens, with literal block ids, run on
+the spec and on the impl alike."""
+
+import pytest
+
+from impl import KVBlockManager, PromptAllocation, RequestBlockTable, SpecBackedManager
+
+Manager = KVBlockManager | SpecBackedManager
+TEN = list(range(1, 11))  # a 10-token prompt: two full blocks of 4 and half a third
+
+
+@pytest.fixture(params=[SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+def make(request: pytest.FixtureRequest) -> type[Manager]:
+    factory: type[Manager] = request.param
+    return factory
+
+
+def test_drafts_appended_across_a_boundary_roll_back_last_block_first(make: type[Manager]) -> None:
+    pool = make(6, 4)
+    pool.allocate("a", 3)  # block 0
+    assert pool.append_tokens("a", 6).block_ids == [0, 1, 2]  # 9 tokens: 6 drafts
+    assert pool.truncate("a", 3) == RequestBlockTable("a", [0], 3)
+    assert pool.free_block_ids == (3, 4, 5, 2, 1)
+    assert pool.append_slot("a") == 3  # the accepted token goes right after the kept ones
+    assert pool.usage().allocated_tokens == 4
+
+
+def test_a_cached_block_cut_in_the_middle_stops_being_a_prefix(make: type[Manager]) -> None:
+    pool = make(8, 4)
+    pool.allocate_prompt("a", TEN)  # blocks 0 and 1 cached, block 2 half full
+    assert pool.truncate("a", 6) == RequestBlockTable("a", [0, 1], 6)
+    assert pool.free_block_ids == (3, 4, 5, 6, 7, 2)
+    # Block 1 will be written again from slot 2: a second prompt may reuse block 0 only.
+    assert pool.allocate_prompt("b", TEN) == PromptAllocation(
+        RequestBlockTable("b", [0, 3, 4], 10), cached_tokens=4
+    )
+    assert pool.usage().cached_blocks == 2  # block 0, and b's own block 3 (tokens 1..8)
+
+
+def test_cut_blocks_that_hold_a_cached_prefix_wait_in_the_cached_free_queue(
+    make: type[Manager],
+) -> None:
+    pool = make(8, 4)
+    pool.allocate_prompt("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])  # blocks 0, 1 cached; block 2
+    assert pool.truncate("a", 4) == RequestBlockTable("a", [0], 4)
+    assert pool.free_block_ids == (3, 4, 5, 6, 7, 2)
+    assert pool.cached_free_block_ids == (1,)
+    hit = pool.allocate_prompt("b", [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    assert hit == PromptAllocation(RequestBlockTable("b", [0, 1, 3], 9), cached_tokens=8)
+
+
+def test_a_shared_block_left_partly_filled_is_copied_by_the_next_append(
+    make: type[Manager],
+) -> None:
+    pool = make(6, 4)
+    pool.allocate("p", 8)  # blocks 0 and 1, both full
+    pool.fork("p", "c")
+    assert pool.truncate("c", 6) == RequestBlockTable("c", [0, 1], 6)
+    assert pool.append_tokens("c", 1) == RequestBlockTable("c", [0, 2], 7)
+    assert pool.take_copies() == [(1, 2)]
+    assert pool.snapshot_request("p") == RequestBlockTable("p", [0, 1], 8)
+
+
+def test_a_tracked_request_forgets_the_cut_tokens(make: type[Manager]) -> None:
+    pool = make(4, 4)
+    pool.allocate_prompt("a", [1, 2, 3])
+    pool.append_token_ids("a", [4, 5, 6])  # block 0 full and cached, block 1 holds 5, 6
+    assert pool.truncate("a", 4) == RequestBlockTable("a", [0], 4)
+    assert pool.free_block_ids == (2, 3, 1)
+    assert pool.append_token_ids("a", [9]) == RequestBlockTable("a", [0, 2], 5)
+    # The cut tokens 5, 6 are forgotten: the block the next four fill holds 9s, and a
+    # prompt continuing with 5, 6, 7, 8 finds only block 0.
+    pool.append_token_ids("a", [9, 9, 9])
+    hit = pool.allocate_prompt("b", [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    assert hit.cached_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("request_id", "token_count", "error", "message"),
+    [
+        ("a", 6, ValueError, "cannot truncate request 'a' to 6 tokens: it holds 5"),
+        ("a", -1, ValueError, "token_count must be non-negative, got -1"),
+        ("a", 2.0, TypeError, "token_count must be an int, got float 2.0"),
+        ("x", 1, KeyError, "request has no allocated blocks: x"),
+    ],
+)
+def test_a_refused_truncate_changes_nothing(
+    make: type[Manager], request_id: str, token_count: int, error: type[Exception], message: str
+) -> None:
+    pool = make(4, 4)
+    pool.allocate("a", 5)
+    before = (pool.free_block_ids, pool.snapshot_request("a"), pool.usage())
+    with pytest.raises(error) as refused:
+        pool.truncate(request_id, token_count)
+    assert message in str(refused.value)
+    assert (pool.free_block_ids, pool.snapshot_request("a"), pool.usage()) == before
