@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from harness.bench.plots import plot_pool_over_time
 from harness.cli.limits import (
     available_bytes,
     check_context,
@@ -236,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     report = run_equivalence(loaded, requests, pool, _progress)
     if args.plot is not None:
+        # Imported here: matplotlib costs the other runs a second of start-up for nothing.
+        from harness.bench.plots import plot_pool_over_time  # noqa: PLC0415
+
         plot_pool_over_time(report.usage, total_blocks, args.plot)
         _progress(f"wrote {args.plot}")
     _progress("done")
