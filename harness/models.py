@@ -22,7 +22,18 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_model
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from harness.runtime.kv_pool import KVLayout
 
@@ -213,13 +224,28 @@ def _reason(error: Exception) -> str:
     return lines[0]
 
 
-def tiny_llama(seed: int) -> LoadedModel:
-    """A seeded random-weight Llama small enough for fast CPU tests (no tokenizer: feed ids).
+# The architectures the harness is tested on, as tiny seeded random-weight models: each
+# a config class, its model class and what it needs beyond the shared shape. Each brings
+# one feature the hook must carry: Qwen2 biases on q/k/v, Qwen3 q/k norms (and a head_dim
+# of its own), Phi-3 a fused qkv projection. Any: transformers' config and model classes,
+# untyped at this boundary.
+TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
+    "phi3": (Phi3Config, Phi3ForCausalLM, {}),
+}
+
+
+def tiny_model(architecture: str, seed: int) -> LoadedModel:
+    """A seeded random-weight model of ``architecture`` (a key of ``TINY_ARCHITECTURES``),
+    small enough for fast CPU tests (no tokenizer: feed ids).
 
     Two KV heads under four query heads, so grouped-query attention is exercised as in
     SmolLM2 (nine query heads over three KV heads).
     """
-    config = LlamaConfig(
+    config_class, model_class, extra = TINY_ARCHITECTURES[architecture]
+    config = config_class(
         vocab_size=256,
         hidden_size=64,
         intermediate_size=128,
@@ -231,9 +257,10 @@ def tiny_llama(seed: int) -> LoadedModel:
         eos_token_id=None,
         pad_token_id=None,
         tie_word_embeddings=False,
+        **extra,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     # NOTE: default init gives near-uniform logits, where argmax ties are common; a wider
     # spread makes greedy tokens depend on every K/V value, which the tests rely on.
     with torch.no_grad():
@@ -242,7 +269,12 @@ def tiny_llama(seed: int) -> LoadedModel:
                 parameter.normal_(0.0, 0.25)
     model.eval()
     model.set_attn_implementation("sdpa")
-    return LoadedModel(model=model, tokenizer=None, name=f"tiny-llama(seed={seed})")
+    return LoadedModel(model=model, tokenizer=None, name=f"tiny-{architecture}(seed={seed})")
+
+
+def tiny_llama(seed: int) -> LoadedModel:
+    """The tiny Llama every harness test runs on."""
+    return tiny_model("llama", seed)
 
 
 def _load_directory(directory: Path, name: str, dtype: torch.dtype) -> LoadedModel:

@@ -7,7 +7,7 @@ failures it found, so an empty list is a pass.
 
 import torch
 
-from harness.models import LoadedModel, kv_layout, tiny_llama
+from harness.models import LoadedModel, kv_layout, tiny_model
 from harness.oracle.equivalence import PoolConfig, run_equivalence
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool
@@ -16,10 +16,10 @@ from impl import KVBlockManager
 from tests.support.harness_cases import make_requests, poisoned_pool
 
 
-def tiny_on(device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """The seeded tiny Llama on ``device`` in ``dtype`` (cast after building: both sides of
+def tiny_on(device: torch.device, dtype: torch.dtype, architecture: str = "llama") -> LoadedModel:
+    """The seeded tiny model on ``device`` in ``dtype`` (cast after building: both sides of
     every check use this same model, so its rounded rotary frequencies do not matter)."""
-    loaded = tiny_llama(seed=0)
+    loaded = tiny_model(architecture, seed=0)
     loaded.model.to(device=device, dtype=dtype)
     return loaded
 
@@ -51,10 +51,12 @@ def paged_equals_dense_failures(
     return failures
 
 
-def paged_cache_generate_failures(device: torch.device, dtype: torch.dtype) -> list[str]:
+def paged_cache_generate_failures(
+    device: torch.device, dtype: torch.dtype, architecture: str = "llama"
+) -> list[str]:
     """``generate`` on a ``PagedCache`` vs its dense cache, a left-padded batch of two:
     the steps whose tokens or logits differ."""
-    loaded = tiny_on(device, dtype)
+    loaded = tiny_on(device, dtype, architecture)
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(loaded.model.config.vocab_size, (2, 11), generator=generator)
     attention_mask = torch.ones_like(input_ids)
