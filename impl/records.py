@@ -39,8 +39,7 @@ def as_article(value: object) -> object:
     if isinstance(value, spec.RequestBlockTable):
         return RequestBlockTable(value.request_id, list(value.block_ids), value.token_count)
     if isinstance(value, spec.PromptAllocation):
-        table = RequestBlockTable(
-            value.table.request_id, list(value.table.block_ids), value.table.token_count
-        )
+        table = as_article(value.table)
+        assert isinstance(table, RequestBlockTable)
         return PromptAllocation(table, value.cached_tokens)
     return value

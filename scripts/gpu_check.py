@@ -67,6 +67,7 @@ from harness.oracle.equivalence import (  # noqa: E402
     EquivalenceReport,
     PoolConfig,
     run_equivalence,
+    tight_total_blocks,
 )
 from harness.prompts import BUILTIN_PROMPTS, render_prompt  # noqa: E402
 from harness.runtime.engine import BatchInvariantEngine, Engine, Request  # noqa: E402
@@ -419,10 +420,9 @@ def stage_checks(plan: Plan, log: Log) -> Json:
     for dtype_name, dtype in DTYPES.items():
         loaded = _checks_model(plan, dtype)
         requests = _checks_requests(loaded, plan)
-        needs = [request.blocks_needed(16) for request in requests]
         for engine_type in (Engine, BatchInvariantEngine):
             pool = PoolConfig(
-                total_blocks=max(*needs, -(-sum(needs) // 4)),  # tight, as the main command's
+                total_blocks=tight_total_blocks(requests, 16),
                 block_size=16,
                 engine_type=engine_type,
                 pool_type=PoisonedKVPool,

@@ -34,7 +34,7 @@ from harness.models import (
     kv_layout,
     load_model,
 )
-from harness.oracle.equivalence import PoolConfig, run_equivalence
+from harness.oracle.equivalence import PoolConfig, run_equivalence, tight_total_blocks
 from harness.prompts import (
     BUILTIN_PROMPTS,
     Messages,
@@ -270,10 +270,9 @@ def _with_system_prompt(prompts: Sequence[Messages], system_prompt: str | None) 
 
 
 def _total_blocks(requests: list[Request], block_size: int, requested: int | None) -> int:
-    needs = [request.blocks_needed(block_size) for request in requests]
     if requested is None:
-        # Tight on purpose: about a quarter of the demand, so blocks are freed and reused.
-        return max(*needs, -(-sum(needs) // 4))
+        return tight_total_blocks(requests, block_size)
+    needs = [request.blocks_needed(block_size) for request in requests]
     if requested < max(needs):
         longest = max(range(len(requests)), key=lambda index: needs[index])
         raise UsageError(

@@ -15,7 +15,7 @@ For a list of requests it runs
 and gathers a row per continuation and the run's totals. It is *not* the command line.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from harness.models import LoadedModel, kv_layout
@@ -61,6 +61,13 @@ class PoolConfig:
     pool_type: type[PagedKVPool] = PagedKVPool
     allocation: Allocation = PREFIX_CACHING
     observer: PoolObserver | None = None
+
+
+def tight_total_blocks(requests: Sequence[Request], block_size: int) -> int:
+    """The main job's pool: about a quarter of what all requests need at once (so blocks
+    are freed and reused, and requests are preempted), but at least the largest one."""
+    needs = [request.blocks_needed(block_size) for request in requests]
+    return max(*needs, -(-sum(needs) // 4))
 
 
 @dataclass(frozen=True, slots=True)
