@@ -469,6 +469,36 @@ class KVBlockManager:
         self._pending_copies = []
         return copies
 
+    # -- what chunked prefill and speculative decoding ask ------------------------------
+
+    def cached_prefix_blocks(self, token_ids: Sequence[int]) -> tuple[int, ...]:
+        """The cached blocks ``allocate_prompt(token_ids)`` would reuse; changes nothing.
+
+        A chunked prefill asks this over the whole prompt before allocating its first
+        chunk (``allocate_prompt(token_ids[:hit + chunk])`` then reuses the same blocks).
+        """
+        ids = tuple(token_ids)
+        check_token_ids(ids)
+        hits, _ = self._prefix_cache.match(ids, self.block_size)
+        return tuple(hits)
+
+    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        """``truncate``, reporting the blocks it dropped (table order) and which of them
+        became free or cached free (release order, last first), as ``release_blocks`` does.
+
+        The engine poisons ``freed_block_ids`` after rolling back rejected drafts.
+        """
+        table = self._tables.get(request_id)
+        dropped: list[int] = []
+        if table is not None and type(token_count) is int and token_count >= 0:
+            dropped = table.block_ids[self._blocks_for(token_count) :]
+        self.truncate(request_id, token_count)  # refuses bad input before anything changes
+        ref_counts = self._ref_counts
+        cached_free = self._cached_free
+        freed = [b for b in reversed(dropped) if not ref_counts[b] and b not in cached_free]
+        cached = [b for b in reversed(dropped) if b in cached_free]
+        return ReleasedBlocks(tuple(dropped), tuple(freed), tuple(cached))
+
     # -- checking ----------------------------------------------------------------------
 
     def to_spec(self) -> AllocatorState:

@@ -17,6 +17,7 @@ from typing import Any
 
 from spec import allocator
 from spec.allocator import AllocatorState
+from spec.errors import check_token_ids
 from spec.records import KVBlockUsage, PromptAllocation, ReleasedBlocks, RequestBlockTable
 
 # Any: each step takes its own method's arguments; the table is checked by the tests
@@ -122,6 +123,36 @@ def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:
     return state, allocator.usage(state)
 
 
+# -- what chunked prefill and speculative decoding ask ------------------------------------
+
+
+def cached_prefix_blocks(
+    state: AllocatorState, token_ids: Sequence[int]
+) -> tuple[AllocatorState, tuple[int, ...]]:
+    """The blocks ``allocate_prompt(token_ids)`` would reuse; the state is unchanged."""
+    ids = tuple(token_ids)
+    check_token_ids(ids)
+    return state, allocator.cached_prefix_blocks(state, ids)
+
+
+def truncate_blocks(
+    state: AllocatorState, request_id: str, token_count: int
+) -> tuple[AllocatorState, ReleasedBlocks]:
+    """``truncate``, reporting the dropped blocks (table order) and which of them became
+    free or cached free (release order), as ``release_blocks`` reports a whole table."""
+    after = allocator.truncate(state, request_id, token_count)
+    before_ids = allocator.snapshot_request(state, request_id).block_ids
+    kept = len(allocator.snapshot_request(after, request_id).block_ids)
+    dropped = before_ids[kept:]
+    now_free = set(after.free_block_ids) - set(state.free_block_ids)
+    newly_cached = set(after.cached_free_block_ids) - set(state.cached_free_block_ids)
+    return after, ReleasedBlocks(
+        dropped,
+        tuple(b for b in reversed(dropped) if b in now_free),
+        tuple(b for b in reversed(dropped) if b in newly_cached),
+    )
+
+
 OPERATIONS: Mapping[str, Step] = MappingProxyType(
     {
         "allocate": allocate,
@@ -136,6 +167,8 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
         "release_blocks": release_blocks,
         "preempt": preempt,
         "take_copies": take_copies,
+        "cached_prefix_blocks": cached_prefix_blocks,
+        "truncate_blocks": truncate_blocks,
         "snapshot_request": snapshot_request,
         "can_allocate": can_allocate,
         "ref_count": ref_count,

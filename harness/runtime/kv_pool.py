@@ -71,7 +71,7 @@ class KVStore(Protocol):
     ``plan`` takes each request's table after this step's tokens and the slots of those
     tokens. The engine also tells it about the lifecycle: ``release`` (with the blocks
     that became free and hold no cached prefix: a shared or cached block keeps valid K/V),
-    ``fork`` and the copy-on-write ``copy_blocks``.
+    ``fork``, the copy-on-write ``copy_blocks`` and the rollback ``truncate``.
     """
 
     def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
@@ -88,6 +88,12 @@ class KVStore(Protocol):
         ...
 
     def release(self, request_id: str, block_ids: list[int]) -> None: ...
+
+    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
+        """A request was rolled back (rejected drafts): ``block_ids`` became free and
+        uncached, and its kept last block's ``slots`` past the new length will be written
+        again; nobody may read either."""
+        ...
 
     def fork(self, parent_id: str, child_id: str) -> None: ...
 
@@ -176,6 +182,9 @@ class PagedKVPool:
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """A request let go of ``block_ids``; their rows keep stale K/V until overwritten."""
 
+    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
+        """A request was rolled back; the rows keep stale K/V until overwritten."""
+
     def fork(self, parent_id: str, child_id: str) -> None:
         """Nothing to do: the child's table names the parent's blocks."""
 
@@ -202,6 +211,15 @@ class PagedKVPool:
             keys.index_fill_(0, index, float("nan"))
             values.index_fill_(0, index, float("nan"))
 
+    def poison_slots(self, slots: list[int]) -> None:
+        """Fill the rows ``slots`` (``block_id * block_size + offset``) with NaN in every layer."""
+        if not slots:
+            return
+        index = torch.tensor(slots, dtype=torch.int64, device=self.layout.device)
+        for keys, values in zip(self._flat_keys, self._flat_values, strict=True):
+            keys.index_fill_(0, index, float("nan"))
+            values.index_fill_(0, index, float("nan"))
+
 
 class PoisonedKVPool(PagedKVPool):
     """A paged pool that fills every released block with NaN (``--poison-freed``).
@@ -218,6 +236,11 @@ class PoisonedKVPool(PagedKVPool):
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """Poison the released blocks."""
         self.poison(block_ids)
+
+    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
+        """Poison the blocks and the slots the rollback gave up."""
+        self.poison(block_ids)
+        self.poison_slots(slots)
 
 
 class ContiguousKVBuffers:
@@ -276,6 +299,9 @@ class ContiguousKVBuffers:
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """Drop a finished request's buffers (its block ids mean nothing here)."""
         del self._buffers[request_id]
+
+    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
+        """Nothing to do: rows past a request's length are never read, and are rewritten."""
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child starts with a copy of the parent's buffers: nothing is shared here."""

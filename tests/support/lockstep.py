@@ -231,6 +231,40 @@ class AllocatorMachine(RuleBasedStateMachine):
         if block_id < self.model.total_blocks:
             self._step("ref_count", block_id)
 
+    # -- chunked prefill and speculative decoding -------------------------------------
+
+    @rule(token_ids=ANY_PROMPTS)
+    def cached_prefix_blocks(self, token_ids: tuple[int, ...]) -> None:
+        self._step("cached_prefix_blocks", token_ids)
+
+    @rule(request_id=REQUEST_IDS, token_count=st.one_of(st.integers(-1, 40), BAD_COUNTS))
+    def truncate_blocks(self, request_id: str, token_count: int) -> None:
+        self._step("truncate_blocks", request_id, token_count)
+
+    @rule(request_id=REQUEST_IDS, token_ids=PROMPTS, data=st.data())
+    def prefill_in_chunks(
+        self, request_id: str, token_ids: tuple[int, ...], data: st.DataObject
+    ) -> None:
+        """The engine's chunked prefill: the hit over the whole prompt, the first chunk with
+        ``allocate_prompt``, each later chunk with one ``append_token_ids``; chunk
+        boundaries anywhere in a block. A hit of the cut prompt is the whole prompt's."""
+        if not token_ids or request_id in self.model.tables:
+            return
+        hits = self._step("cached_prefix_blocks", token_ids)
+        assert isinstance(hits, tuple)
+        done = len(hits) * self.model.block_size
+        chunk = data.draw(st.integers(1, 7))
+        allocation = self._step("allocate_prompt", request_id, token_ids[: done + chunk])
+        if allocation is None:
+            return  # refused (out of blocks): nothing changed
+        assert getattr(allocation, "cached_tokens", None) == done
+        done += chunk
+        while done < len(token_ids):
+            chunk = data.draw(st.integers(1, 7))
+            if self._step("append_token_ids", request_id, token_ids[done : done + chunk]) is None:
+                return
+            done += chunk
+
     @invariant()
     def states_agree(self) -> None:
         assert self.target.to_spec() == self.model
