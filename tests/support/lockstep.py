@@ -241,6 +241,23 @@ class AllocatorMachine(RuleBasedStateMachine):
     def truncate_blocks(self, request_id: str, token_count: int) -> None:
         self._step("truncate_blocks", request_id, token_count)
 
+    @precondition(lambda self: len(self.model.tables) > 0)
+    @rule(data=st.data())
+    def roll_back_drafts_and_report_the_blocks(self, data: st.DataObject) -> None:
+        """The engine's rollback: a token and its drafts in one append, then
+        ``truncate_blocks`` back to the kept ones (draft-filled blocks are cached)."""
+        request_id = data.draw(st.sampled_from(sorted(self.model.tables)))
+        before = self.model.tables[request_id].token_count
+        drafts = data.draw(st.integers(1, 2 * self.model.block_size + 1))
+        if request_id in self.model.token_ids:
+            token_ids = tuple(data.draw(st.integers(0, 3)) for _ in range(drafts))
+            appended = self._step("append_token_ids", request_id, token_ids)
+        else:
+            appended = self._step("append_tokens", request_id, drafts)
+        if appended is not None:
+            kept = before + data.draw(st.integers(0, drafts))
+            self._step("truncate_blocks", request_id, kept)
+
     @rule(request_id=REQUEST_IDS, token_ids=PROMPTS, data=st.data())
     def prefill_in_chunks(
         self, request_id: str, token_ids: tuple[int, ...], data: st.DataObject
