@@ -204,21 +204,11 @@ class PagedKVPool:
 
     def poison(self, block_ids: list[int]) -> None:
         """Fill ``block_ids`` with NaN in every layer, so any later read of them shows."""
-        if not block_ids:
-            return
-        index = torch.tensor(block_ids, dtype=torch.int64, device=self.layout.device)
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys.index_fill_(0, index, float("nan"))
-            values.index_fill_(0, index, float("nan"))
+        _fill_nan(self.keys + self.values, block_ids)
 
     def poison_slots(self, slots: list[int]) -> None:
         """Fill the rows ``slots`` (``block_id * block_size + offset``) with NaN in every layer."""
-        if not slots:
-            return
-        index = torch.tensor(slots, dtype=torch.int64, device=self.layout.device)
-        for keys, values in zip(self._flat_keys, self._flat_values, strict=True):
-            keys.index_fill_(0, index, float("nan"))
-            values.index_fill_(0, index, float("nan"))
+        _fill_nan(self._flat_keys + self._flat_values, slots)
 
 
 class PoisonedKVPool(PagedKVPool):
@@ -311,6 +301,15 @@ class ContiguousKVBuffers:
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Nothing to copy: no two requests share a buffer."""
+
+
+def _fill_nan(tensors: list[torch.Tensor], rows: list[int]) -> None:
+    """NaN into ``rows`` (indices along dim 0) of every tensor."""
+    if not rows:
+        return
+    index = torch.tensor(rows, dtype=torch.int64, device=tensors[0].device)
+    for tensor in tensors:
+        tensor.index_fill_(0, index, float("nan"))
 
 
 def _sdpa_layout(rows: torch.Tensor) -> torch.Tensor:

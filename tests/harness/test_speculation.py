@@ -176,6 +176,18 @@ def plain_run(engine_type: type[Engine]) -> EngineResult:
     return _PLAIN_RUNS[engine_type]
 
 
+def guessed_run(engine_type: type[Engine], allocation: Allocation) -> EngineResult:
+    """``plain_run``'s requests with up to 4 drafts a decode, on the same pool."""
+    requests = repeating_requests(4, 16)
+    return run_engine(
+        requests,
+        total_blocks=roomy(requests),
+        scheduling=Scheduling(speculate=4),
+        engine_type=engine_type,
+        allocation=allocation,
+    )
+
+
 def token_ids(result: EngineResult) -> dict[str, list[int]]:
     return {request_id: output.token_ids for request_id, output in result.outputs.items()}
 
@@ -191,16 +203,8 @@ def roomy(requests: Sequence[Request]) -> int:
 def test_speculative_decoding_emits_the_tokens_of_one_token_decoding(
     engine_type: type[Engine], allocation: Allocation
 ) -> None:
-    requests = repeating_requests(4, max_new_tokens=16)
-    blocks = roomy(requests)
     plain = plain_run(engine_type)
-    speculative = run_engine(
-        requests,
-        total_blocks=blocks,
-        scheduling=Scheduling(speculate=4),
-        engine_type=guessing(engine_type, plain),
-        allocation=allocation,
-    )
+    speculative = guessed_run(guessing(engine_type, plain), allocation)
     counts = speculative.speculation
     assert 0 < counts.accepted_drafts < counts.proposed_drafts  # accepted and rejected
     assert counts.tokens_per_forward > 1.0
@@ -322,13 +326,6 @@ class RollsBackOneShortEngine(Engine):
 
 @pytest.mark.parametrize("bug", [NoRollbackEngine, RollsBackOneShortEngine])
 def test_a_broken_rollback_changes_the_tokens(bug: type[Engine]) -> None:
-    requests = repeating_requests(4, max_new_tokens=16)
-    blocks = roomy(requests)
     plain = plain_run(Engine)
-    broken = run_engine(
-        requests,
-        total_blocks=blocks,
-        scheduling=Scheduling(speculate=4),
-        engine_type=guessing(bug, plain),
-    )
+    broken = guessed_run(guessing(bug, plain), PREFIX_CACHING)
     assert token_ids(broken) != token_ids(plain)
