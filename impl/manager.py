@@ -516,6 +516,14 @@ class KVBlockManager:
         The blocks wholly past the new length are dropped as ``release`` drops them; a
         cached full block left partly filled stops being cached (see ``spec.truncate``).
         """
+        self.truncate_blocks(request_id, token_count)
+        return self._group_zero(request_id, self._tables[request_id])
+
+    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        """``truncate``, reporting the blocks it dropped (every group's, group 0's first, in
+        table order) and which of them became free or cached free (group by group, last
+        first), as ``release_blocks`` reports a whole table. The engine poisons
+        ``freed_block_ids`` after rolling back rejected drafts."""
         if type(token_count) is not int or token_count < 0:
             check_token_count(token_count)
         try:
@@ -538,9 +546,16 @@ class KVBlockManager:
                     f"from token {max(0, token_count - window + 1)}"
                 )
         keep = -(-token_count // block_size)
+        dropped: list[int] = []
+        freed: list[int] = []
+        cached: list[int] = []
         for group, held in enumerate(table.group_block_ids):
             kept = keep - table.skipped_blocks[group]
-            self._drop_references(held[kept:], group)
+            group_dropped = held[kept:]
+            group_freed, group_cached = self._drop_references(group_dropped, group)
+            dropped += group_dropped
+            freed += group_freed
+            cached += group_cached
             del held[kept:]
             cache = self._prefix_caches[group]
             if token_count % block_size and cache.block_keys[held[-1]] is not None:
@@ -550,7 +565,22 @@ class KVBlockManager:
         if table.token_ids is not None and table.keys is not None:
             del table.token_ids[token_count:]
             del table.keys[token_count // block_size :]
-        return self._group_zero(request_id, table)
+        return ReleasedBlocks(tuple(dropped), tuple(freed), tuple(cached))
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many tokens of ``token_ids`` ``allocate_prompt`` would find cached (the hit
+        rule of ``spec.cached_prefix_tokens``); changes nothing.
+
+        A chunked prefill asks this over the whole prompt before allocating its first
+        chunk (``allocate_prompt(token_ids[:hit + chunk])`` then finds the same hit).
+        """
+        ids = tuple(token_ids)
+        check_token_ids(ids)
+        if self._one_full_group:
+            hits, _ = self._prefix_cache.match(ids, self.block_size)
+            return len(hits) * self.block_size
+        cached_tokens, _, _ = self._match_groups(ids)
+        return cached_tokens
 
     def preempt(self, request_id: str) -> ReleasedBlocks:
         """Release a request the engine preempts to recompute later; counts the preemption."""

@@ -97,6 +97,14 @@ class SpecBackedManager:
         result: RequestBlockTable = self.call("truncate", request_id, token_count)
         return result
 
+    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        result: ReleasedBlocks = self.call("truncate_blocks", request_id, token_count)
+        return result
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        result: int = self.call("cached_prefix_tokens", token_ids)
+        return result
+
     def release(self, request_id: str) -> list[int]:
         result: list[int] = self.call("release", request_id)
         return result

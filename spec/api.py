@@ -17,6 +17,7 @@ from typing import Any
 
 from spec import allocator
 from spec.allocator import AllocatorState
+from spec.errors import check_token_ids
 from spec.records import KVBlockUsage, PromptAllocation, ReleasedBlocks, RequestBlockTable
 
 # Any: each step takes its own method's arguments; the table is checked by the tests
@@ -128,6 +129,39 @@ def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:
     return state, allocator.usage(state)
 
 
+# -- what chunked prefill and speculative decoding ask ------------------------------------
+
+
+def cached_prefix_tokens(
+    state: AllocatorState, token_ids: Sequence[int]
+) -> tuple[AllocatorState, int]:
+    """The tokens ``allocate_prompt(token_ids)`` would find cached; the state is unchanged."""
+    ids = tuple(token_ids)
+    check_token_ids(ids)
+    return state, allocator.cached_prefix_tokens(state, ids)
+
+
+def truncate_blocks(
+    state: AllocatorState, request_id: str, token_count: int
+) -> tuple[AllocatorState, ReleasedBlocks]:
+    """``truncate``, reporting the dropped blocks (every group's, group 0's first, in table
+    order) and which of them became free or cached free (group by group, last first), as
+    ``release_blocks`` reports a whole table."""
+    after = allocator.truncate(state, request_id, token_count)
+    dropped = [
+        before[request_id].block_ids[len(now[request_id].block_ids) :]
+        for before, now in zip(state.group_tables, after.group_tables, strict=True)
+    ]
+    in_release_order = [block_id for group in dropped for block_id in reversed(group)]
+    now_free = set(after.free_block_ids) - set(state.free_block_ids)
+    newly_cached = set(after.cached_free_block_ids) - set(state.cached_free_block_ids)
+    return after, ReleasedBlocks(
+        tuple(block_id for group in dropped for block_id in group),
+        tuple(b for b in in_release_order if b in now_free),
+        tuple(b for b in in_release_order if b in newly_cached),
+    )
+
+
 OPERATIONS: Mapping[str, Step] = MappingProxyType(
     {
         "allocate": allocate,
@@ -143,6 +177,8 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
         "preempt": preempt,
         "take_copies": take_copies,
         "take_skipped_blocks": take_skipped_blocks,
+        "cached_prefix_tokens": cached_prefix_tokens,
+        "truncate_blocks": truncate_blocks,
         "snapshot_request": snapshot_request,
         "can_allocate": can_allocate,
         "ref_count": ref_count,

@@ -50,6 +50,7 @@ from harness.runtime.engine import (
     BatchInvariantEngine,
     Engine,
     Request,
+    Scheduling,
 )
 from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 
@@ -149,6 +150,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads (default: torch's choice, one per core); on a machine shared "
         "with other jobs, 1 is several times faster: the per-request attention is many small ops",
     )
+    parser.add_argument(
+        "--speculate",
+        type=int,
+        default=None,
+        metavar="K",
+        help="speculative decoding: each greedy decode verifies up to K prompt-lookup draft "
+        "tokens in one forward and rolls the rejected ones back (truncate)",
+    )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="chunked prefill: at most N tokens per engine step, decodes first, then prompt "
+        "chunks in the rest",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--pool-map",
@@ -182,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--arrival-gap must be >= 0, got {args.arrival_gap}")
         if args.n < 1:
             raise UsageError(f"--n must be >= 1, got {args.n}")
+        if args.speculate is not None and args.speculate < 1:
+            raise UsageError(f"--speculate must be >= 1 draft token, got {args.speculate}")
+        if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
+            raise UsageError(
+                f"--max-batch-tokens must be >= 1 token per step, got {args.max_batch_tokens}"
+            )
         if args.pool_map is not None and args.pool_map < 1:
             raise UsageError(f"--pool-map must be >= 1, got {args.pool_map}")
         if args.plot is not None and not args.plot.parent.is_dir():
@@ -232,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         pool_type=PoisonedKVPool if args.poison_freed else PagedKVPool,
         allocation=NO_PREFIX_CACHING if args.no_prefix_cache else PREFIX_CACHING,
         observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
+        scheduling=Scheduling(args.speculate or 0, args.max_batch_tokens),
     )
     report = run_equivalence(loaded, requests, pool, _progress)
     if args.plot is not None:

@@ -64,6 +64,15 @@ def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig
         f"preemptions {report.preemptions}; blocks saved by sharing (peak) "
         f"{report.blocks_saved_by_sharing}"
     )
+    speculation = report.speculation
+    if speculation.proposed_drafts:
+        print(
+            f"speculation: {speculation.accepted_drafts}/{speculation.proposed_drafts} drafts "
+            f"accepted ({speculation.acceptance_rate:.3f}); "
+            f"{speculation.tokens_per_forward:.2f} tokens per decode forward"
+        )
+    if report.chunks_per_prompt > 1:
+        print(f"chunked prefill: {report.chunks_per_prompt:.2f} forwards per prompt (mean)")
     print(
         f"decode throughput: dense generate (one request at a time) "
         f"{report.dense_tokens_per_s:.1f} tok/s; paged continuous batching "
@@ -107,6 +116,7 @@ def as_json(
                 "batch": check(row.batch),
                 "max_abs_delta_logprob": row.max_logprob_delta,
                 "max_blocks": row.max_blocks,
+                "prefill_chunks": row.prefill_chunks,
             }
             for row in report.rows
         ],
@@ -123,5 +133,12 @@ def as_json(
             "cow_copies": report.cow_copies,
             "preemptions": report.preemptions,
             "blocks_saved_by_sharing": report.blocks_saved_by_sharing,
+            "speculate": args.speculate or 0,
+            "proposed_drafts": report.speculation.proposed_drafts,
+            "accepted_drafts": report.speculation.accepted_drafts,
+            "acceptance_rate": report.speculation.acceptance_rate,
+            "tokens_per_forward": report.speculation.tokens_per_forward,
+            "max_batch_tokens": args.max_batch_tokens,
+            "chunks_per_prompt": report.chunks_per_prompt,
         },
     }

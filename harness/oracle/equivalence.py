@@ -32,6 +32,7 @@ from harness.oracle.checks import (
 from harness.oracle.dense import DenseOutput, generate_dense, generate_dense_continuation
 from harness.runtime.engine import (
     NO_PREFIX_CACHING,
+    NO_SCHEDULING,
     PREFIX_CACHING,
     Allocation,
     BatchInvariantEngine,
@@ -40,6 +41,8 @@ from harness.runtime.engine import (
     PoolObserver,
     Request,
     RequestOutput,
+    Scheduling,
+    SpeculationCounts,
     UsageSample,
 )
 from harness.runtime.kv_pool import ContiguousKVBuffers, KVLayout, KVStore, PagedKVPool
@@ -53,6 +56,10 @@ class PoolConfig:
     """The paged pool to run on, the engine and pool classes, and how prompts get blocks.
 
     ``observer`` watches the pool during the continuous-batching run (check 3) only.
+    ``scheduling`` (speculation, a token budget) applies to the continuous-batching runs
+    (check 3 and both sides of the gate), not to the requests run alone (check 2): a
+    verify forward or a prefill chunk has other shapes than ``generate``'s, so it cannot be
+    bitwise equal to it.
     """
 
     total_blocks: int
@@ -61,6 +68,7 @@ class PoolConfig:
     pool_type: type[PagedKVPool] = PagedKVPool
     allocation: Allocation = PREFIX_CACHING
     observer: PoolObserver | None = None
+    scheduling: Scheduling = NO_SCHEDULING
 
 
 def tight_total_blocks(requests: Sequence[Request], block_size: int) -> int:
@@ -82,6 +90,7 @@ class RequestReport:
     batch: CheckResult
     max_logprob_delta: float
     max_blocks: int
+    prefill_chunks: int = 0
 
     @property
     def passed(self) -> bool:
@@ -109,6 +118,8 @@ class EquivalenceReport:
     preemptions: int
     blocks_saved_by_sharing: int
     usage: list[UsageSample] = field(default_factory=list)
+    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
+    chunks_per_prompt: float = 1.0  # prefill forwards per request (a recompute's included)
 
     @property
     def passed(self) -> bool:
@@ -141,7 +152,15 @@ def run_equivalence(
     ) -> EngineResult:
         """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
         manager = KVBlockManager(pool.total_blocks, pool.block_size)
-        engine = pool.engine_type(loaded.model, manager, store, eos, allocation, observer=observer)
+        engine = pool.engine_type(
+            loaded.model,
+            manager,
+            store,
+            eos,
+            allocation,
+            observer=observer,
+            scheduling=pool.scheduling,
+        )
         return engine.run(requests)
 
     progress(f"paged, continuous batching: {len(requests)} requests")
@@ -222,6 +241,7 @@ def _report(
                     batch=check_batch(sequence_id, _trace(paged), reference, rule),
                     max_logprob_delta=max_logprob_delta(_trace(paged), reference),
                     max_blocks=paged.max_blocks,
+                    prefill_chunks=paged.prefill_chunks,
                 )
             )
     dense_tokens = sum(len(output.token_ids) for output in dense.values())
@@ -245,4 +265,7 @@ def _report(
         preemptions=batched.preemptions,
         blocks_saved_by_sharing=batched.blocks_saved_by_sharing,
         usage=batched.usage,
+        speculation=batched.speculation,
+        chunks_per_prompt=sum(batched.outputs[r.request_id].prefill_chunks for r in requests)
+        / len(requests),
     )

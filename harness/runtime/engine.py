@@ -40,6 +40,7 @@ from harness.runtime.paged_attention import (
     partial_prefill_mask,
     using_paged_attention,
 )
+from harness.runtime.speculation import accepted_tokens, propose_drafts
 from impl import KVBlockManager, RequestBlockTable
 from spec import BlockAllocationError, blocks_for_tokens, slot_index
 
@@ -54,6 +55,29 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """What one engine step may feed beyond a whole prompt or one token per request.
+
+    ``speculate = k >= 1``: each greedy decode verifies up to ``k`` prompt-lookup drafts
+    in its forward (``harness.runtime.speculation``); sampled requests never speculate.
+    ``max_batch_tokens = N``: at most ``N`` tokens per step, decodes (and their drafts)
+    first, then prefill chunks; ``None``: no budget, every prompt in one forward.
+    """
+
+    speculate: int = 0
+    max_batch_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.speculate < 0:
+            raise ValueError(f"speculate must be >= 0 drafts, got {self.speculate}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+
+
+NO_SCHEDULING = Scheduling()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +142,7 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)  # each [vocab] float32, host
     max_blocks: int = 0
+    prefill_chunks: int = 0  # forwards that fed its prompt (a recompute's included)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +182,30 @@ PoolObserver = Callable[[PoolEvent, KVBlockManager], None]
 
 
 @dataclass(slots=True)
+class SpeculationCounts:
+    """Drafts proposed and accepted, and the tokens decodes emitted per decode forward.
+
+    A decode forward is one request's part of one step's forward (its pending token, plus
+    its drafts when it speculates); without speculation each emits exactly one token.
+    """
+
+    proposed_drafts: int = 0
+    accepted_drafts: int = 0
+    decode_forwards: int = 0
+    decode_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed drafts (0.0 when none was proposed)."""
+        return self.accepted_drafts / self.proposed_drafts if self.proposed_drafts else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens emitted per decode forward (1.0 without speculation)."""
+        return self.decode_tokens / self.decode_forwards if self.decode_forwards else 0.0
+
+
+@dataclass(slots=True)
 class EngineResult:
     """A whole run: per-request outputs, which requests shared each forward, and pool usage.
 
@@ -173,6 +222,7 @@ class EngineResult:
     prefix_hit_tokens: int = 0
     cow_copies: int = 0
     preemptions: int = 0
+    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
 
     @property
     def generated_tokens(self) -> int:
@@ -217,6 +267,16 @@ class Allocation(Protocol):
         """Append ``token_id`` (whose K/V the next forward computes); returns its slot."""
         ...
 
+    def cached_tokens(self, manager: KVBlockManager, token_ids: tuple[int, ...]) -> int:
+        """How many tokens of the prompt ``token_ids`` ``allocate`` would find cached."""
+        ...
+
+    def extend(
+        self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]
+    ) -> RequestBlockTable:
+        """Append several tokens in one operation (a prefill chunk, a token and its drafts)."""
+        ...
+
 
 class PrefixCaching:
     """Prompts through ``allocate_prompt`` (cached full blocks are reused), decode tokens
@@ -231,6 +291,16 @@ class PrefixCaching:
     def append(self, manager: KVBlockManager, request_id: str, token_id: int) -> int:
         """One token's slot; caches the block it fills."""
         return manager.append_token_slot(request_id, token_id)
+
+    def cached_tokens(self, manager: KVBlockManager, token_ids: tuple[int, ...]) -> int:
+        """The longest cached prefix of the whole prompt, in tokens."""
+        return manager.cached_prefix_tokens(token_ids)
+
+    def extend(
+        self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]
+    ) -> RequestBlockTable:
+        """The tokens' slots; caches every block they fill."""
+        return manager.append_token_ids(request_id, token_ids)
 
 
 class NoPrefixCaching:
@@ -247,6 +317,16 @@ class NoPrefixCaching:
         """One token's slot."""
         return manager.append_slot(request_id)
 
+    def cached_tokens(self, manager: KVBlockManager, token_ids: tuple[int, ...]) -> int:
+        """Nothing is cached."""
+        return 0
+
+    def extend(
+        self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]
+    ) -> RequestBlockTable:
+        """The tokens' slots, by count."""
+        return manager.append_tokens(request_id, len(token_ids))
+
 
 PREFIX_CACHING = PrefixCaching()
 NO_PREFIX_CACHING = NoPrefixCaching()
@@ -257,8 +337,23 @@ class _Running:
     request: Request  # a child continuation's is its parent's with the child's id and n = 1
     output: RequestOutput
     generator: torch.Generator | None
-    pending_ids: list[int]  # tokens whose K/V the next forward computes (prompt tail, or one)
-    prefill: bool = True  # the next forward feeds the tokens its (re)admission allocated
+    pending_ids: list[int]  # tokens whose K/V the next forward computes (a chunk, or a
+    # decode's token and its drafts)
+    prefill: bool = True  # it is feeding the tokens of its (re)admission, chunk by chunk
+    prefill_ids: tuple[int, ...] = ()  # the tokens its (re)admission prefills
+    computed: int = 0  # tokens of its table whose K/V are in the pool
+
+    @property
+    def last_chunk(self) -> bool:
+        """Whether its pending tokens end its prefill (the forward then samples a token)."""
+        return self.computed + len(self.pending_ids) == len(self.prefill_ids)
+
+    @property
+    def logit_rows(self) -> int:
+        """How many of its pending tokens' logits the next forward keeps."""
+        if self.prefill:
+            return 1 if self.last_chunk else 0
+        return len(self.pending_ids)
 
 
 class Engine:
@@ -273,6 +368,7 @@ class Engine:
         allocation: Allocation = PREFIX_CACHING,
         *,
         observer: PoolObserver | None = None,
+        scheduling: Scheduling = NO_SCHEDULING,
     ) -> None:
         check_supported(model)
         self.model = model
@@ -281,6 +377,8 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.allocation = allocation
         self.observer = observer
+        self.scheduling = scheduling
+        self._speculation = SpeculationCounts()
         self._device: torch.device = next(model.parameters()).device
         self._prefill_tokens = 0
         self._step = 0
@@ -296,6 +394,7 @@ class Engine:
         usage: list[UsageSample] = []
         counters_before = self.manager.usage()
         self._prefill_tokens = 0
+        self._speculation = SpeculationCounts()
         step = 0
         started = time.perf_counter()
         try:
@@ -304,15 +403,18 @@ class Engine:
                     if not running and waiting[0].request.arrival_step > step:
                         step = waiting[0].request.arrival_step  # nothing to do until then
                     self._step = step
-                    grown = self._grow_decoding(running, waiting)
+                    grown = self._grow_decoding(running, waiting, self._schedule(running))
                     while waiting and waiting[0].request.arrival_step <= step:
-                        if not self._admit(waiting[0]):
+                        budget = self._budget_left(running, grown)
+                        if budget < 1 or not self._admit(waiting[0], budget):
                             break
                         admitted = waiting.popleft()
                         outputs[admitted.request.request_id] = admitted.output
                         running.append(admitted)
                         grown[admitted.request.request_id] = self._grow(admitted)
-                    groups = self._forward_groups(running)
+                    groups = self._forward_groups(
+                        [r for r in running if r.request.request_id in grown]
+                    )
                     schedule.extend(tuple(r.request.request_id for r in g) for g in groups)
                     step_logits = [self._forward(group, grown) for group in groups]
                     children = self._take_tokens(
@@ -341,6 +443,7 @@ class Engine:
             prefix_hit_tokens=counters.prefix_hit_tokens - counters_before.prefix_hit_tokens,
             cow_copies=counters.cow_copies - counters_before.cow_copies,
             preemptions=counters.preemptions - counters_before.preemptions,
+            speculation=self._speculation,
         )
 
     # -- scheduling ----------------------------------------------------------------------
@@ -367,8 +470,13 @@ class Engine:
                     f"but the pool has {self.manager.total_blocks}"
                 )
 
-    def _admit(self, waiting: _Running) -> bool:
-        """Allocate the blocks of ``waiting``'s prompt if the pool has them now.
+    def _admit(self, waiting: _Running, budget: int) -> bool:
+        """Allocate the blocks of ``waiting``'s prompt, or of its first chunk of at most
+        ``budget`` tokens, if the pool has them now.
+
+        The prefix hit is over the whole prompt, so a chunk never feeds cached tokens:
+        ``allocate(prompt[:hit + chunk])`` finds the same hit (it never covers the last
+        token of what it is given, and the chunk has at least one).
 
         NOTE: no headroom is kept back for running requests: when a decode append later
         finds the pool dry, the most recently admitted request is preempted and recomputed.
@@ -377,28 +485,97 @@ class Engine:
         request = waiting.request
         # A preempted request comes back with its generated tokens as part of its prompt.
         token_ids = request.prompt_ids + tuple(waiting.output.token_ids)
+        hit = self.allocation.cached_tokens(self.manager, token_ids)
+        end = min(len(token_ids), hit + budget)
         try:
-            cached_tokens = self.allocation.allocate(self.manager, request.request_id, token_ids)
+            cached_tokens = self.allocation.allocate(
+                self.manager, request.request_id, token_ids[:end]
+            )
         except BlockAllocationError:
             return False
-        waiting.pending_ids = list(token_ids[cached_tokens:])
+        # Our own bug if it fails: the cut prompt must hit exactly the whole prompt's blocks.
+        assert cached_tokens == hit, f"hit {cached_tokens} of a chunk, {hit} of the prompt"
+        waiting.prefill_ids = token_ids
+        waiting.computed = hit
+        waiting.pending_ids = list(token_ids[hit:end])
         waiting.prefill = True
-        self._prefill_tokens += len(waiting.pending_ids)
         return True
 
+    def _schedule(self, running: list[_Running]) -> list[_Running]:
+        """Choose every running request's tokens for this step (its ``pending_ids``);
+        returns those that feed any, in running order.
+
+        Decodes first (each its token and up to ``speculate`` drafts), then the next chunk
+        of each unfinished prefill, while ``max_batch_tokens`` lasts; a request left
+        without budget waits for the next step.
+        """
+        budget = self._budget()
+        chosen: set[str] = set()
+        for current in running:
+            if not current.prefill and budget >= 1:
+                token_id = current.output.token_ids[-1]
+                current.pending_ids = [token_id, *self._drafts(current, budget - 1)]
+                budget -= len(current.pending_ids)
+                chosen.add(current.request.request_id)
+        for current in running:
+            if current.prefill and budget >= 1:
+                current.pending_ids = self._next_chunk(current, budget)
+                budget -= len(current.pending_ids)
+                chosen.add(current.request.request_id)
+        return [r for r in running if r.request.request_id in chosen]
+
+    def _budget(self) -> int:
+        """The step's token budget (without one: more than any step can feed)."""
+        limit = self.scheduling.max_batch_tokens
+        return limit if limit is not None else 1 << 62
+
+    def _budget_left(
+        self, running: list[_Running], grown: dict[str, tuple[list[int], RequestBlockTable]]
+    ) -> int:
+        """What the step's budget has left after the tokens already scheduled."""
+        fed = sum(len(r.pending_ids) for r in running if r.request.request_id in grown)
+        return self._budget() - fed
+
+    def _drafts(self, running: _Running, budget: int) -> list[int]:
+        """Prompt-lookup drafts for a decode (see ``_draft_count``)."""
+        count = self._draft_count(running, budget)
+        if count < 1:
+            return []
+        output = running.output
+        return propose_drafts(running.request.prompt_ids + tuple(output.token_ids), count)
+
+    def _draft_count(self, running: _Running, budget: int) -> int:
+        """How many drafts a decode may verify: at most ``speculate`` and ``budget``, one
+        fewer than the tokens it may still emit (the verify adds its own token), and none
+        for a sampled request (acceptance here is greedy's)."""
+        if running.generator is not None:
+            return 0
+        room = running.request.max_new_tokens - len(running.output.token_ids) - 1
+        return min(self.scheduling.speculate, budget, room)
+
+    def _next_chunk(self, running: _Running, budget: int) -> list[int]:
+        """The next at most ``budget`` tokens of an unfinished prefill."""
+        start = running.computed
+        return list(running.prefill_ids[start : start + budget])
+
     def _grow_decoding(
-        self, running: list[_Running], waiting: deque[_Running]
+        self, running: list[_Running], waiting: deque[_Running], scheduled: list[_Running]
     ) -> dict[str, tuple[list[int], RequestBlockTable]]:
-        """Give every running request its decode token's slot, preempting when the pool is dry.
+        """Give every ``scheduled`` request the slots of its tokens (a decode's token and
+        drafts, a prefill's next chunk), preempting when the pool is dry.
 
         The victim is the most recently admitted request (the end of ``running``): it has
         not appended yet this step, or it is the request whose append failed. Victims go
         back to the head of ``waiting`` in admission order.
         """
         grown: dict[str, tuple[list[int], RequestBlockTable]] = {}
+        scheduled_ids = {r.request.request_id for r in scheduled}
         index = 0
         while index < len(running):
             current = running[index]
+            if current.request.request_id not in scheduled_ids:
+                index += 1
+                continue
             try:
                 grown[current.request.request_id] = self._grow(current)
             except BlockAllocationError:
@@ -417,6 +594,8 @@ class Engine:
 
     def _is_finished(self, running: _Running) -> bool:
         token_ids = running.output.token_ids
+        if not token_ids:
+            return False  # still prefilling
         if len(token_ids) >= running.request.max_new_tokens:
             return True
         return self.eos_token_id is not None and token_ids[-1] == self.eos_token_id
@@ -437,8 +616,12 @@ class Engine:
         )
 
     def _grow(self, running: _Running) -> tuple[list[int], RequestBlockTable]:
-        """The slots of the tokens this forward feeds (the prompt's uncached tail, or one
-        appended token's) and the request's table after them.
+        """The slots of the tokens this forward feeds (a prefill chunk, one appended token,
+        or a token and its drafts) and the request's table after them.
+
+        A later chunk, or a token with drafts, is added in one operation (``extend``):
+        everything one forward computes is one allocator step. An admission's first chunk
+        was allocated by ``_admit``.
 
         NOTE: a copy-on-write copy the append asks for is made in the store right here,
         not just before the forward: a victim preempted later in this step may release the
@@ -446,14 +629,15 @@ class Engine:
         """
         manager = self.manager
         request_id = running.request.request_id
-        if not running.prefill:
+        if not running.prefill and len(running.pending_ids) == 1:
             (token_id,) = running.pending_ids
             new_slots = [self.allocation.append(manager, request_id, token_id)]
-            copies = manager.take_copies()
-            if copies:
-                self.store.copy_blocks(copies)
+            self._copy_pending_blocks()
             return new_slots, manager.snapshot_request(request_id)
         table = manager.snapshot_request(request_id)
+        if table.token_count == running.computed:
+            table = self.allocation.extend(manager, request_id, tuple(running.pending_ids))
+            self._copy_pending_blocks()
         first_new = table.token_count - len(running.pending_ids)
         new_slots = [
             slot_index(manager.block_size, table.block_ids, position)
@@ -461,10 +645,17 @@ class Engine:
         ]
         return new_slots, table
 
+    def _copy_pending_blocks(self) -> None:
+        copies = self.manager.take_copies()
+        if copies:
+            self.store.copy_blocks(copies)
+
     def _forward(
         self, group: list[_Running], grown: dict[str, tuple[list[int], RequestBlockTable]]
     ) -> torch.Tensor:
-        """One forward of ``group``: float32 logits ``[len(group), vocab]``, on the device."""
+        """One forward of ``group``: float32 logits ``[rows, vocab]`` on the device, each
+        request's ``logit_rows`` in turn (a decode's one per fed token, a prefill's last
+        chunk one, an earlier chunk none)."""
         device = self._device
         input_ids: list[int] = []
         positions: list[int] = []
@@ -490,33 +681,113 @@ class Engine:
             torch.tensor([input_ids], dtype=torch.int64, device=device),
             torch.tensor([positions], dtype=torch.int64, device=device),
             StepMetadata(self.store, self.store.plan(tables, new_slots), tuple(slices)),
-            torch.tensor([s.query_end - 1 for s in slices], dtype=torch.int64, device=device),
+            torch.tensor(
+                [
+                    row
+                    for running, part in zip(group, slices, strict=True)
+                    for row in range(part.query_end - running.logit_rows, part.query_end)
+                ],
+                dtype=torch.int64,
+                device=device,
+            ),
         )
 
     def _take_tokens(self, rows: list[_Running], logits: torch.Tensor) -> list[_Running]:
-        """Each of the step's requests takes its token; returns the children forks made.
+        """Each of the step's requests takes its tokens; returns the children forks made.
 
-        ``logits``: ``[len(rows), vocab]`` float32 on the host, row ``i`` for ``rows[i]``.
-        Greedy tokens come from one ``argmax(dim=-1)`` over the step; each request keeps
-        its row (a view) for the checks.
+        ``logits``: ``[rows, vocab]`` float32 on the host, each request's ``logit_rows``
+        in the order of ``rows``. Greedy tokens come from one ``argmax(dim=-1)`` over the
+        step; each emitted token keeps its row (a view) for the checks. An earlier prefill
+        chunk emits nothing; a decode with drafts emits one to ``1 + drafts`` tokens.
         """
         greedy = logits.argmax(dim=-1).tolist()
         children: list[_Running] = []
-        for row, running in enumerate(rows):
-            first = not running.output.token_ids
-            generator = running.generator
-            token_id = (
-                greedy[row]
-                if generator is None
-                else sample_token(logits[row], running.request.sampling, generator)
-            )
-            running.output.token_ids.append(token_id)
-            running.output.logits.append(logits[row])
-            running.pending_ids = [token_id]
-            running.prefill = False
-            if first and running.request.num_continuations > 1:
-                children.extend(self._fork(running, logits[row]))
+        row = 0
+        for running in rows:
+            count = running.logit_rows
+            rows_logits, rows_greedy = logits[row : row + count], greedy[row : row + count]
+            row += count
+            if running.prefill:
+                self._chunk_done(running)
+                if count == 0:
+                    continue  # an earlier chunk: the prompt is not over
+                first = not running.output.token_ids
+                self._emit(running, rows_logits[0], rows_greedy[0])
+                running.prefill = False
+                if first and running.request.num_continuations > 1:
+                    children.extend(self._fork(running, rows_logits[0]))
+            elif count == 1:
+                running.computed += 1
+                self._emit(running, rows_logits[0], rows_greedy[0])
+                self._speculation.decode_forwards += 1
+                self._speculation.decode_tokens += 1
+            else:
+                self._verify(running, rows_logits, rows_greedy)
         return children
+
+    def _chunk_done(self, running: _Running) -> None:
+        """A prefill chunk's K/V are in the pool now."""
+        running.output.prefill_chunks += 1
+        self._prefill_tokens += len(running.pending_ids)
+        running.computed += len(running.pending_ids)
+
+    def _emit(self, running: _Running, logits: torch.Tensor, greedy: int) -> None:
+        """Append one token, greedy or sampled from ``logits`` ``[vocab]``, with its row."""
+        generator = running.generator
+        token_id = (
+            greedy
+            if generator is None
+            else sample_token(logits, running.request.sampling, generator)
+        )
+        running.output.token_ids.append(token_id)
+        running.output.logits.append(logits)
+        running.pending_ids = [token_id]
+
+    def _verify(self, running: _Running, logits: torch.Tensor, greedy: list[int]) -> None:
+        """Keep the drafts greedy decoding agrees with, and its token after them; roll the
+        rest back.
+
+        ``logits``: ``[1 + drafts, vocab]``, row ``i`` the choice after the pending token
+        and ``drafts[:i]``. The tokens stop at ``max_new_tokens`` and after an eos, as
+        one-token decoding would. The pending token and the kept drafts keep their K/V;
+        the last emitted token is the next pending one.
+        """
+        drafts = running.pending_ids[1:]
+        emitted = accepted_tokens(drafts, greedy)
+        counts = self._speculation
+        counts.proposed_drafts += len(drafts)
+        counts.accepted_drafts += len(emitted) - 1
+        emitted = emitted[: running.request.max_new_tokens - len(running.output.token_ids)]
+        if self.eos_token_id in emitted:
+            emitted = emitted[: emitted.index(self.eos_token_id) + 1]
+        for index, token_id in enumerate(emitted):
+            self._emit(running, logits[index], token_id)
+        counts.decode_forwards += 1
+        counts.decode_tokens += len(emitted)
+        fed_end = running.computed + len(drafts) + 1
+        running.computed += len(emitted)
+        if running.computed < fed_end:
+            self._roll_back(running, fed_end)
+
+    def _roll_back(self, running: _Running, fed_end: int) -> None:
+        """Truncate the request to its ``computed`` tokens (the rejected drafts' K/V go).
+
+        The store hears of the blocks that became free and uncached and of the rolled-back
+        slots of a kept last block only this request holds: a poisoned pool fills both
+        with NaN, so a stale read of a rejected draft's K/V shows. A kept block another
+        request also holds (a prefix hit on a block the drafts filled) keeps its K/V.
+        """
+        manager = self.manager
+        request_id = running.request.request_id
+        keep = running.computed
+        released = manager.truncate_blocks(request_id, keep)
+        block_ids = manager.snapshot_request(request_id).block_ids
+        block_size = manager.block_size
+        slots: list[int] = []
+        if keep % block_size and manager.ref_count(block_ids[-1]) == 1:
+            end = min(fed_end, len(block_ids) * block_size)
+            slots = [slot_index(block_size, block_ids, p) for p in range(keep, end)]
+        self.store.truncate(request_id, list(released.freed_block_ids), slots)
 
     def _fork(self, parent: _Running, logits: torch.Tensor) -> list[_Running]:
         """Fork the parent's ``n - 1`` children right after its first token was sampled.
@@ -536,7 +807,12 @@ class Engine:
             self._notify("fork", request.request_id, child_id)
             token_id = first_tokens[rank]
             output = RequestOutput(
-                child_id, len(request.prompt_ids), [token_id], [logits], parent.output.max_blocks
+                child_id,
+                len(request.prompt_ids),
+                [token_id],
+                [logits],
+                parent.output.max_blocks,
+                parent.output.prefill_chunks,
             )
             children.append(
                 _Running(
@@ -545,6 +821,7 @@ class Engine:
                     generator=None,
                     pending_ids=[token_id],
                     prefill=False,
+                    computed=parent.computed,
                 )
             )
         return children

@@ -71,7 +71,7 @@ class KVStore(Protocol):
     ``plan`` takes each request's table after this step's tokens and the slots of those
     tokens. The engine also tells it about the lifecycle: ``release`` (with the blocks
     that became free and hold no cached prefix: a shared or cached block keeps valid K/V),
-    ``fork`` and the copy-on-write ``copy_blocks``.
+    ``fork``, the copy-on-write ``copy_blocks`` and the rollback ``truncate``.
     """
 
     def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
@@ -88,6 +88,12 @@ class KVStore(Protocol):
         ...
 
     def release(self, request_id: str, block_ids: list[int]) -> None: ...
+
+    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
+        """A request was rolled back (rejected drafts): ``block_ids`` became free and
+        uncached, and its kept last block's ``slots`` past the new length will be written
+        again; nobody may read either."""
+        ...
 
     def fork(self, parent_id: str, child_id: str) -> None: ...
 
@@ -176,6 +182,9 @@ class PagedKVPool:
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """A request let go of ``block_ids``; their rows keep stale K/V until overwritten."""
 
+    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
+        """A request was rolled back; the rows keep stale K/V until overwritten."""
+
     def fork(self, parent_id: str, child_id: str) -> None:
         """Nothing to do: the child's table names the parent's blocks."""
 
@@ -195,12 +204,11 @@ class PagedKVPool:
 
     def poison(self, block_ids: list[int]) -> None:
         """Fill ``block_ids`` with NaN in every layer, so any later read of them shows."""
-        if not block_ids:
-            return
-        index = torch.tensor(block_ids, dtype=torch.int64, device=self.layout.device)
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys.index_fill_(0, index, float("nan"))
-            values.index_fill_(0, index, float("nan"))
+        _fill_nan(self.keys + self.values, block_ids)
+
+    def poison_slots(self, slots: list[int]) -> None:
+        """Fill the rows ``slots`` (``block_id * block_size + offset``) with NaN in every layer."""
+        _fill_nan(self._flat_keys + self._flat_values, slots)
 
 
 class PoisonedKVPool(PagedKVPool):
@@ -218,6 +226,11 @@ class PoisonedKVPool(PagedKVPool):
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """Poison the released blocks."""
         self.poison(block_ids)
+
+    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
+        """Poison the blocks and the slots the rollback gave up."""
+        self.poison(block_ids)
+        self.poison_slots(slots)
 
 
 class ContiguousKVBuffers:
@@ -277,6 +290,9 @@ class ContiguousKVBuffers:
         """Drop a finished request's buffers (its block ids mean nothing here)."""
         del self._buffers[request_id]
 
+    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
+        """Nothing to do: rows past a request's length are never read, and are rewritten."""
+
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child starts with a copy of the parent's buffers: nothing is shared here."""
         self._buffers[child_id] = [
@@ -285,6 +301,15 @@ class ContiguousKVBuffers:
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Nothing to copy: no two requests share a buffer."""
+
+
+def _fill_nan(tensors: list[torch.Tensor], rows: list[int]) -> None:
+    """NaN into ``rows`` (indices along dim 0) of every tensor."""
+    if not rows:
+        return
+    index = torch.tensor(rows, dtype=torch.int64, device=tensors[0].device)
+    for tensor in tensors:
+        tensor.index_fill_(0, index, float("nan"))
 
 
 def _sdpa_layout(rows: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,12 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from impl import KVBlockManager
 from tests.support.lockstep import AllocatorMachine, WindowedAllocatorMachine, machine_for
-from tests.support.planted_bugs import PLANTED_BUGS, WINDOW_PLANTED_BUGS, WeakHashOnly
+from tests.support.planted_bugs import (
+    PLANTED_BUGS,
+    QUERY_BUGS,
+    WINDOW_PLANTED_BUGS,
+    WeakHashOnly,
+)
 
 TestImplAgreesWithSpec = AllocatorMachine.TestCase
 # Under a hash that collides all the time, hits must still be exactly the spec's.
@@ -36,7 +41,7 @@ CATCHING = settings(
 )
 
 
-@pytest.mark.parametrize("broken", PLANTED_BUGS, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("broken", PLANTED_BUGS + QUERY_BUGS, ids=lambda cls: cls.__name__)
 def test_state_machine_catches_planted_bug(broken: type[KVBlockManager]) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken), settings=CATCHING)

@@ -7,6 +7,7 @@ import pytest
 
 from harness.bench import allocator as bench_allocator
 from harness.bench import decode as bench_decode
+from harness.bench import speculation as bench_speculation
 
 
 def test_the_decode_benchmark_prints_a_row_per_method_and_batch_size(
@@ -80,3 +81,18 @@ def test_the_allocator_benchmark_prints_its_table(capsys: pytest.CaptureFixture[
     assert "| article-style append_tokens, 8,192 blocks | 50 |" in out
     assert "| spec append_slot, 1,024 blocks | 10 |" in out
     assert "impl append_slot, tight loop" in out
+
+
+def test_the_speculation_benchmark_prints_both_prompt_sets_with_and_without_drafts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--tiny", "--max-new-tokens", "3", "--repeats", "1", "--speculate", "2"]
+    assert bench_speculation.main(argv) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("quoting", "plain"),
+        ("quoting", "spec"),
+        ("chat", "plain"),
+        ("chat", "spec"),
+    ]
+    assert all(row[-1] == "yes" for row in rows)  # the same tokens with and without drafts

@@ -247,3 +247,37 @@ def test_a_model_with_a_sliding_window_is_refused_in_one_line(
         "hook: sliding_window=8 < max_position_embeddings=128 (the hook attends to every "
         "earlier token)"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--speculate", "--speculate must be >= 1 draft token, got 0"),
+        ("--max-batch-tokens", "--max-batch-tokens must be >= 1 token per step, got 0"),
+    ],
+)
+def test_zero_drafts_or_a_zero_token_budget_is_bad_input(
+    option: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--device", "cpu", option, "0"]) == 2
+    assert _one_error_line(capsys).endswith(message)
+
+
+def test_speculation_and_chunked_prefill_pass_the_three_checks_and_report_their_counts(
+    tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "a b c d e f g h i j a b c d e f"}, {"prompt": "k l m n o k l m n o k"}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--device", "cpu", "--model", str(tiny_dir), "--prompts-file", str(prompts)]
+    options = ["--speculate", "3", "--max-batch-tokens", "6", "--block-size", "4"]
+    exit_code = main([*argv, *options, "--max-new-tokens", "8", "--poison-freed", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert exit_code == 0, result
+    assert [r["alone"]["detail"] for r in result["requests"]] == ["bit-identical"] * 2
+    assert all(r["prefill_chunks"] >= 2 for r in result["requests"])
+    totals = result["totals"]
+    assert totals["speculate"] == 3 and totals["max_batch_tokens"] == 6
+    assert totals["proposed_drafts"] > 0
+    assert totals["chunks_per_prompt"] >= 2
+    assert {"accepted_drafts", "acceptance_rate", "tokens_per_forward"} <= set(totals)

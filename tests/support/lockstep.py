@@ -236,6 +236,56 @@ class AllocatorMachine(RuleBasedStateMachine):
         if block_id < self.model.total_blocks:
             self._step("ref_count", block_id)
 
+    # -- chunked prefill and speculative decoding -------------------------------------
+
+    @rule(token_ids=ANY_PROMPTS)
+    def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> None:
+        self._step("cached_prefix_tokens", token_ids)
+
+    @rule(request_id=REQUEST_IDS, token_count=st.one_of(st.integers(-1, 40), BAD_COUNTS))
+    def truncate_blocks(self, request_id: str, token_count: int) -> None:
+        self._step("truncate_blocks", request_id, token_count)
+
+    @precondition(lambda self: len(self.model.tables) > 0)
+    @rule(data=st.data())
+    def roll_back_drafts_and_report_the_blocks(self, data: st.DataObject) -> None:
+        """The engine's rollback: a token and its drafts in one append, then
+        ``truncate_blocks`` back to the kept ones (draft-filled blocks are cached)."""
+        request_id = data.draw(st.sampled_from(sorted(self.model.tables)))
+        before = self.model.tables[request_id].token_count
+        drafts = data.draw(st.integers(1, 2 * self.model.block_size + 1))
+        if request_id in self.model.token_ids:
+            token_ids = tuple(data.draw(st.integers(0, 3)) for _ in range(drafts))
+            appended = self._step("append_token_ids", request_id, token_ids)
+        else:
+            appended = self._step("append_tokens", request_id, drafts)
+        if appended is not None:
+            kept = before + data.draw(st.integers(0, drafts))
+            self._step("truncate_blocks", request_id, kept)
+
+    @rule(request_id=REQUEST_IDS, token_ids=PROMPTS, data=st.data())
+    def prefill_in_chunks(
+        self, request_id: str, token_ids: tuple[int, ...], data: st.DataObject
+    ) -> None:
+        """The engine's chunked prefill: the hit over the whole prompt, the first chunk with
+        ``allocate_prompt``, each later chunk with one ``append_token_ids``; chunk
+        boundaries anywhere in a block. A hit of the cut prompt is the whole prompt's."""
+        if not token_ids or request_id in self.model.tables:
+            return
+        done = self._step("cached_prefix_tokens", token_ids)
+        assert isinstance(done, int)
+        chunk = data.draw(st.integers(1, 7))
+        allocation = self._step("allocate_prompt", request_id, token_ids[: done + chunk])
+        if allocation is None:
+            return  # refused (out of blocks): nothing changed
+        assert getattr(allocation, "cached_tokens", None) == done
+        done += chunk
+        while done < len(token_ids):
+            chunk = data.draw(st.integers(1, 7))
+            if self._step("append_token_ids", request_id, token_ids[done : done + chunk]) is None:
+                return
+            done += chunk
+
     @invariant()
     def states_agree(self) -> None:
         assert self.target.to_spec() == self.model

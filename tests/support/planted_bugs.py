@@ -4,6 +4,8 @@ They prove the checks can fail. Each is the smallest change to ``KVBlockManager`
 plants one kind of bug met in real allocators.
 """
 
+from collections.abc import Sequence
+
 from impl import (
     BlockAllocationError,
     BlockKey,
@@ -306,4 +308,44 @@ WINDOW_PLANTED_BUGS: list[type[KVBlockManager]] = [
     SkipsABlockOneStepEarly,
     NeverSkips,
     FreesSkippedBlocksButKeepsThem,
+]
+
+# -- the engine's queries --------------------------------------------------------------
+# Bugs in what chunked prefill and speculative rollback ask the manager. The lockstep
+# machine must catch them; the bounded checker walks the allocating operations only.
+
+
+class RollbackReportsCachedBlocksAsFreed(KVBlockManager):
+    """(m) ``truncate_blocks`` reports every dropped block as freed, cached ones too, so
+    the engine would poison K/V a later prefix hit revives."""
+
+    __slots__ = ()
+
+    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        released = super().truncate_blocks(request_id, token_count)
+        freed = released.freed_block_ids + released.cached_block_ids
+        return ReleasedBlocks(released.block_ids, freed, ())
+
+
+class PrefixQueryCoversTheLastToken(KVBlockManager):
+    """(n) ``cached_prefix_tokens`` counts a cached block holding the prompt's last token,
+    so a chunked prefill would feed nothing and sample from no logits."""
+
+    __slots__ = ()
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        hit = super().cached_prefix_tokens(token_ids)
+        ids = tuple(token_ids)
+        whole = ids[: hit + self.block_size]
+        if len(whole) == len(ids) and len(ids) % self.block_size == 0:
+            for block_id in range(self.total_blocks):
+                key = self._prefix_cache.block_keys[block_id]
+                if key is not None and key.prefix() == whole:
+                    return len(ids)
+        return hit
+
+
+QUERY_BUGS: list[type[KVBlockManager]] = [
+    RollbackReportsCachedBlocksAsFreed,
+    PrefixQueryCoversTheLastToken,
 ]
