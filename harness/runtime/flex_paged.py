@@ -46,13 +46,15 @@ def flex_block_mask(step: StepTensors, total_blocks: int) -> BlockMask:
     position = step.seqused_k.long()[row_request] - query_counts[row_request] + row_offset
     full_count = position // block_size  # [T] blocks wholly at or before the position
     rows = step.block_table.long()[row_request]  # [T, max_blocks]
-    partial_block = rows.gather(1, full_count[:, None])[:, 0].to(torch.int32)  # [T]
-    visible = (position - full_count * block_size + 1).to(torch.int32)  # [T] rows seen
+    # partial_block[r], visible[r]: the block holding row r's position, and how many of its
+    # rows row r sees; [row_capacity(T)], rows past T unused
+    partial_block = _fixed_rows(rows.gather(1, full_count[:, None])[:, 0])
+    visible = _fixed_rows(position - full_count * block_size + 1)
     full_indices = torch.zeros(total_queries, total_blocks, dtype=torch.int32, device=device)
     # Padding entries (-1) past a table become block 0: never read, full_count stops first.
     full_indices[:, : rows.shape[1]] = rows.clamp(min=0)
     partial_indices = torch.zeros_like(full_indices)
-    partial_indices[:, 0] = partial_block
+    partial_indices[:, 0] = partial_block[:total_queries]
 
     def mask_mod(
         batch: torch.Tensor, head: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
@@ -72,6 +74,24 @@ def flex_block_mask(step: StepTensors, total_blocks: int) -> BlockMask:
         seq_lengths=(total_queries, total_blocks * block_size),
         compute_q_blocks=False,  # inference only: the backward's transposed indices are unused
     )
+
+
+def _fixed_rows(values: torch.Tensor) -> torch.Tensor:
+    """``values`` ([T] int64) as int32 in a tensor of ``row_capacity(T)`` rows.
+
+    NOTE: what ``mask_mod`` indexes must not have a dynamic size: torch 2.13's CPU
+    FlexAttention template printed the size symbol of a ``[T]`` tensor the mask indexed as
+    an undeclared ``cur_kvSplitSize1`` (a C++ compile error); a size that only changes at
+    powers of two past 1024 compiles as a constant.
+    """
+    rows = torch.zeros(row_capacity(values.shape[0]), dtype=torch.int32, device=values.device)
+    rows[: values.shape[0]] = values
+    return rows
+
+
+def row_capacity(total_queries: int) -> int:
+    """The rows of the mask's per-row tensors for a step of ``total_queries`` queries."""
+    return max(1024, 1 << (total_queries - 1).bit_length())
 
 
 @functools.cache
