@@ -559,7 +559,7 @@ def _kernel_agreement_and_time(
         ours, reference = case.decode(backend, batch), case.contiguous()
         alone = case.decode(backend, 1)
         _, call = case.step(backend, batch)
-        times = [_timed(call, plan.device) for _ in range(plan.kernel_repeats)]
+        times = [bench_attention.timed(call, plan.device) for _ in range(plan.kernel_repeats)]
         case.poison_tails(torch.finfo(dtype).max)
         finite_clean = not bool(case.decode(backend, batch).isnan().any())
         case.poison_tails(float("nan"))
@@ -573,16 +573,6 @@ def _kernel_agreement_and_time(
         alone_equals_batched=bool(torch.equal(alone[:, 0], ours[:, 0])),
         median_ms=1000 * statistics.median(times),
     )
-
-
-def _timed(call: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started
 
 
 # -- stage 5: the decode benchmark ----------------------------------------------------------

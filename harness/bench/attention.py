@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         prepares: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(args.repeats):
             for name in names:
-                timings[name].append(_timed(calls[name], device))
-                prepares[name].append(_timed(partial(case.step, name, args.batch), device))
+                timings[name].append(timed(calls[name], device))
+                prepares[name].append(timed(partial(case.step, name, args.batch), device))
     print(f"{'attention':<16} {'ms/call':>8} {'ms/step setup':>14}")
     for name in names:
         print(
@@ -206,7 +206,8 @@ class _NoModel:
     config = object()
 
 
-def _timed(call: Callable[[], object], device: torch.device) -> float:
+def timed(call: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``call`` takes; on CUDA between two synchronizations (kernels are async)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
