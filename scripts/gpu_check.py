@@ -20,9 +20,10 @@ after ``--deadline-s`` is recorded as skipped:
 3. ``checks``: the three checks for float32/bfloat16 x ``Engine``/``BatchInvariantEngine``
    on the bundled SmolLM2 when it loads here, else on a seeded random model of its exact
    shapes (``random_smollm2``), with every tie's margin in ulps;
-4. ``kernels``: agreement and speed of the attention read at SmolLM2's shapes, B = 8 at 512
-   tokens and B = 64 at 4096; only the gather path exists so far (no varlen or flex
-   backend to compare with yet), checked against SDPA on contiguous K/V;
+4. ``kernels``: each attention backend (gather, varlen, flex; ``--attention``) at
+   SmolLM2's shapes, B = 8 at 512 tokens and B = 64 at 4096, against SDPA on contiguous
+   K/V: agreement, NaN (and finite) poison past each request's tokens, a request alone vs
+   in the batch, ms per decode call;
 5. ``decode_bench``: bf16 decode tokens/s, paged engine and HF ``generate_batch`` vs dense
    ``generate`` (``harness.bench.decode``).
 ``--smoke`` runs every stage on CPU with a scaled-down model in about a minute; CI runs it
@@ -61,6 +62,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from harness.bench import attention as bench_attention  # noqa: E402
 from harness.bench import decode as bench_decode  # noqa: E402
 from harness.models import LoadedModel, ModelNotFoundError, load_model  # noqa: E402
 from harness.oracle.equivalence import (  # noqa: E402
@@ -71,13 +73,7 @@ from harness.oracle.equivalence import (  # noqa: E402
 )
 from harness.prompts import BUILTIN_PROMPTS, render_prompt  # noqa: E402
 from harness.runtime.engine import BatchInvariantEngine, Engine, Request  # noqa: E402
-from harness.runtime.kv_pool import KVLayout, PagedKVPool, PoisonedKVPool  # noqa: E402
-from harness.runtime.paged_attention import (  # noqa: E402
-    RequestSlice,
-    StepMetadata,
-    paged_attention_forward,
-)
-from impl import RequestBlockTable  # noqa: E402
+from harness.runtime.kv_pool import PoisonedKVPool  # noqa: E402
 from tests.support.device_cases import (  # noqa: E402
     paged_cache_generate_failures,
     paged_equals_dense_failures,
@@ -115,6 +111,7 @@ class Plan:
     requests: int
     max_new_tokens: int
     kernel_shapes: tuple[tuple[int, int], ...]  # (batch, context tokens)
+    kernel_backends: tuple[str, ...]
     kernel_repeats: int
     bench_batch_sizes: tuple[int, ...]
     bench_new_tokens: int
@@ -135,6 +132,7 @@ FULL = Plan(
     requests=14,
     max_new_tokens=64,
     kernel_shapes=((8, 512), (64, 4096)),
+    kernel_backends=("gather", "varlen", "flex"),
     kernel_repeats=20,
     bench_batch_sizes=(1, 8, 32),
     bench_new_tokens=64,
@@ -148,6 +146,8 @@ SMOKE = Plan(
     requests=4,
     max_new_tokens=6,
     kernel_shapes=((2, 48),),
+    # NOTE: not flex: its first compile takes minutes on a 2-core CPU (the smoke run is CI's).
+    kernel_backends=("gather", "varlen-emulated", "varlen"),
     kernel_repeats=2,
     bench_batch_sizes=(2,),
     bench_new_tokens=3,
@@ -490,113 +490,89 @@ def _checks_summary(model_name: str, report: EquivalenceReport) -> Json:
 
 
 def stage_kernels(plan: Plan, log: Log) -> Json:
-    """The gather path's decode attention vs SDPA on contiguous K/V: agreement and time."""
+    """Each attention backend's decode step at SmolLM2's shapes against SDPA on contiguous
+    K/V: agreement, a NaN (and a finite) poison in the rows past each request's tokens, one
+    request alone vs in the batch, and the time per call. ``varlen`` needs CUDA (skipped
+    without it); fp32 is gather's and flex's only (FlashAttention is fp16/bf16)."""
     shapes: dict[str, Json] = {}
-    agree = True
+    passed = True
+    backends = [name for name in plan.kernel_backends if name != "varlen" or _has_cuda(plan)]
     for batch, context in plan.kernel_shapes:
         for dtype_name, dtype in DTYPES.items():
-            name = f"gather/{dtype_name}/B{batch}x{context}"
-            agreement = _gather_agreement_and_time(plan, batch, context, dtype)
-            agree = agree and agreement.max_abs_diff <= KERNEL_TOLERANCE[dtype]
-            shapes[name] = agreement.as_json()
-            log(f"   {name}: {shapes[name]}")
-    # NOTE: only the gather path exists; varlen and flex backends, when built, join here.
-    return {"status": "ok" if agree else "failed", "backends": ["gather"], "shapes": shapes}
+            for backend in backends:
+                if backend == "varlen" and dtype == torch.float32:
+                    continue
+                name = f"{backend}/{dtype_name}/B{batch}x{context}"
+                agreement = _kernel_agreement_and_time(plan, backend, batch, context, dtype)
+                passed = passed and agreement.passed(backend, dtype)
+                shapes[name] = agreement.as_json()
+                log(f"   {name}: {shapes[name]}")
+    return {"status": "ok" if passed else "failed", "backends": backends, "shapes": shapes}
 
 
-class _AttentionModule:
-    """What the attention function reads off HF's attention module: one layer, GQA 9/3."""
-
-    layer_idx = 0
-    num_key_value_groups = 3
+def _has_cuda(plan: Plan) -> bool:
+    return plan.device.type == "cuda"
 
 
 @dataclass(frozen=True, slots=True)
 class Agreement:
-    """The paged read against SDPA on contiguous K/V, and the paged read's time."""
+    """A backend's decode step against SDPA on contiguous K/V, and its time.
+
+    ``nan_tail_clean`` / ``finite_tail_clean``: no NaN in the output with NaN / the
+    dtype's largest finite value in every row past each request's tokens (flex reads
+    those rows: its pool poisons with the finite value). ``alone_equals_batched``:
+    request 0 alone gives the bits it gives in the batch.
+    """
 
     bitwise_equal: bool
     max_abs_diff: float
+    nan_tail_clean: bool
+    finite_tail_clean: bool
+    alone_equals_batched: bool
     median_ms: float
 
+    def passed(self, backend: str, dtype: torch.dtype) -> bool:
+        """Within tolerance and clean under the poison its pool uses."""
+        clean = self.finite_tail_clean if backend == "flex" else self.nan_tail_clean
+        return clean and self.max_abs_diff <= KERNEL_TOLERANCE[dtype]
+
     def as_json(self) -> Json:
-        """The three fields, for the results file."""
+        """The fields, for the results file."""
         return {
             "bitwise_equal": self.bitwise_equal,
             "max_abs_diff": self.max_abs_diff,
+            "nan_tail_clean": self.nan_tail_clean,
+            "finite_tail_clean": self.finite_tail_clean,
+            "alone_equals_batched": self.alone_equals_batched,
             "median_ms": round(self.median_ms, 4),
         }
 
 
-def _gather_agreement_and_time(
-    plan: Plan, batch: int, context: int, dtype: torch.dtype
+def _kernel_agreement_and_time(
+    plan: Plan, backend: str, batch: int, context: int, dtype: torch.dtype
 ) -> Agreement:
-    device, block_size = plan.device, 16
-    blocks_each = -(-context // block_size)
-    layout = KVLayout(1, 3, 64, dtype, device)
-    pool = PagedKVPool(layout, batch * blocks_each, block_size)
-    generator = torch.Generator().manual_seed(batch * context)
-    # Scattered tables: a seeded permutation of the pool's blocks.
-    order = torch.randperm(batch * blocks_each, generator=generator).tolist()
-    tables = [
-        RequestBlockTable(f"r{i}", order[i * blocks_each : (i + 1) * blocks_each], context)
-        for i in range(batch)
-    ]
-    for keys in (pool.keys[0], pool.values[0]):  # [total_blocks, block_size, 3, 64]
-        keys.copy_(torch.randn(keys.shape, generator=generator).to(dtype))
-    new_slots = [
-        [t.block_ids[(context - 1) // block_size] * block_size + (context - 1) % block_size]
-        for t in tables
-    ]
-    step_plan = pool.plan(tables, new_slots)
-    # The decode token's own K/V are the ones already at its slot, so the write is a no-op.
-    flat_k = pool.keys[0].view(-1, 3, 64)
-    flat_v = pool.values[0].view(-1, 3, 64)
-    slots = step_plan.write_index
-    key = flat_k.index_select(0, slots).transpose(0, 1)[None]  # [1, 3, batch, 64]
-    value = flat_v.index_select(0, slots).transpose(0, 1)[None]
-    query = torch.randn(1, 9, batch, 64, generator=generator).to(device=device, dtype=dtype)
-    slices = tuple(RequestSlice(i, i + 1) for i in range(batch))
-    step = StepMetadata(pool, step_plan, slices)
-
-    def paged() -> torch.Tensor:
-        output, _ = paged_attention_forward(
-            _AttentionModule(), query, key, value, None, scaling=None, pagedkv_step=step
-        )
-        return output  # [1, batch, 9, 64]
-
-    def contiguous() -> torch.Tensor:
-        outputs = []
-        for i, table in enumerate(tables):
-            rows = torch.tensor(table.block_ids, device=device)
-            k = pool.keys[0].index_select(0, rows).reshape(-1, 3, 64)[:context].contiguous()
-            v = pool.values[0].index_select(0, rows).reshape(-1, 3, 64)[:context].contiguous()
-            out = torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, i : i + 1],
-                k.transpose(0, 1)[None],
-                v.transpose(0, 1)[None],
-                enable_gqa=True,
-            )
-            outputs.append(out.transpose(1, 2))
-        return torch.cat(outputs, dim=1)
-
+    # NOTE: FlashAttention's block table wants blocks of a multiple of 256 tokens; every
+    # backend reads the same pool, so all run at 256 on CUDA (16 on the CPU smoke run).
+    block_size = 256 if _has_cuda(plan) else 16
+    case = bench_attention.decode_case(plan.device, dtype, batch, context, block_size)
     with torch.no_grad():
-        ours, reference = paged(), contiguous()
-        times = [_timed(paged, device) for _ in range(plan.kernel_repeats)]
+        ours, reference = case.decode(backend, batch), case.contiguous()
+        alone = case.decode(backend, 1)
+        _, call = case.step(backend, batch)
+        times = [bench_attention.timed(call, plan.device) for _ in range(plan.kernel_repeats)]
+        case.poison_tails(torch.finfo(dtype).max)
+        finite_clean = not bool(case.decode(backend, batch).isnan().any())
+        case.poison_tails(float("nan"))
+        nan_clean = not bool(case.decode(backend, batch).isnan().any())
     difference = (ours.float() - reference.float()).abs().max()
     return Agreement(
-        bool(torch.equal(ours, reference)), float(difference), 1000 * statistics.median(times)
+        bool(torch.equal(ours, reference)),
+        float(difference),
+        nan_tail_clean=nan_clean,
+        finite_tail_clean=finite_clean,
+        alone_equals_batched=bool(torch.equal(alone[:, 0], ours[:, 0])),
+        median_ms=1000 * statistics.median(times),
     )
-
-
-def _timed(call: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started
 
 
 # -- stage 5: the decode benchmark ----------------------------------------------------------

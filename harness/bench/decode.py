@@ -2,7 +2,8 @@
 
 For each batch size, the same prompts (the built-in ones, cycled) run
 - dense: a static batch through ``model.generate`` (left-padded, HF's dense cache);
-- paged: this project's engine, all requests arriving at once (the same batch composition);
+- paged: this project's engine, all requests arriving at once (the same batch composition),
+  its attention computed by ``--attention`` (gather by default; see ``python -m harness``);
 - hf-cb: transformers' own continuous batching, ``model.generate_batch``, with an explicit
   ``ContinuousBatchingConfig`` (below), if it runs here.
 Every request decodes exactly ``--max-new-tokens`` tokens (EOS ignored). Decode tokens/s
@@ -42,6 +43,11 @@ from harness.cli.parsing import OneLineParser, fail
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
 from harness.oracle.dense import generate_dense_batch
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
+from harness.runtime.attention_backends import (
+    ATTENTION_BACKENDS,
+    AttentionBackend,
+    AttentionBackendError,
+)
 from harness.runtime.engine import NO_PREFIX_CACHING, Engine, Request
 from harness.runtime.kv_pool import PagedKVPool
 from impl import KVBlockManager
@@ -75,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--attention",
+        choices=sorted(ATTENTION_BACKENDS),
+        default="gather",
+        help="the paged engine's attention (default gather)",
+    )
+    parser.add_argument(
         "--methods",
         default="dense,paged,hf-cb",
         help="comma-separated subset of dense,paged,hf-cb (dense always runs: it is the baseline)",
@@ -106,7 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ModelNotFoundError as error:
         return fail(PROG, str(error))
-    settings = Settings(batch_sizes, args.max_new_tokens, args.block_size, args.repeats, methods)
+    attention = ATTENTION_BACKENDS[args.attention]
+    try:
+        attention.check(loaded.model, kv_layout(loaded), args.block_size)
+    except AttentionBackendError as error:
+        return fail(PROG, str(error))
+    settings = Settings(
+        batch_sizes, args.max_new_tokens, args.block_size, args.repeats, methods, attention
+    )
     rows = run_benchmark(loaded, _prompts(loaded, max(batch_sizes), args.seed), settings)
     if args.json is not None:
         args.json.write_text(json.dumps(as_json(rows, loaded, args.machine), indent=2) + "\n")
@@ -115,13 +134,15 @@ def main(argv: list[str] | None = None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """What to run: batch sizes, new tokens per request, block size, repeats, methods."""
+    """What to run: batch sizes, new tokens per request, block size, repeats, methods, and
+    the paged engine's attention."""
 
     batch_sizes: list[int]
     max_new_tokens: int
     block_size: int
     repeats: int
     methods: set[str]
+    attention: AttentionBackend = ATTENTION_BACKENDS["gather"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +172,8 @@ def run_benchmark(
         f"model {loaded.name}; {_device_name(device)}, "
         f"{str(layout.dtype).removeprefix('torch.')}; cpu threads {torch.get_num_threads()}; "
         f"new tokens {settings.max_new_tokens}; block size {settings.block_size}; "
-        f"median of {settings.repeats}; hf-cb: {_hf_cb_config_text(settings.block_size)}"
+        f"median of {settings.repeats}; paged attention: {settings.attention.name}; "
+        f"hf-cb: {_hf_cb_config_text(settings.block_size)}"
     )
     print(
         f"{'method':<7} {'batch':>5} {'decode tok/s':>12} {'vs dense':>9} {'e2e tok/s':>9} "
@@ -164,7 +186,12 @@ def run_benchmark(
         runs: dict[str, Run] = {"dense": partial(_run_dense, loaded, batch)}
         if "paged" in settings.methods:
             runs["paged"] = partial(
-                _run_paged, loaded, batch, block_size=settings.block_size, peak=peak
+                _run_paged,
+                loaded,
+                batch,
+                block_size=settings.block_size,
+                peak=peak,
+                attention=settings.attention,
             )
         if "hf-cb" in settings.methods:
             runs["hf-cb"] = partial(
@@ -346,13 +373,15 @@ def _run_paged(
     *,
     block_size: int,
     peak: list[int],
+    attention: AttentionBackend,
 ) -> list[list[int]]:
     total_blocks = sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
     manager = KVBlockManager(total_blocks, block_size)
     pool = PagedKVPool(kv_layout(loaded), total_blocks, block_size)
     requests = [Request(f"r{i}", prompt, new_tokens) for i, prompt in enumerate(batch)]
     # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
-    result = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING).run(requests)
+    engine = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING, attention=attention)
+    result = engine.run(requests)
     peak.append(result.peak_used_blocks)
     return [result.outputs[request.request_id].token_ids for request in requests]
 

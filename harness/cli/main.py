@@ -44,6 +44,7 @@ from harness.prompts import (
     load_prompts_file,
     render_prompt,
 )
+from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.engine import (
     NO_PREFIX_CACHING,
     PREFIX_CACHING,
@@ -52,7 +53,7 @@ from harness.runtime.engine import (
     Request,
     Scheduling,
 )
-from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.runtime.kv_pool import PagedKVPool
 
 PROG = "python -m harness"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -144,6 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="fill every released block with NaN, so a read of a freed block ruins the output",
     )
     parser.add_argument(
+        "--attention",
+        choices=sorted(ATTENTION_BACKENDS),
+        default="gather",
+        help="how the paged runs compute attention: gather (each request's K/V gathered, "
+        "SDPA per request; the reference), varlen (FlashAttention with a block table; CUDA, "
+        "fp16/bf16, block size a multiple of 256), varlen-emulated (its contract in plain "
+        "PyTorch), flex (compiled FlexAttention with a block mask). Check 2 always runs "
+        "gather; the gate runs the chosen one on both sides (default gather)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -223,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         if loaded.tokenizer is None:
             raise UsageError(f"model {loaded.name} has no tokenizer")
         check_options(loaded.model, args.block_size, args.max_new_tokens, args.n)
+        attention = ATTENTION_BACKENDS[args.attention]
+        attention.check(loaded.model, kv_layout(loaded), args.block_size)
         requests = [
             Request(
                 f"r{number:02d}",
@@ -246,16 +259,18 @@ def main(argv: list[str] | None = None) -> int:
         ModelNotFoundError,
         ModelLoadError,
         UnsupportedModelError,
+        AttentionBackendError,
     ) as error:
         return fail(PROG, str(error))
     pool = PoolConfig(
         total_blocks=total_blocks,
         block_size=args.block_size,
         engine_type=BatchInvariantEngine if args.batch_invariant else Engine,
-        pool_type=PoisonedKVPool if args.poison_freed else PagedKVPool,
+        pool_type=attention.poisoned_pool_type if args.poison_freed else PagedKVPool,
         allocation=NO_PREFIX_CACHING if args.no_prefix_cache else PREFIX_CACHING,
         observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
         scheduling=Scheduling(args.speculate or 0, args.max_batch_tokens),
+        attention=attention,
     )
     report = run_equivalence(loaded, requests, pool, _progress)
     if args.plot is not None:

@@ -21,7 +21,7 @@ def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig
     print(
         f"model {loaded.name}; pool {pool.total_blocks} blocks x {pool.block_size} tokens; "
         f"{pool.engine_type.__name__}, {pool.pool_type.__name__}, "
-        f"{type(pool.allocation).__name__}"
+        f"{type(pool.allocation).__name__}; attention {report.attention}"
     )
     header = (
         f"{'request':<8} {'prompt':>6} {'gen':>4} {'gate':>5} {'alone':>5} {'batch':>5} "
@@ -49,6 +49,13 @@ def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig
         f"(ties: {ties}; tie rule: {report.tie_rule.describe()})"
     )
     print(f"paged and contiguous schedules identical: {report.schedules_equal}")
+    if report.attention_agreement:
+        worst = max(report.attention_agreement, key=report.attention_agreement.__getitem__)
+        print(
+            f"{report.attention} vs gather, max |diff| of attention outputs over the batched "
+            f"run: {report.attention_agreement[worst]:.3g} (layer {worst}, worst of "
+            f"{len(report.attention_agreement)} layers)"
+        )
     print(
         f"KV memory: paged pool {report.pool_bytes / mib:.1f} MiB, peak in use "
         f"{report.peak_paged_bytes / mib:.1f} MiB; contiguous reservation at max length for "
@@ -103,8 +110,12 @@ def as_json(
         "prefix_caching": not args.no_prefix_cache,
         "system_prompt": args.system_prompt,
         "n": args.n,
+        "attention": report.attention,
         "passed": report.passed,
         "schedules_equal": report.schedules_equal,
+        "attention_agreement_max_abs_diff": {
+            str(layer): difference for layer, difference in report.attention_agreement.items()
+        },
         "tie_rule": {"dtype": report.tie_rule.dtype_name, "max_ulps": report.tie_rule.max_ulps},
         "requests": [
             {

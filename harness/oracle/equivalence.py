@@ -30,6 +30,12 @@ from harness.oracle.checks import (
     tie_rule,
 )
 from harness.oracle.dense import DenseOutput, generate_dense, generate_dense_continuation
+from harness.runtime.attention_backends import (
+    GATHER,
+    AttentionBackend,
+    LayerAgreement,
+    PagedKernel,
+)
 from harness.runtime.engine import (
     NO_PREFIX_CACHING,
     NO_SCHEDULING,
@@ -60,6 +66,8 @@ class PoolConfig:
     (check 3 and both sides of the gate), not to the requests run alone (check 2): a
     verify forward or a prefill chunk has other shapes than ``generate``'s, so it cannot be
     bitwise equal to it.
+    ``attention`` computes the batched run (check 3) and both sides of the gate; check 2
+    stays on gather, its bitwise comparison with ``generate`` being gather's promise.
     """
 
     total_blocks: int
@@ -69,6 +77,7 @@ class PoolConfig:
     allocation: Allocation = PREFIX_CACHING
     observer: PoolObserver | None = None
     scheduling: Scheduling = NO_SCHEDULING
+    attention: AttentionBackend = GATHER
 
 
 def tight_total_blocks(requests: Sequence[Request], block_size: int) -> int:
@@ -112,6 +121,7 @@ class EquivalenceReport:
     peak_requests: int
     tie_rule: TieRule
     schedules_equal: bool
+    attention: str
     prefill_tokens: int
     prefix_hit_tokens: int
     cow_copies: int
@@ -120,6 +130,9 @@ class EquivalenceReport:
     usage: list[UsageSample] = field(default_factory=list)
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
     chunks_per_prompt: float = 1.0  # prefill forwards per request (a recompute's included)
+    # per layer, max |kernel - gather| over the batched run's attention outputs (empty
+    # for gather)
+    attention_agreement: dict[int, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -148,7 +161,10 @@ def run_equivalence(
         alone.update(engine.run([replace(request, arrival_step=0)]).outputs)
 
     def run_packed(
-        store: KVStore, allocation: Allocation, observer: PoolObserver | None = None
+        store: KVStore,
+        allocation: Allocation,
+        observer: PoolObserver | None = None,
+        attention: AttentionBackend = pool.attention,
     ) -> EngineResult:
         """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
         manager = KVBlockManager(pool.total_blocks, pool.block_size)
@@ -160,19 +176,25 @@ def run_equivalence(
             allocation,
             observer=observer,
             scheduling=pool.scheduling,
+            attention=attention,
         )
         return engine.run(requests)
 
-    progress(f"paged, continuous batching: {len(requests)} requests")
-    batched = run_packed(paged_pool, pool.allocation, pool.observer)
+    progress(f"paged, continuous batching ({pool.attention.name}): {len(requests)} requests")
+    agreement = LayerAgreement()
+    batched = run_packed(
+        paged_pool, pool.allocation, pool.observer, measured(pool.attention, agreement)
+    )
     gate_paged = batched
     if pool.allocation is not NO_PREFIX_CACHING:
         progress(f"paged, same batching without prefix caching (gate): {len(requests)} requests")
         gate_paged = run_packed(paged_pool, NO_PREFIX_CACHING)
     progress(f"contiguous buffers, same schedule (gate): {len(requests)} requests")
     max_tokens = max(request.max_tokens for request in requests)
-    contiguous = run_packed(ContiguousKVBuffers(layout, max_tokens), NO_PREFIX_CACHING)
-    return _report(
+    contiguous = run_packed(
+        ContiguousKVBuffers(layout, max_tokens, pool.block_size), NO_PREFIX_CACHING
+    )
+    report = _report(
         requests,
         dense=dense,
         alone=alone,
@@ -181,6 +203,15 @@ def run_equivalence(
         layout=layout,
         pool=pool,
     )
+    return replace(report, attention_agreement=agreement.max_abs_diff)
+
+
+def measured(attention: AttentionBackend, agreement: LayerAgreement) -> AttentionBackend:
+    """``attention`` folding its per-layer agreement with gather into ``agreement`` (a kernel
+    backend; gather is returned as it is, it has nothing to agree with)."""
+    if isinstance(attention, PagedKernel):
+        return replace(attention, agreement=agreement)
+    return attention
 
 
 def _generate_dense(loaded: LoadedModel, request: Request) -> dict[str, DenseOutput]:
@@ -259,6 +290,7 @@ def _report(
         peak_requests=batched.peak_requests,
         tie_rule=rule,
         schedules_equal=gate_paged.schedule == contiguous.schedule,
+        attention=pool.attention.name,
         prefill_tokens=batched.prefill_tokens,
         prefix_hit_tokens=batched.prefix_hit_tokens,
         cow_copies=batched.cow_copies,

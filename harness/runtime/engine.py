@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from harness.models import check_supported
+from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.kv_pool import KVStore
 from harness.runtime.paged_attention import (
     RequestSlice,
@@ -369,8 +370,10 @@ class Engine:
         *,
         observer: PoolObserver | None = None,
         scheduling: Scheduling = NO_SCHEDULING,
+        attention: AttentionBackend = GATHER,
     ) -> None:
         check_supported(model)
+        self.attention = attention
         self.model = model
         self.manager = manager
         self.store = store
@@ -676,11 +679,13 @@ class Engine:
         copies = self.manager.take_copies()  # none left by _grow; kept for any other caller
         if copies:
             self.store.copy_blocks(copies)
+        plan = self.store.plan(tables, new_slots)
+        kernel = self.attention.prepare(self.store, tables, plan)  # once per step, all layers
         return forward_step(
             self.model,
             torch.tensor([input_ids], dtype=torch.int64, device=device),
             torch.tensor([positions], dtype=torch.int64, device=device),
-            StepMetadata(self.store, self.store.plan(tables, new_slots), tuple(slices)),
+            StepMetadata(self.store, plan, tuple(slices), kernel),
             torch.tensor(
                 [
                     row

@@ -179,6 +179,15 @@ class PagedKVPool:
             for start, count in zip(plan.read_starts, plan.token_counts, strict=True)
         ]
 
+    def pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s K and V tensors, ``[total_blocks, block_size, num_kv_heads,
+        head_dim]``: what a kernel backend reads in place."""
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def block_ids_of(self, table: RequestBlockTable) -> list[int]:
+        """The pool blocks of ``table``: its own block ids (the manager's)."""
+        return list(table.block_ids)
+
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """A request let go of ``block_ids``; their rows keep stale K/V until overwritten."""
 
@@ -203,12 +212,18 @@ class PagedKVPool:
                 values.index_copy_(0, destination_index, values.index_select(0, source_index))
 
     def poison(self, block_ids: list[int]) -> None:
-        """Fill ``block_ids`` with NaN in every layer, so any later read of them shows."""
-        _fill_nan(self.keys + self.values, block_ids)
+        """Fill ``block_ids`` with ``poison_value()`` in every layer, so any later read of
+        them shows."""
+        _fill(self.keys + self.values, block_ids, self.poison_value())
 
     def poison_slots(self, slots: list[int]) -> None:
-        """Fill the rows ``slots`` (``block_id * block_size + offset``) with NaN in every layer."""
-        _fill_nan(self._flat_keys + self._flat_values, slots)
+        """Fill the rows ``slots`` (``block_id * block_size + offset``) with ``poison_value()``
+        in every layer."""
+        _fill(self._flat_keys + self._flat_values, slots, self.poison_value())
+
+    def poison_value(self) -> float:
+        """What ``poison`` writes: NaN, which ruins any arithmetic that touches it."""
+        return float("nan")
 
 
 class PoisonedKVPool(PagedKVPool):
@@ -233,35 +248,67 @@ class PoisonedKVPool(PagedKVPool):
         self.poison_slots(slots)
 
 
+class FinitePoisonedKVPool(PoisonedKVPool):
+    """A poisoned pool whose poison is the dtype's largest finite value, not NaN.
+
+    NOTE: for a kernel that reads a whole partly filled block and masks the rows past
+    ``seqused_k`` (FlexAttention does): a masked score is replaced by ``-inf``, but P·V
+    still multiplies the masked row's V by its zero weight, and ``0 * NaN`` is NaN, so a
+    NaN poison would ruin correct reads. ``0 * max`` is 0. A real read of a poisoned row
+    still shows: ``q · k`` with ``k = max`` overflows to ``inf`` (or NaN), and the softmax
+    and ``p * max`` carry it to the logits.
+    """
+
+    __slots__ = ()
+
+    def poison_value(self) -> float:
+        """The largest finite value of the pool's dtype."""
+        return torch.finfo(self.layout.dtype).max
+
+
 class ContiguousKVBuffers:
-    """Each request's K/V in its own buffer, by position: the gate's paging-free twin."""
+    """Each request's K/V in its own buffer, by position: the gate's paging-free twin.
 
-    __slots__ = ("_buffers", "layout", "max_tokens")
+    Request ``r`` owns one row of a per-layer ``[rows, row_tokens, num_kv_heads, head_dim]``
+    tensor (``row_tokens``: ``max_tokens`` rounded up to ``block_size``); token ``t`` lives
+    at position ``t`` of its row. No block id from the manager is used. A kernel backend
+    reads the same memory as pages (``pages``): the row of ``r`` is the run of pages
+    ``block_ids_of(r)``, in order, so the kernel reads contiguous buffers through a table
+    that is an ``arange``.
+    """
 
-    def __init__(self, layout: KVLayout, max_tokens: int) -> None:
+    __slots__ = ("_free_rows", "_keys", "_rows", "_values", "block_size", "layout", "row_tokens")
+
+    def __init__(self, layout: KVLayout, max_tokens: int, block_size: int = 1) -> None:
+        if max_tokens < 1 or block_size < 1:
+            raise ValueError(
+                f"max_tokens and block_size must be >= 1, got {max_tokens}, {block_size}"
+            )
         self.layout = layout
-        self.max_tokens = max_tokens
-        # request_id -> per layer (keys, values), each [max_tokens, num_kv_heads, head_dim]
-        self._buffers: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.block_size = block_size
+        self.row_tokens = -(-max_tokens // block_size) * block_size
+        shape = (0, self.row_tokens, layout.num_kv_heads, layout.head_dim)
+        # _keys[l], _values[l]: [rows, row_tokens, num_kv_heads, head_dim]
+        self._keys = [
+            torch.zeros(shape, dtype=layout.dtype, device=layout.device)
+            for _ in range(layout.num_layers)
+        ]
+        self._values = [torch.zeros_like(k) for k in self._keys]
+        self._rows: dict[str, int] = {}  # request_id -> its row
+        self._free_rows: list[int] = []
 
     def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
         """Rows are positions in each request's own buffer; block tables are not used."""
         device = self.layout.device
-        shape = (self.max_tokens, self.layout.num_kv_heads, self.layout.head_dim)
-        positions: list[int] = []
+        rows: list[int] = []
         for table, slots in zip(tables, new_slots, strict=True):
-            if table.request_id not in self._buffers:
-                self._buffers[table.request_id] = [
-                    (
-                        torch.zeros(shape, dtype=self.layout.dtype, device=device),
-                        torch.zeros(shape, dtype=self.layout.dtype, device=device),
-                    )
-                    for _ in range(self.layout.num_layers)
-                ]
-            positions.extend(range(table.token_count - len(slots), table.token_count))
+            if table.request_id not in self._rows:
+                self._rows[table.request_id] = self._take_row()
+            base = self._rows[table.request_id] * self.row_tokens
+            rows.extend(range(base + table.token_count - len(slots), base + table.token_count))
         return KVPlan(
             request_ids=tuple(table.request_id for table in tables),
-            write_index=torch.tensor(positions, dtype=torch.int64, device=device),
+            write_index=torch.tensor(rows, dtype=torch.int64, device=device),
             new_token_counts=tuple(len(slots) for slots in new_slots),
             read_index=torch.empty(0, dtype=torch.int64, device=device),
             read_starts=(0,) * len(tables),
@@ -270,46 +317,81 @@ class ContiguousKVBuffers:
 
     def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
         """Store each request's new tokens at their positions in its own buffer."""
-        start = 0
-        for request_id, count in zip(plan.request_ids, plan.new_token_counts, strict=True):
-            keys, values = self._buffers[request_id][layer_idx]
-            index = plan.write_index[start : start + count]
-            keys.index_copy_(0, index, key[start : start + count])
-            values.index_copy_(0, index, value[start : start + count])
-            start += count
+        flat = (-1, self.layout.num_kv_heads, self.layout.head_dim)
+        self._keys[layer_idx].view(flat).index_copy_(0, plan.write_index, key)
+        self._values[layer_idx].view(flat).index_copy_(0, plan.write_index, value)
 
     def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The first ``token_count`` rows of each request's buffer, in SDPA's layout."""
+        keys, values = self._keys[layer_idx], self._values[layer_idx]
         read = []
         for request_id, count in zip(plan.request_ids, plan.token_counts, strict=True):
-            keys, values = self._buffers[request_id][layer_idx]
-            read.append((_sdpa_layout(keys[:count]), _sdpa_layout(values[:count])))
+            row = self._rows[request_id]
+            read.append((_sdpa_layout(keys[row, :count]), _sdpa_layout(values[row, :count])))
         return read
 
+    def pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s buffers as pages ``[pages, block_size, num_kv_heads, head_dim]``
+        (views, no copy)."""
+        shape = (-1, self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        return self._keys[layer_idx].view(shape), self._values[layer_idx].view(shape)
+
+    def block_ids_of(self, table: RequestBlockTable) -> list[int]:
+        """The pages of ``table``'s request that hold its ``token_count`` tokens, in order."""
+        first = self._rows[table.request_id] * (self.row_tokens // self.block_size)
+        return list(range(first, first + -(-table.token_count // self.block_size)))
+
     def release(self, request_id: str, block_ids: list[int]) -> None:
-        """Drop a finished request's buffers (its block ids mean nothing here)."""
-        del self._buffers[request_id]
+        """Give back a finished request's row (its block ids mean nothing here)."""
+        self._free_rows.append(self._rows.pop(request_id))
 
     def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
         """Nothing to do: rows past a request's length are never read, and are rewritten."""
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child starts with a copy of the parent's buffers: nothing is shared here."""
-        self._buffers[child_id] = [
-            (keys.clone(), values.clone()) for keys, values in self._buffers[parent_id]
-        ]
+        parent, child = self._rows[parent_id], self._take_row()
+        self._rows[child_id] = child
+        for keys, values in zip(self._keys, self._values, strict=True):
+            keys[child] = keys[parent]
+            values[child] = values[parent]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Nothing to copy: no two requests share a buffer."""
 
+    def _take_row(self) -> int:
+        """A zeroed row for a new request: a freed one, else one more (the tensors grow).
 
-def _fill_nan(tensors: list[torch.Tensor], rows: list[int]) -> None:
-    """NaN into ``rows`` (indices along dim 0) of every tensor."""
+        NOTE: growing doubles the rows, copying every layer (a handful of times per run);
+        a zeroed row keeps what a fresh per-request buffer had.
+        """
+        if not self._free_rows:
+            rows = self._keys[0].shape[0]
+            grown = max(1, 2 * rows)
+            self._keys = [_grown(keys, grown) for keys in self._keys]
+            self._values = [_grown(values, grown) for values in self._values]
+            self._free_rows.extend(range(grown - 1, rows - 1, -1))
+        row = self._free_rows.pop()
+        for keys, values in zip(self._keys, self._values, strict=True):
+            keys[row].zero_()
+            values[row].zero_()
+        return row
+
+
+def _grown(buffers: torch.Tensor, rows: int) -> torch.Tensor:
+    """``buffers`` ``[old_rows, ...]`` copied into a zeroed ``[rows, ...]`` tensor."""
+    grown = torch.zeros((rows, *buffers.shape[1:]), dtype=buffers.dtype, device=buffers.device)
+    grown[: buffers.shape[0]] = buffers
+    return grown
+
+
+def _fill(tensors: list[torch.Tensor], rows: list[int], value: float) -> None:
+    """``value`` into ``rows`` (indices along dim 0) of every tensor."""
     if not rows:
         return
     index = torch.tensor(rows, dtype=torch.int64, device=tensors[0].device)
     for tensor in tensors:
-        tensor.index_fill_(0, index, float("nan"))
+        tensor.index_fill_(0, index, value)
 
 
 def _sdpa_layout(rows: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,11 @@ request, with ``n`` queries over ``token_count`` keys:
   off whenever a mask is given. A mask also changes SDPA's kernel path (GQA by repeated
   heads), so a partial prefill is not bit-identical to a whole one.
 
+A kernel backend (``--attention``, ``harness.runtime.attention_backends``) takes over after
+the write: when the step carries a ``KernelStep``, one kernel call per layer reads the
+store's pages in place for the whole step, and gather runs only to measure the kernel's
+agreement when asked.
+
 It is *not* a ``Cache``: the model runs with ``use_cache=False`` and keeps no K/V itself.
 """
 
@@ -38,6 +43,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward, use_gqa_in_sdpa
 
 from harness.models import UnsupportedModelError
+from harness.runtime.attention_backends import KernelStep, default_scale
 from harness.runtime.kv_pool import KVPlan, KVStore
 
 ATTENTION_NAME = "pagedkv"
@@ -74,12 +80,14 @@ def partial_prefill_mask(
 class StepMetadata:
     """Everything attention needs for one forward: the store, its plan, each request's slice.
 
-    ``slices[i]`` is the request ``plan.request_ids[i]``.
+    ``slices[i]`` is the request ``plan.request_ids[i]``; ``kernel``: the kernel backend's
+    call for the step, ``None`` for gather.
     """
 
     store: KVStore
     plan: KVPlan
     slices: tuple[RequestSlice, ...]
+    kernel: KernelStep | None = None
 
 
 def paged_attention_forward(
@@ -106,6 +114,30 @@ def paged_attention_forward(
     # any request reads: a request reading a prefix block that another request of the
     # same step fills sees it filled.
     step.store.write(layer_idx, plan, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    kernel = step.kernel
+    if kernel is None:
+        return _gather_attention(module, query, key, value, step=step, scaling=scaling), None
+    # [T, num_heads, head_dim] in and out; the seam hands the kernel the packed step.
+    scale = default_scale(query.shape[-1]) if scaling is None else scaling
+    output = kernel.attend(layer_idx, query[0].transpose(0, 1), scale).unsqueeze(0)
+    if kernel.agreement is not None:
+        gather = _gather_attention(module, query, key, value, step=step, scaling=scaling)
+        kernel.agreement.record(layer_idx, output, gather)
+    return output, None
+
+
+def _gather_attention(
+    module: Any,  # Any: the transformers attention module
+    query: torch.Tensor,  # [1, num_heads, T, head_dim]
+    key: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
+    value: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
+    *,
+    step: StepMetadata,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Each request's K/V read from the store and one SDPA per request; ``[1, T, heads, dim]``."""
+    plan = step.plan
+    layer_idx: int = module.layer_idx
     one_query_gqa = _one_query_gqa(module, key, value)
     outputs = []
     for index, (part, (keys, values)) in enumerate(
@@ -137,8 +169,8 @@ def paged_attention_forward(
             )
         outputs.append(output)
     if len(outputs) == 1:
-        return outputs[0].contiguous(), None
-    return torch.cat(outputs, dim=1), None
+        return outputs[0].contiguous()
+    return torch.cat(outputs, dim=1)
 
 
 def check_attention_kwargs(

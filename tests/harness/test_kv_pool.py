@@ -130,3 +130,19 @@ def test_a_forked_contiguous_buffer_is_a_copy_the_parent_does_not_see() -> None:
     parent_grown = _plan(buffers, "p", (), 3, [2])
     parent_keys, _ = _read_one(buffers, 0, parent_grown)
     assert parent_keys[2, 0, 0] == 0.0  # the child's write went to its own buffer
+
+
+def test_contiguous_buffers_read_as_pages_give_each_request_a_run_of_its_own_pages() -> None:
+    buffers = ContiguousKVBuffers(LAYOUT, max_tokens=5, block_size=2)  # rows of 6 tokens
+    for request_id, start in (("a", 10.0), ("b", 20.0), ("c", 30.0)):  # the rows grow 1, 2, 4
+        plan = _plan(buffers, request_id, (), 5, [0, 0, 0, 0, 0])
+        buffers.write(1, plan, _rows(5, start), _rows(5, start))
+    tables = {r: RequestBlockTable(r, [], 5) for r in "abc"}
+    assert [buffers.block_ids_of(tables[r]) for r in "abc"] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    keys, _ = buffers.pages(1)  # [4 rows * 3 pages, 2, 2, 3]
+    assert keys.shape == (12, 2, 2, 3)
+    assert keys[3:6].flatten(0, 1)[:5, 0, 0].tolist() == [20.0, 21.0, 22.0, 23.0, 24.0]
+    buffers.release("a", [])
+    plan = _plan(buffers, "d", (), 1, [0])  # takes a's row back, zeroed
+    assert buffers.block_ids_of(RequestBlockTable("d", [], 1)) == [0]
+    assert not buffers.pages(1)[0][0:3].any()

@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 from harness.models import LoadedModel, kv_layout, tiny_llama
 from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
+from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.engine import (
     NO_PREFIX_CACHING,
     PREFIX_CACHING,
@@ -66,9 +67,12 @@ def run(
     manager: KVBlockManager,
     engine_type: type[Engine] = Engine,
     allocation: Allocation = PREFIX_CACHING,
+    *,
+    attention: AttentionBackend = GATHER,
 ) -> EngineResult:
     """Run ``requests`` through ``engine_type`` on the tiny model."""
-    return engine_type(tiny_model().model, manager, store, None, allocation).run(requests)
+    engine = engine_type(tiny_model().model, manager, store, None, allocation, attention=attention)
+    return engine.run(requests)
 
 
 def paged_and_contiguous(
@@ -79,8 +83,10 @@ def paged_and_contiguous(
     block_size: int,
     pool_type: type[PagedKVPool] = PagedKVPool,
     engine_type: type[Engine] = Engine,
+    attention: AttentionBackend = GATHER,
 ) -> tuple[EngineResult, EngineResult]:
-    """The same requests on a paged pool and on contiguous buffers (the gate's two runs).
+    """The same requests on a paged pool and on contiguous buffers (the gate's two runs),
+    both through ``attention``.
 
     Without prefix caching on both sides: contiguous buffers hold no K/V for a prefix hit.
     """
@@ -91,14 +97,16 @@ def paged_and_contiguous(
         manager_type(total_blocks, block_size),
         engine_type,
         NO_PREFIX_CACHING,
+        attention=attention,
     )
     max_tokens = max(request.max_tokens for request in requests)
     contiguous = run(
         requests,
-        ContiguousKVBuffers(layout, max_tokens),
+        ContiguousKVBuffers(layout, max_tokens, block_size),
         KVBlockManager(total_blocks, block_size),
         engine_type,
         NO_PREFIX_CACHING,
+        attention=attention,
     )
     return paged, contiguous
 
@@ -192,8 +200,10 @@ class EarlyReleaseEngine(Engine):
         store: KVStore,
         eos_token_id: int | None,
         allocation: Allocation = PREFIX_CACHING,
+        *,
+        attention: AttentionBackend = GATHER,
     ) -> None:
-        super().__init__(model, manager, store, eos_token_id, allocation)
+        super().__init__(model, manager, store, eos_token_id, allocation, attention=attention)
         self._stale: dict[str, RequestBlockTable] = {}
 
     def _grow(self, running: _Running) -> tuple[list[int], RequestBlockTable]:
