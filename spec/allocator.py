@@ -55,6 +55,7 @@ the free and cached free queues together hold fewer blocks than the operation ne
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from spec.errors import (
     BlockAllocationError,
@@ -70,6 +71,7 @@ from spec.frozen_map import FrozenMap
 from spec.records import KVBlockUsage, RequestBlockTable
 
 TokenIds = tuple[int, ...]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,12 +478,15 @@ def take_skipped_blocks(state: AllocatorState) -> AllocatorState:
 # -- building blocks ----------------------------------------------------------------------
 
 
+def _with_item(items: tuple[T, ...], index: int, item: T) -> tuple[T, ...]:
+    """``items`` with the one at ``index`` replaced by ``item``."""
+    return (*items[:index], item, *items[index + 1 :])
+
+
 def _set_group_tables(
     state: AllocatorState, group: int, tables: FrozenMap[str, RequestBlockTable]
 ) -> AllocatorState:
-    group_tables = list(state.group_tables)
-    group_tables[group] = tables
-    return replace(state, group_tables=tuple(group_tables))
+    return replace(state, group_tables=_with_item(state.group_tables, group, tables))
 
 
 def _set_table(state: AllocatorState, group: int, table: RequestBlockTable) -> AllocatorState:
@@ -492,9 +497,7 @@ def _set_table(state: AllocatorState, group: int, table: RequestBlockTable) -> A
 def _set_cache(
     state: AllocatorState, group: int, cache: FrozenMap[TokenIds, int]
 ) -> AllocatorState:
-    group_caches = list(state.group_caches)
-    group_caches[group] = cache
-    return replace(state, group_caches=tuple(group_caches))
+    return replace(state, group_caches=_with_item(state.group_caches, group, cache))
 
 
 def _add_references(

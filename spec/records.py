@@ -47,13 +47,13 @@ class PromptAllocation:
 
 @dataclass(frozen=True, slots=True)
 class ReleasedBlocks:
-    """What ``release_blocks`` and ``preempt`` report: a request's blocks in table order, and
-    which of them became free.
+    """What ``release_blocks`` and ``preempt`` report: a request's blocks in table order
+    (every KV cache group's table, group 0's first), and which of them became free.
 
     ``freed_block_ids`` went to the free queue (their K/V is dead: nothing may read it
     again); ``cached_block_ids`` went to the cached free queue (a prefix hit may revive
-    them as they are). Both in release order, last block first. A block another table
-    still holds is in neither.
+    them as they are). Both in release order: group by group, last block first. A block
+    another table still holds is in neither.
     """
 
     block_ids: tuple[int, ...]

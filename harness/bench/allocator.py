@@ -197,6 +197,10 @@ def replay(
             remaining.setdefault(request.request_id, request.output_tokens)
             times.admits += 1
         times.admit_ns += clock() - start
+        # A prompt's blocks are all held from its admission to its first append (by count:
+        # nothing is computed before), so the peak is taken here too (not timed).
+        used = allocator.total_blocks - allocator.free_blocks
+        times.peak_used_blocks = max(times.peak_used_blocks, used)
         if not running:
             raise RuntimeError(f"request {waiting[0][0].request_id} can never fit the pool")
         # One decode append per running request.

@@ -98,8 +98,8 @@ def weak_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
     return (parent_hash + sum(token_ids)) % 3
 
 
-class TrustsHashOnWeakHash(KVBlockManager):
-    """(f) Takes a hash match as a prefix hit without comparing token ids, under a weak hash."""
+class WeakHashOnly(KVBlockManager):
+    """Not a bug: the real allocator under the weak hash must still agree with the spec."""
 
     __slots__ = ()
 
@@ -113,6 +113,12 @@ class TrustsHashOnWeakHash(KVBlockManager):
         super().__init__(
             total_blocks, block_size, block_hash=weak_block_hash, group_windows=group_windows
         )
+
+
+class TrustsHashOnWeakHash(WeakHashOnly):
+    """(f) Takes a hash match as a prefix hit without comparing token ids, under a weak hash."""
+
+    __slots__ = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -129,23 +135,6 @@ class _TrustingPrefixCache(PrefixCache):
     ) -> int | None:
         bucket = self.buckets.get(hash_value)
         return bucket[0] if bucket else None
-
-
-class WeakHashOnly(KVBlockManager):
-    """Not a bug: the real allocator under the weak hash must still agree with the spec."""
-
-    __slots__ = ()
-
-    def __init__(
-        self,
-        total_blocks: int,
-        block_size: int = 16,
-        *,
-        group_windows: tuple[int | None, ...] = (None,),
-    ) -> None:
-        super().__init__(
-            total_blocks, block_size, block_hash=weak_block_hash, group_windows=group_windows
-        )
 
 
 class SkipsSharedDecrement(KVBlockManager):
