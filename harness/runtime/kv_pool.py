@@ -31,13 +31,29 @@ from impl import RequestBlockTable
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
-    """The K/V shape of a model: layers, KV heads, head dim, dtype and device."""
+    """The K/V shape of a model: layers, KV heads, head dim, dtype and device.
+
+    ``layer_windows[l]`` is layer ``l``'s sliding window in tokens (its query at position
+    ``q`` reads keys ``q - W + 1 .. q``), or ``None`` for full attention; empty when no
+    layer has a window.
+    """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+    layer_windows: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(
+                f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers"
+            )
+
+    def window(self, layer_idx: int) -> int | None:
+        """Layer ``layer_idx``'s sliding window, or ``None`` for full attention."""
+        return self.layer_windows[layer_idx] if self.layer_windows else None
 
     @property
     def bytes_per_token(self) -> int:

@@ -119,9 +119,12 @@ class PagedCache(Cache):
 
 
 class _PagedLayer(CacheLayerMixin):
-    """One layer's view of a ``PagedCache``: writes and reads that layer of the pool."""
+    """One layer's view of a ``PagedCache``: writes and reads that layer of the pool.
 
-    is_sliding = False
+    A layer with a sliding window W hands attention what HF's
+    ``DynamicSlidingWindowLayer`` hands it: the new tokens and at most the W - 1 before
+    them, with the mask sizes that layer reports, so the attention call is the dense one.
+    """
 
     def __init__(self, cache: PagedCache, layer_idx: int) -> None:
         # transformers leaves CacheLayerMixin.__init__ unannotated; it sets keys, values and
@@ -130,6 +133,8 @@ class _PagedLayer(CacheLayerMixin):
         self.cache = cache
         self.layer_idx = layer_idx
         self.token_count = 0
+        self.window = cache.pool.layout.window(layer_idx)
+        self.is_sliding = self.window is not None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to allocate: the pool exists already."""
@@ -162,6 +167,11 @@ class _PagedLayer(CacheLayerMixin):
             value_states.transpose(1, 2).reshape(rows),
         )
         read = cache.pool.read(self.layer_idx, plan)
+        if self.window is not None:
+            # keys, values: [1, num_kv_heads, kept, head_dim], the tokens before this step
+            # that the window keeps (at most W - 1) and this step's
+            kept = min(self.token_count - new_tokens, self.window - 1) + new_tokens
+            read = [(keys[:, :, -kept:], values[:, :, -kept:]) for keys, values in read]
         if batch == 1:
             return read[0]
         return torch.cat([k for k, _ in read]), torch.cat([v for _, v in read])
@@ -172,16 +182,21 @@ class _PagedLayer(CacheLayerMixin):
         self.is_initialized = False
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """Keys cover every past token plus the query's; no offset (no sliding window)."""
-        return self.token_count + query_length, 0
+        """How many keys ``update`` hands attention with ``query_length`` new tokens, and the
+        position of the first: every past token, or a window's as
+        ``DynamicSlidingWindowLayer`` counts them."""
+        if self.window is None:
+            return self.token_count + query_length, 0
+        kept = min(self.token_count, self.window - 1)
+        return kept + query_length, max(self.token_count - self.window + 1, 0)
 
     def get_seq_length(self) -> int:
         """Tokens this layer holds for every row."""
         return self.token_count
 
     def get_max_length(self) -> int:
-        """No fixed maximum: the pool's free blocks are the limit."""
-        return -1
+        """A sliding layer's window; else no fixed maximum (the pool's free blocks are)."""
+        return -1 if self.window is None else self.window
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Refused: beam search reorders rows, which would mean forking tables here."""
