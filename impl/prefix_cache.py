@@ -156,19 +156,25 @@ class PrefixCache:
 
         ``keys`` is the request's list of full-block keys; missing ones are made here.
         """
+        self.extend_keys(token_ids, keys, block_size)
         for index in range(first_index, len(token_ids) // block_size):
-            if index == len(keys):
-                parent = keys[-1] if keys else None
-                start = index * block_size
-                chunk = tuple(token_ids[start : start + block_size])
-                parent_hash = ROOT_HASH if parent is None else parent.hash_value
-                keys.append(BlockKey(parent, chunk, self.block_hash(parent_hash, chunk)))
-            key = keys[index]
-            if self.lookup(key.parent, key.token_ids, key.hash_value) is None:
-                block_id = block_ids[index]
-                self.buckets.setdefault(key.hash_value, []).append(block_id)
-                self.block_keys[block_id] = key
-                self.cached_blocks += 1
+            self.insert(keys[index], block_ids[index])
+
+    def extend_keys(self, token_ids: Sequence[int], keys: list[BlockKey], block_size: int) -> None:
+        """Append to ``keys`` the key of every full block of ``token_ids`` it lacks."""
+        for index in range(len(keys), len(token_ids) // block_size):
+            parent = keys[-1] if keys else None
+            start = index * block_size
+            chunk = tuple(token_ids[start : start + block_size])
+            parent_hash = ROOT_HASH if parent is None else parent.hash_value
+            keys.append(BlockKey(parent, chunk, self.block_hash(parent_hash, chunk)))
+
+    def insert(self, key: BlockKey, block_id: int) -> None:
+        """Cache ``block_id`` under ``key``, unless a block holds that prefix already."""
+        if self.lookup(key.parent, key.token_ids, key.hash_value) is None:
+            self.buckets.setdefault(key.hash_value, []).append(block_id)
+            self.block_keys[block_id] = key
+            self.cached_blocks += 1
 
     def evict(self, block_id: int) -> None:
         """Forget the prefix ``block_id`` holds: it is about to be overwritten."""

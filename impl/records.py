@@ -14,11 +14,14 @@ import spec
 
 @dataclass(slots=True)
 class RequestBlockTable:
-    """A request's block table: its blocks in token order and the tokens they hold."""
+    """A request's block table (in one KV cache group): its blocks in token order and the
+    tokens they hold. ``block_ids[i]`` holds block index ``skipped_blocks + i``: a sliding
+    window released the first ``skipped_blocks`` (always 0 with full attention)."""
 
     request_id: str
     block_ids: list[int] = field(default_factory=list)
     token_count: int = 0
+    skipped_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +40,9 @@ def as_article(value: object) -> object:
     """``value`` with spec tables (and prompt allocations) turned into these records; any
     other value as it is. The one place the tests map spec results onto impl's."""
     if isinstance(value, spec.RequestBlockTable):
-        return RequestBlockTable(value.request_id, list(value.block_ids), value.token_count)
+        return RequestBlockTable(
+            value.request_id, list(value.block_ids), value.token_count, value.skipped_blocks
+        )
     if isinstance(value, spec.PromptAllocation):
         table = as_article(value.table)
         assert isinstance(table, RequestBlockTable)

@@ -19,8 +19,14 @@ from spec.api import OPERATIONS
 class SpecBackedManager:
     """A mutable handle on a spec state, shaped like ``impl.KVBlockManager``."""
 
-    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
-        self.state: AllocatorState = spec_init(total_blocks, block_size)
+    def __init__(
+        self,
+        total_blocks: int,
+        block_size: int = 16,
+        *,
+        group_windows: tuple[int | None, ...] = (None,),
+    ) -> None:
+        self.state: AllocatorState = spec_init(total_blocks, block_size, group_windows)
 
     def call(self, name: str, *args: object) -> Any:  # Any: the method's own return type
         """Apply the API call ``name`` to the state; return its result as impl would."""
@@ -34,6 +40,10 @@ class SpecBackedManager:
     @property
     def block_size(self) -> int:
         return self.state.block_size
+
+    @property
+    def group_windows(self) -> tuple[int | None, ...]:
+        return self.state.group_windows
 
     @property
     def free_block_ids(self) -> tuple[int, ...]:
@@ -103,8 +113,12 @@ class SpecBackedManager:
         result: list[tuple[int, int]] = self.call("take_copies")
         return result
 
-    def snapshot_request(self, request_id: str) -> RequestBlockTable:
-        result: RequestBlockTable = self.call("snapshot_request", request_id)
+    def take_skipped_blocks(self) -> list[int]:
+        result: list[int] = self.call("take_skipped_blocks")
+        return result
+
+    def snapshot_request(self, request_id: str, group: int = 0) -> RequestBlockTable:
+        result: RequestBlockTable = self.call("snapshot_request", request_id, group)
         return result
 
     def can_allocate(self, token_count: int) -> bool:

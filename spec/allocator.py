@@ -21,6 +21,31 @@ a hit is confirmed by comparing token ids, never a hash. Appending into a shared
 filled last block copies it first (copy-on-write): the writer gets a fresh block and the
 (source, destination) pair joins ``pending_copies`` for the KV pool to perform.
 
+KV cache groups and sliding windows. ``group_windows`` lists the pool's KV cache groups
+(vLLM v1's word): ``None`` for a group of full-attention layers, W for a group of layers
+with a sliding window of W tokens (the query at position q reads keys q - W + 1 .. q).
+All groups share the one pool and its two queues; a request has one table per group,
+all with the same ``token_count``, and every operation acts on all of them, group 0
+first. The default ``(None,)`` is the allocator without groups.
+
+- The window rule. An operation that adds tokens to a request whose first L0 tokens are
+  computed (``append_*``: L0 = its length before; ``allocate``: 0; ``allocate_prompt``:
+  the cached tokens of its hit) first releases, in every group with window W, each block
+  b with (b + 1) * block_size <= L0 - W + 1: no query at a position >= L0 reads any of
+  its keys. So ``skipped_blocks`` becomes max(0, L0 - W + 1) // block_size (vLLM's
+  ``SlidingWindowManager.remove_skipped_blocks`` with ``num_computed_tokens`` = L0). The
+  blocks go where ``release`` sends a block, in block index order, group by group,
+  before the operation takes a block; those that became free and uncached wait in
+  ``pending_skipped_block_ids`` until ``take_skipped_blocks`` (the KV pool poisons
+  them), and leave it if an allocation takes them first. The rule applies at every call
+  of an adding operation, with zero tokens too.
+- The hit rule. A prompt hit of h tokens (a multiple of block_size, at most
+  len(prompt) - 1) needs, in every full group, the cached blocks of all of [0, h), and
+  in a group with window W only those covering [max(0, h - W + 1), h): the window rule
+  at L0 = h skips the blocks before, so they are born skipped. ``allocate_prompt`` takes
+  the largest such h (vLLM's ``find_longest_cache_hit``: a sliding-window group needs
+  ceil((W - 1) / block_size) contiguous cached blocks ending at the hit).
+
 Errors (``spec.errors``; checked in the order each operation lists; a refused operation
 changes nothing): ``TypeError`` for an argument of the wrong type; ``ValueError`` for bad
 configuration, a negative count, a token id out of range, a duplicate request id or the
@@ -33,6 +58,7 @@ from dataclasses import dataclass, replace
 
 from spec.errors import (
     BlockAllocationError,
+    check_group_windows,
     check_pool_shape,
     check_request_id,
     check_token_count,
@@ -54,22 +80,40 @@ class SharingCounters:
     evictions: int = 0
     cow_copies: int = 0
     preemptions: int = 0
+    skipped_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class AllocatorState:
-    """The whole allocator: pool shape, both free queues, tables, references and the cache."""
+    """The whole allocator: pool shape, both free queues, tables, references and the cache.
+
+    ``group_tables[g]`` and ``group_caches[g]`` are KV cache group g's tables (by request
+    id) and prefix cache (whole prefix -> block); a block belongs to one group at a time.
+    ``tables`` and ``cache`` read group 0's.
+    """
 
     block_size: int
     total_blocks: int
     free_block_ids: tuple[int, ...]
-    tables: FrozenMap[str, RequestBlockTable]
+    group_tables: tuple[FrozenMap[str, RequestBlockTable], ...]
     cached_free_block_ids: tuple[int, ...]
     ref_counts: FrozenMap[int, int]
     token_ids: FrozenMap[str, TokenIds]
-    cache: FrozenMap[TokenIds, int]
+    group_caches: tuple[FrozenMap[TokenIds, int], ...]
     pending_copies: tuple[tuple[int, int], ...]
     counters: SharingCounters
+    group_windows: tuple[int | None, ...] = (None,)
+    pending_skipped_block_ids: tuple[int, ...] = ()
+
+    @property
+    def tables(self) -> FrozenMap[str, RequestBlockTable]:
+        """Group 0's tables: with the default single group, every table."""
+        return self.group_tables[0]
+
+    @property
+    def cache(self) -> FrozenMap[TokenIds, int]:
+        """Group 0's prefix cache: with the default single group, the whole cache."""
+        return self.group_caches[0]
 
 
 def blocks_for_tokens(block_size: int, token_count: int) -> int:
@@ -80,40 +124,69 @@ def blocks_for_tokens(block_size: int, token_count: int) -> int:
     return -(-token_count // block_size)
 
 
-def slot_index(block_size: int, block_ids: Sequence[int], position: int) -> int:
-    """Where token ``position`` of a request lives in the pool: block_id * block_size + offset."""
+def slot_index(
+    block_size: int, block_ids: Sequence[int], position: int, skipped_blocks: int = 0
+) -> int:
+    """Where token ``position`` of a request lives in the pool: block_id * block_size + offset.
+
+    ``block_ids`` and ``skipped_blocks`` are one group's table: ``block_ids[0]`` holds block
+    index ``skipped_blocks``. A position in a skipped block has no slot (ValueError).
+    """
     if position < 0:
         raise ValueError(f"position must be >= 0, got {position}")
-    return block_ids[position // block_size] * block_size + position % block_size
+    if position < skipped_blocks * block_size:
+        raise ValueError(
+            f"position {position} lies in the first {skipped_blocks} blocks, "
+            "which the sliding window released"
+        )
+    return block_ids[position // block_size - skipped_blocks] * block_size + position % block_size
 
 
-def init(total_blocks: int, block_size: int) -> AllocatorState:
-    """An empty pool of ``total_blocks`` blocks of ``block_size`` tokens, all free, in id order.
+def init(
+    total_blocks: int, block_size: int, group_windows: Sequence[int | None] = (None,)
+) -> AllocatorState:
+    """An empty pool of ``total_blocks`` blocks of ``block_size`` tokens, all free, in id order,
+    shared by the KV cache groups ``group_windows`` (``None``: full attention; W: a window).
 
     Checks: both sizes ``int`` (TypeError), in [1, MAX_TOTAL_BLOCKS] and [1, MAX_BLOCK_SIZE]
-    (ValueError).
+    (ValueError); ``group_windows`` as ``spec.errors.check_group_windows`` says.
     """
     check_pool_shape(total_blocks, block_size)
+    windows = check_group_windows(group_windows)
     return AllocatorState(
         block_size=block_size,
         total_blocks=total_blocks,
         free_block_ids=tuple(range(total_blocks)),
-        tables=FrozenMap(),
+        group_tables=tuple(FrozenMap[str, RequestBlockTable]() for _ in windows),
         cached_free_block_ids=(),
         ref_counts=FrozenMap(),
         token_ids=FrozenMap(),
-        cache=FrozenMap(),
+        group_caches=tuple(FrozenMap[TokenIds, int]() for _ in windows),
         pending_copies=(),
         counters=SharingCounters(),
+        group_windows=windows,
     )
 
 
 # -- queries ----------------------------------------------------------------------------
 
 
-def snapshot_request(state: AllocatorState, request_id: str) -> RequestBlockTable:
-    """The table of ``request_id``; ``KeyError`` if it holds no blocks here."""
-    table = state.tables.get(request_id)
+def check_group(state: AllocatorState, group: object) -> int:
+    """Refuse a group index that is not an ``int`` (TypeError) in [0, groups) (ValueError)."""
+    if type(group) is not int:
+        raise TypeError(f"group must be an int, got {type(group).__name__} {group!r}")
+    if not 0 <= group < len(state.group_windows):
+        raise ValueError(
+            f"group must be in [0, {len(state.group_windows)}) "
+            f"(the pool has {len(state.group_windows)} KV cache groups), got {group}"
+        )
+    return group
+
+
+def snapshot_request(state: AllocatorState, request_id: str, group: int = 0) -> RequestBlockTable:
+    """The table of ``request_id`` in KV cache group ``group``; ``KeyError`` if it holds no
+    blocks here (after ``check_group``)."""
+    table = state.group_tables[check_group(state, group)].get(request_id)
     if table is None:
         unknown_request(request_id)
     return table
@@ -124,25 +197,64 @@ def free_blocks(state: AllocatorState) -> int:
     return len(state.free_block_ids) + len(state.cached_free_block_ids)
 
 
-def cached_prefix_blocks(state: AllocatorState, token_ids: TokenIds) -> tuple[int, ...]:
-    """The longest run of cached blocks that holds a prefix of ``token_ids``.
+def compute_skipped_blocks(state: AllocatorState, group: int, computed_tokens: int) -> int:
+    """How many leading blocks of a table in ``group`` no query at a position at or past
+    ``computed_tokens`` reads: max(0, computed_tokens - W + 1) // block_size, 0 in a full
+    group (the window rule of the module docstring)."""
+    window = state.group_windows[group]
+    if window is None:
+        return 0
+    return max(0, computed_tokens - window + 1) // state.block_size
 
-    It never covers the last token, so that at least one token of a prompt is computed.
-    """
+
+def is_hit_cached(state: AllocatorState, group: int, token_ids: TokenIds, hit_tokens: int) -> bool:
+    """Whether ``group`` caches every block a hit of ``hit_tokens`` tokens needs there: the
+    blocks from ``compute_skipped_blocks(hit_tokens)`` up to ``hit_tokens``."""
     block_size = state.block_size
-    hits: list[int] = []
-    while (len(hits) + 1) * block_size <= len(token_ids) - 1:
-        block_id = state.cache.get(token_ids[: (len(hits) + 1) * block_size])
-        if block_id is None:
-            break
-        hits.append(block_id)
-    return tuple(hits)
+    cache = state.group_caches[group]
+    first = compute_skipped_blocks(state, group, hit_tokens)
+    return all(
+        token_ids[: (index + 1) * block_size] in cache
+        for index in range(first, hit_tokens // block_size)
+    )
+
+
+def cached_prefix_tokens(state: AllocatorState, token_ids: TokenIds) -> int:
+    """The hit rule: the largest multiple h of block_size, at most len(token_ids) - 1, that
+    every group caches (``is_hit_cached``); 0 if none. The last token is never a hit, so
+    that at least one token of a prompt is computed."""
+    block_size = state.block_size
+    longest = (len(token_ids) - 1) // block_size * block_size
+    for hit_tokens in range(longest, 0, -block_size):
+        groups = range(len(state.group_windows))
+        if all(is_hit_cached(state, group, token_ids, hit_tokens) for group in groups):
+            return hit_tokens
+    return 0
+
+
+def cached_prefix_blocks(
+    state: AllocatorState, token_ids: TokenIds, group: int = 0
+) -> tuple[int, ...]:
+    """The cached blocks a prompt of ``token_ids`` would reuse in ``group``: those of the
+    hit of ``cached_prefix_tokens`` tokens that are not born skipped, in index order."""
+    hit_tokens = cached_prefix_tokens(state, token_ids)
+    block_size = state.block_size
+    cache = state.group_caches[group]
+    first = compute_skipped_blocks(state, group, hit_tokens)
+    return tuple(
+        cache[token_ids[: (index + 1) * block_size]]
+        for index in range(first, hit_tokens // block_size)
+    )
 
 
 def usage(state: AllocatorState) -> KVBlockUsage:
     """The usage report, computed from the tables, the queues and the cache."""
     free = free_blocks(state)
     used_blocks = state.total_blocks - free
+    group_blocks = [
+        {block_id for table in tables.values() for block_id in table.block_ids}
+        for tables in state.group_tables
+    ]
     return KVBlockUsage(
         block_size=state.block_size,
         total_blocks=state.total_blocks,
@@ -151,12 +263,14 @@ def usage(state: AllocatorState) -> KVBlockUsage:
         request_count=len(state.tables),
         allocated_tokens=sum(table.token_count for table in state.tables.values()),
         reserved_tokens=used_blocks * state.block_size,
-        cached_blocks=len(state.cache),
+        cached_blocks=sum(len(cache) for cache in state.group_caches),
         shared_blocks=sum(1 for count in state.ref_counts.values() if count > 1),
         prefix_hit_tokens=state.counters.prefix_hit_tokens,
         evictions=state.counters.evictions,
         cow_copies=state.counters.cow_copies,
         preemptions=state.counters.preemptions,
+        group_reserved_tokens=tuple(len(blocks) * state.block_size for blocks in group_blocks),
+        skipped_blocks=state.counters.skipped_blocks,
     )
 
 
@@ -164,21 +278,24 @@ def usage(state: AllocatorState) -> KVBlockUsage:
 
 
 def allocate(state: AllocatorState, request_id: str, token_count: int) -> AllocatorState:
-    """Give a new request blocks for ``token_count`` tokens whose ids are not tracked.
+    """Give a new request blocks for ``token_count`` tokens whose ids are not tracked, in
+    every group (group 0's first); nothing is computed yet, so nothing is skipped.
 
     Checks: an ``int`` ``token_count >= 0`` (TypeError, ValueError), a ``str`` request id
     (TypeError) that is new (ValueError), enough blocks (BlockAllocationError). Its blocks
     are never cached.
     """
-    needed = blocks_for_tokens(state.block_size, token_count)
+    per_group = blocks_for_tokens(state.block_size, token_count)
+    needed = per_group * len(state.group_windows)
     check_request_id(request_id)
     if request_id in state.tables:
         duplicate_request(request_id)
     if needed > free_blocks(state):
         raise BlockAllocationError.out_of_blocks(request_id, needed, free_blocks(state))
-    state, taken = _take_blocks(state, needed)
-    table = RequestBlockTable(request_id, taken, token_count)
-    return replace(state, tables=state.tables.set(request_id, table))
+    for group in range(len(state.group_windows)):
+        state, taken = _take_blocks(state, per_group)
+        state = _set_table(state, group, RequestBlockTable(request_id, taken, token_count))
+    return state
 
 
 def allocate_prompt(state: AllocatorState, request_id: str, token_ids: TokenIds) -> AllocatorState:
@@ -186,17 +303,21 @@ def allocate_prompt(state: AllocatorState, request_id: str, token_ids: TokenIds)
 
     Checks: a ``str`` request id (TypeError) that is new (ValueError), token ids that are
     ``int`` (TypeError) in [0, MAX_TOKEN_ID] (ValueError), enough blocks beyond the cache
-    hits (BlockAllocationError). Hit blocks gain a reference (a cached free block is revived);
-    the rest come from the queues; every block the prompt fills becomes cached. The hits
-    are ``cached_prefix_blocks(state, token_ids)`` of the state before.
+    hits (BlockAllocationError). The hit is ``cached_prefix_tokens(state, token_ids)`` of
+    the state before; in each group its ``cached_prefix_blocks`` gain a reference (a cached
+    free block is revived), the blocks before them are born skipped, the blocks past the
+    hit come from the queues (group 0's first); every block the prompt fills is cached.
     """
     check_request_id(request_id)
     if request_id in state.tables:
         duplicate_request(request_id)
     check_token_ids(token_ids)
-    hits = cached_prefix_blocks(state, token_ids)
-    needed = blocks_for_tokens(state.block_size, len(token_ids)) - len(hits)
-    revived = [block_id for block_id in hits if block_id in state.cached_free_block_ids]
+    groups = range(len(state.group_windows))
+    hit_tokens = cached_prefix_tokens(state, token_ids)
+    hits = [cached_prefix_blocks(state, token_ids, group) for group in groups]
+    per_group = blocks_for_tokens(state.block_size, len(token_ids)) - hit_tokens // state.block_size
+    needed = per_group * len(groups)
+    revived = [b for group_hits in hits for b in group_hits if b in state.cached_free_block_ids]
     available = free_blocks(state) - len(revived)
     if needed > available:
         raise BlockAllocationError.out_of_blocks(request_id, needed, available)
@@ -205,20 +326,18 @@ def allocate_prompt(state: AllocatorState, request_id: str, token_ids: TokenIds)
         cached_free_block_ids=tuple(
             block_id for block_id in state.cached_free_block_ids if block_id not in revived
         ),
-        ref_counts=_add_references(state.ref_counts, hits),
+        ref_counts=_add_references(state.ref_counts, tuple(b for h in hits for b in h)),
         counters=replace(
-            state.counters,
-            prefix_hit_tokens=state.counters.prefix_hit_tokens + len(hits) * state.block_size,
+            state.counters, prefix_hit_tokens=state.counters.prefix_hit_tokens + hit_tokens
         ),
     )
-    state, taken = _take_blocks(state, needed)
-    table = RequestBlockTable(request_id, hits + taken, len(token_ids))
-    state = replace(
-        state,
-        tables=state.tables.set(request_id, table),
-        token_ids=state.token_ids.set(request_id, tuple(token_ids)),
-    )
-    return _cache_full_blocks(state, request_id, first_index=len(hits))
+    for group in groups:
+        state, taken = _take_blocks(state, per_group)
+        skipped = compute_skipped_blocks(state, group, hit_tokens)
+        table = RequestBlockTable(request_id, hits[group] + taken, len(token_ids), skipped)
+        state = _set_table(state, group, table)
+    state = replace(state, token_ids=state.token_ids.set(request_id, tuple(token_ids)))
+    return _cache_full_blocks(state, request_id, first_index=hit_tokens // state.block_size)
 
 
 def append_tokens(state: AllocatorState, request_id: str, token_count: int = 1) -> AllocatorState:
@@ -253,41 +372,40 @@ def append_token_ids(state: AllocatorState, request_id: str, token_ids: TokenIds
 
 
 def fork(state: AllocatorState, parent_id: str, child_id: str) -> AllocatorState:
-    """Give ``child_id`` a table sharing every block of ``parent_id`` (one more reference each).
+    """Give ``child_id`` a table sharing every block of ``parent_id`` in every group (one more
+    reference each, group 0's first), with the parent's ``skipped_blocks``.
 
     Checks: a known parent (KeyError), a ``str`` child id (TypeError) that is new
     (ValueError). Takes no block.
     """
-    parent = snapshot_request(state, parent_id)
+    snapshot_request(state, parent_id)
     check_request_id(child_id)
     if child_id in state.tables:
         duplicate_request(child_id)
-    child = RequestBlockTable(child_id, parent.block_ids, parent.token_count)
-    token_ids = state.token_ids
-    if parent_id in token_ids:
-        token_ids = token_ids.set(child_id, token_ids[parent_id])
-    return replace(
-        state,
-        tables=state.tables.set(child_id, child),
-        token_ids=token_ids,
-        ref_counts=_add_references(state.ref_counts, parent.block_ids),
-    )
+    for group, tables in enumerate(state.group_tables):
+        parent = tables[parent_id]
+        state = _set_table(state, group, replace(parent, request_id=child_id))
+        state = replace(state, ref_counts=_add_references(state.ref_counts, parent.block_ids))
+    if parent_id in state.token_ids:
+        state = replace(state, token_ids=state.token_ids.set(child_id, state.token_ids[parent_id]))
+    return state
 
 
 def release(state: AllocatorState, request_id: str) -> AllocatorState:
-    """Drop a request: each of its blocks loses a reference, last block first.
+    """Drop a request: each of its blocks loses a reference, group by group, last block first.
 
     Checks: a known request (KeyError). A block left with no reference joins the tail of the
     cached free queue if it holds a cached prefix (it stays findable), else of the free
-    queue; a pending copy into it is dropped. The ids released, in table order, are
-    ``snapshot_request(state, request_id).block_ids``.
+    queue; a pending copy into it is dropped. The ids released, in table order, are the
+    group tables' ``block_ids``, group 0's first.
     """
-    table = snapshot_request(state, request_id)
-    state = _drop_references(state, table.block_ids)
-    token_ids = state.token_ids
-    if request_id in token_ids:
-        token_ids = token_ids.delete(request_id)
-    return replace(state, tables=state.tables.delete(request_id), token_ids=token_ids)
+    snapshot_request(state, request_id)
+    for group, tables in enumerate(state.group_tables):
+        state = _drop_references(state, tables[request_id].block_ids)
+        state = _set_group_tables(state, group, state.group_tables[group].delete(request_id))
+    if request_id in state.token_ids:
+        state = replace(state, token_ids=state.token_ids.delete(request_id))
+    return state
 
 
 def truncate(state: AllocatorState, request_id: str, token_count: int) -> AllocatorState:
@@ -295,12 +413,15 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
     speculative tokens.
 
     Checks: an ``int`` ``token_count >= 0`` (TypeError, ValueError), a known request
-    (KeyError), ``token_count`` at most the request's tokens (ValueError). The blocks wholly
-    beyond the new length are dropped as ``release`` drops a table's blocks (last first, to
-    the tails of the queues). If the new last block is partly filled and was a cached full
-    block, it stops being cached, whoever holds it: its slots past the new length will be
-    written again (in place, or in a copy if it is shared: the next append copies a shared
-    partly filled block). Tokens past the new length are forgotten.
+    (KeyError), ``token_count`` at most the request's tokens (ValueError), and no group
+    with window W that skipped a block the shorter request would read again, i.e. with
+    ``skipped_blocks * block_size > max(0, token_count - W + 1)`` (ValueError): its K/V is
+    gone. In each group the blocks wholly beyond the new length are dropped as ``release``
+    drops a table's blocks (last first, to the tails of the queues). If the new last block
+    is partly filled and was a cached full block, it stops being cached, whoever holds it:
+    its slots past the new length will be written again (in place, or in a copy if it is
+    shared: the next append copies a shared partly filled block). Tokens past the new
+    length are forgotten.
     """
     check_token_count(token_count)
     table = snapshot_request(state, request_id)
@@ -309,19 +430,30 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
             f"cannot truncate request {request_id!r} to {token_count} tokens: "
             f"it holds {table.token_count}"
         )
+    for group, window in enumerate(state.group_windows):
+        skipped = state.group_tables[group][request_id].skipped_blocks
+        if window is not None and skipped * state.block_size > max(0, token_count - window + 1):
+            raise ValueError(
+                f"cannot truncate request {request_id!r} to {token_count} tokens: group "
+                f"{group} (window {window}) released its first {skipped} blocks "
+                f"({skipped * state.block_size} tokens), and the next token would read "
+                f"from token {max(0, token_count - window + 1)}"
+            )
     keep = blocks_for_tokens(state.block_size, token_count)
-    state = _drop_references(state, table.block_ids[keep:])
-    kept = table.block_ids[:keep]
-    cache = state.cache
-    if token_count % state.block_size and kept[-1] in cache.values():
-        cache = FrozenMap({key: b for key, b in cache.items() if b != kept[-1]})
-    token_ids = state.token_ids
-    if request_id in token_ids:
-        token_ids = token_ids.set(request_id, token_ids[request_id][:token_count])
-    shrunk = RequestBlockTable(request_id, kept, token_count)
-    return replace(
-        state, tables=state.tables.set(request_id, shrunk), token_ids=token_ids, cache=cache
-    )
+    for group, tables in enumerate(state.group_tables):
+        table = tables[request_id]
+        held = keep - table.skipped_blocks
+        state = _drop_references(state, table.block_ids[held:])
+        kept = table.block_ids[:held]
+        cache = state.group_caches[group]
+        if token_count % state.block_size and kept[-1] in cache.values():
+            cache = FrozenMap({key: b for key, b in cache.items() if b != kept[-1]})
+        state = _set_cache(state, group, cache)
+        state = _set_table(state, group, replace(table, block_ids=kept, token_count=token_count))
+    if request_id in state.token_ids:
+        ids = state.token_ids[request_id][:token_count]
+        state = replace(state, token_ids=state.token_ids.set(request_id, ids))
+    return state
 
 
 def preempt(state: AllocatorState, request_id: str) -> AllocatorState:
@@ -336,7 +468,33 @@ def take_copies(state: AllocatorState) -> AllocatorState:
     return replace(state, pending_copies=())
 
 
+def take_skipped_blocks(state: AllocatorState) -> AllocatorState:
+    """Clear ``pending_skipped_block_ids`` once the KV pool has poisoned them (read before)."""
+    return replace(state, pending_skipped_block_ids=())
+
+
 # -- building blocks ----------------------------------------------------------------------
+
+
+def _set_group_tables(
+    state: AllocatorState, group: int, tables: FrozenMap[str, RequestBlockTable]
+) -> AllocatorState:
+    group_tables = list(state.group_tables)
+    group_tables[group] = tables
+    return replace(state, group_tables=tuple(group_tables))
+
+
+def _set_table(state: AllocatorState, group: int, table: RequestBlockTable) -> AllocatorState:
+    tables = state.group_tables[group].set(table.request_id, table)
+    return _set_group_tables(state, group, tables)
+
+
+def _set_cache(
+    state: AllocatorState, group: int, cache: FrozenMap[TokenIds, int]
+) -> AllocatorState:
+    group_caches = list(state.group_caches)
+    group_caches[group] = cache
+    return replace(state, group_caches=tuple(group_caches))
 
 
 def _add_references(
@@ -349,15 +507,20 @@ def _add_references(
 
 
 def _drop_references(state: AllocatorState, block_ids: tuple[int, ...]) -> AllocatorState:
-    """Drop one reference from each of ``block_ids``, last first; a block left with none
-    joins the tail of the cached free queue if it holds a cached prefix, else of the free
-    queue. A pending copy into a block that became free is moot and is dropped, so a
+    """Drop one reference from each of ``block_ids``, last first (``_release_in_order``)."""
+    return _release_in_order(state, tuple(reversed(block_ids)))
+
+
+def _release_in_order(state: AllocatorState, block_ids: tuple[int, ...]) -> AllocatorState:
+    """Drop one reference from each of ``block_ids`` in the order given; a block left with
+    none joins the tail of the cached free queue if it holds a cached prefix, else of the
+    free queue. A pending copy into a block that became free is moot and is dropped, so a
     pending copy never writes into a block that is free or lent to another request."""
-    cached = set(state.cache.values())
+    cached = {block_id for cache in state.group_caches for block_id in cache.values()}
     ref_counts = dict(state.ref_counts)
     freed: list[int] = []
     freed_cached: list[int] = []
-    for block_id in reversed(block_ids):
+    for block_id in block_ids:
         ref_counts[block_id] -= 1
         if ref_counts[block_id] == 0:
             del ref_counts[block_id]
@@ -376,7 +539,9 @@ def _drop_references(state: AllocatorState, block_ids: tuple[int, ...]) -> Alloc
 
 
 def _take_blocks(state: AllocatorState, count: int) -> tuple[AllocatorState, tuple[int, ...]]:
-    """Take ``count`` blocks (one reference each): the free queue first, then evict cached ones."""
+    """Take ``count`` blocks (one reference each): the free queue first, then evict cached
+    ones (from whichever group's cache holds them). A taken block is no longer pending as
+    skipped: it is not free any more."""
     from_free = state.free_block_ids[:count]
     evicted = state.cached_free_block_ids[: count - len(from_free)]
     taken = from_free + evicted
@@ -384,48 +549,96 @@ def _take_blocks(state: AllocatorState, count: int) -> tuple[AllocatorState, tup
         state,
         free_block_ids=state.free_block_ids[len(from_free) :],
         cached_free_block_ids=state.cached_free_block_ids[len(evicted) :],
-        cache=FrozenMap({key: b for key, b in state.cache.items() if b not in evicted}),
+        group_caches=tuple(
+            FrozenMap({key: b for key, b in cache.items() if b not in evicted})
+            for cache in state.group_caches
+        ),
         ref_counts=_add_references(state.ref_counts, taken),
         counters=replace(state.counters, evictions=state.counters.evictions + len(evicted)),
+        pending_skipped_block_ids=tuple(
+            block_id for block_id in state.pending_skipped_block_ids if block_id not in taken
+        ),
     ), taken
 
 
-def _grow(state: AllocatorState, request_id: str, token_count: int) -> AllocatorState:
-    """Add ``token_count`` tokens to a table, copying a shared partly filled last block first."""
-    table = snapshot_request(state, request_id)
-    block_size = state.block_size
-    new_token_count = table.token_count + token_count
-    copy_on_write = (
-        token_count > 0
-        and table.token_count % block_size != 0
-        and state.ref_counts[table.block_ids[-1]] > 1
-    )
-    needed = blocks_for_tokens(block_size, new_token_count) - len(table.block_ids)
-    needed += int(copy_on_write)
-    if needed > free_blocks(state):
-        raise BlockAllocationError.out_of_blocks(request_id, needed, free_blocks(state))
-    state, taken = _take_blocks(state, needed)
-    block_ids = table.block_ids
-    if copy_on_write:
-        source, destination, taken = block_ids[-1], taken[0], taken[1:]
-        block_ids = (*block_ids[:-1], destination)
+def _skip_out_of_window(
+    state: AllocatorState, request_id: str, computed_tokens: int
+) -> AllocatorState:
+    """The window rule: in each windowed group, release the table's leading blocks that no
+    query at a position at or past ``computed_tokens`` reads, in block index order."""
+    for group, tables in enumerate(state.group_tables):
+        table = tables[request_id]
+        skipped = compute_skipped_blocks(state, group, computed_tokens)
+        if skipped <= table.skipped_blocks:
+            continue
+        dropped = table.block_ids[: skipped - table.skipped_blocks]
+        free_before = len(state.free_block_ids)
+        state = _release_in_order(state, dropped)
+        counters = replace(
+            state.counters, skipped_blocks=state.counters.skipped_blocks + len(dropped)
+        )
         state = replace(
             state,
-            ref_counts=state.ref_counts.set(source, state.ref_counts[source] - 1),
-            pending_copies=(*state.pending_copies, (source, destination)),
-            counters=replace(state.counters, cow_copies=state.counters.cow_copies + 1),
+            counters=counters,
+            pending_skipped_block_ids=state.pending_skipped_block_ids
+            + state.free_block_ids[free_before:],
         )
-    grown = RequestBlockTable(request_id, block_ids + taken, new_token_count)
-    return replace(state, tables=state.tables.set(request_id, grown))
+        rest = table.block_ids[len(dropped) :]
+        state = _set_table(state, group, replace(table, block_ids=rest, skipped_blocks=skipped))
+    return state
+
+
+def _grow(state: AllocatorState, request_id: str, token_count: int) -> AllocatorState:
+    """Add ``token_count`` tokens to every group's table: skip what left the window first,
+    then take each group's blocks (group 0's first), copying a shared partly filled last
+    block before the new ones."""
+    computed_tokens = snapshot_request(state, request_id).token_count
+    state = _skip_out_of_window(state, request_id, computed_tokens)
+    block_size = state.block_size
+    new_token_count = computed_tokens + token_count
+    copies: list[bool] = []
+    needed: list[int] = []
+    for tables in state.group_tables:
+        table = tables[request_id]
+        copy_on_write = (
+            token_count > 0
+            and computed_tokens % block_size != 0
+            and state.ref_counts[table.block_ids[-1]] > 1
+        )
+        copies.append(copy_on_write)
+        held = table.skipped_blocks + len(table.block_ids)
+        needed.append(blocks_for_tokens(block_size, new_token_count) - held + copy_on_write)
+    if sum(needed) > free_blocks(state):
+        raise BlockAllocationError.out_of_blocks(request_id, sum(needed), free_blocks(state))
+    for group, tables in enumerate(state.group_tables):
+        table = tables[request_id]
+        state, taken = _take_blocks(state, needed[group])
+        block_ids = table.block_ids
+        if copies[group]:
+            source, destination, taken = block_ids[-1], taken[0], taken[1:]
+            block_ids = (*block_ids[:-1], destination)
+            state = replace(
+                state,
+                ref_counts=state.ref_counts.set(source, state.ref_counts[source] - 1),
+                pending_copies=(*state.pending_copies, (source, destination)),
+                counters=replace(state.counters, cow_copies=state.counters.cow_copies + 1),
+            )
+        grown = replace(table, block_ids=block_ids + taken, token_count=new_token_count)
+        state = _set_table(state, group, grown)
+    return state
 
 
 def _cache_full_blocks(state: AllocatorState, request_id: str, first_index: int) -> AllocatorState:
-    """Cache every full block of the request from ``first_index`` on, unless its prefix is."""
+    """In each group, cache every full block the table holds from ``first_index`` on, unless
+    that group caches its prefix already."""
     token_ids = state.token_ids[request_id]
-    block_ids = state.tables[request_id].block_ids
-    cache = state.cache
-    for index in range(first_index, len(token_ids) // state.block_size):
-        prefix = token_ids[: (index + 1) * state.block_size]
-        if prefix not in cache:
-            cache = cache.set(prefix, block_ids[index])
-    return replace(state, cache=cache)
+    for group, tables in enumerate(state.group_tables):
+        table = tables[request_id]
+        cache = state.group_caches[group]
+        start = max(first_index, table.skipped_blocks)
+        for index in range(start, len(token_ids) // state.block_size):
+            prefix = token_ids[: (index + 1) * state.block_size]
+            if prefix not in cache:
+                cache = cache.set(prefix, table.block_ids[index - table.skipped_blocks])
+        state = _set_cache(state, group, cache)
+    return state

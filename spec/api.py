@@ -36,9 +36,8 @@ def allocate_prompt(
 ) -> tuple[AllocatorState, PromptAllocation]:
     ids = tuple(token_ids)
     after = allocator.allocate_prompt(state, request_id, ids)
-    hits = allocator.cached_prefix_blocks(state, ids)
     table = allocator.snapshot_request(after, request_id)
-    return after, PromptAllocation(table, len(hits) * state.block_size)
+    return after, PromptAllocation(table, allocator.cached_prefix_tokens(state, ids))
 
 
 def append_tokens(
@@ -56,7 +55,7 @@ def append_token_ids(
 
 
 def append_slot(state: AllocatorState, request_id: str) -> tuple[AllocatorState, int]:
-    """``append_tokens(request_id, 1)``, returning the new token's pool slot."""
+    """``append_tokens(request_id, 1)``, returning the new token's pool slot in group 0."""
     after = allocator.append_tokens(state, request_id, 1)
     return after, _last_slot(after, request_id)
 
@@ -64,7 +63,8 @@ def append_slot(state: AllocatorState, request_id: str) -> tuple[AllocatorState,
 def append_token_slot(
     state: AllocatorState, request_id: str, token_id: int
 ) -> tuple[AllocatorState, int]:
-    """``append_token_ids(request_id, (token_id,))``, returning the new token's pool slot."""
+    """``append_token_ids(request_id, (token_id,))``, returning the new token's pool slot in
+    group 0."""
     after = allocator.append_token_ids(state, request_id, (token_id,))
     return after, _last_slot(after, request_id)
 
@@ -103,15 +103,21 @@ def take_copies(state: AllocatorState) -> tuple[AllocatorState, list[tuple[int, 
     return allocator.take_copies(state), list(state.pending_copies)
 
 
+def take_skipped_blocks(state: AllocatorState) -> tuple[AllocatorState, list[int]]:
+    """The blocks windows made free and uncached since the last call, in order; clears them."""
+    return allocator.take_skipped_blocks(state), list(state.pending_skipped_block_ids)
+
+
 def snapshot_request(
-    state: AllocatorState, request_id: str
+    state: AllocatorState, request_id: str, group: int = 0
 ) -> tuple[AllocatorState, RequestBlockTable]:
-    return state, allocator.snapshot_request(state, request_id)
+    return state, allocator.snapshot_request(state, request_id, group)
 
 
 def can_allocate(state: AllocatorState, token_count: int) -> tuple[AllocatorState, bool]:
+    """Whether ``allocate`` would find its blocks: one table's worth per group."""
     needed = allocator.blocks_for_tokens(state.block_size, token_count)
-    return state, needed <= allocator.free_blocks(state)
+    return state, needed * len(state.group_windows) <= allocator.free_blocks(state)
 
 
 def ref_count(state: AllocatorState, block_id: int) -> tuple[AllocatorState, int]:
@@ -136,6 +142,7 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
         "release_blocks": release_blocks,
         "preempt": preempt,
         "take_copies": take_copies,
+        "take_skipped_blocks": take_skipped_blocks,
         "snapshot_request": snapshot_request,
         "can_allocate": can_allocate,
         "ref_count": ref_count,
@@ -146,14 +153,19 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
 
 def _last_slot(state: AllocatorState, request_id: str) -> int:
     table = allocator.snapshot_request(state, request_id)
-    return allocator.slot_index(state.block_size, table.block_ids, table.token_count - 1)
+    return allocator.slot_index(
+        state.block_size, table.block_ids, table.token_count - 1, table.skipped_blocks
+    )
 
 
 def _released(before: AllocatorState, after: AllocatorState, request_id: str) -> ReleasedBlocks:
-    block_ids = allocator.snapshot_request(before, request_id).block_ids
+    """Every group's blocks in table order (group 0's first), and which became free, in
+    release order (group by group, last block first)."""
+    tables = [tables[request_id].block_ids for tables in before.group_tables]
+    block_ids = tuple(block_id for table in tables for block_id in table)
     newly_cached = set(after.cached_free_block_ids) - set(before.cached_free_block_ids)
     now_free = set(after.free_block_ids) - set(before.free_block_ids)
-    in_release_order = tuple(reversed(block_ids))
+    in_release_order = tuple(block_id for table in tables for block_id in reversed(table))
     return ReleasedBlocks(
         block_ids,
         tuple(b for b in in_release_order if b in now_free),

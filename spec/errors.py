@@ -67,6 +67,32 @@ def check_pool_shape(total_blocks: object, block_size: object) -> None:
             raise ValueError(f"{name} must be at most {limit:,}, got {value:,}")
 
 
+def check_group_windows(group_windows: object) -> tuple[int | None, ...]:
+    """Refuse KV cache groups that cannot be served; return them as a tuple.
+
+    One entry per group: ``None`` for full attention, an ``int`` W >= 1 for a sliding
+    window of W tokens. A tuple or list (TypeError), not empty (ValueError), each entry
+    ``None`` or an ``int`` (TypeError, ``bool`` refused) of at least 1 (ValueError).
+    """
+    if not isinstance(group_windows, tuple | list):
+        raise TypeError(
+            f"group_windows must be a tuple, got {type(group_windows).__name__} {group_windows!r}"
+        )
+    if not group_windows:
+        raise ValueError("group_windows must name at least 1 KV cache group, got 0")
+    for group, window in enumerate(group_windows):
+        if window is None:
+            continue
+        if type(window) is not int:
+            raise TypeError(
+                f"window of group {group} must be None or an int, "
+                f"got {type(window).__name__} {window!r}"
+            )
+        if window < 1:
+            raise ValueError(f"window of group {group} must be at least 1 token, got {window}")
+    return tuple(group_windows)
+
+
 def check_token_count(token_count: object) -> None:
     """Refuse a token count that is not a non-negative ``int`` (``bool`` is refused too)."""
     if type(token_count) is not int:

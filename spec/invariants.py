@@ -1,19 +1,31 @@
 """Named invariants of an allocator state: each an ``is_*`` predicate with its rule in one line.
 
 ``violated_invariants`` runs them all and names the broken ones, so a failing test says
-which rule broke, not just that one did.
+which rule broke, not just that one did. Each holds in every KV cache group.
+
+One rule is not a property of a state alone: "no windowed table holds a block wholly
+outside its window" depends on where the last adding operation put the computed tokens
+(L0), which the state does not record. ``is_window_tight`` states it for one request and
+one L0; the state machine and the bounded checker apply it after every adding step. The
+state invariant ``is_window_readable`` is its other half: no table skipped a block the
+next query may read.
 """
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import combinations
 
-from spec.allocator import AllocatorState, blocks_for_tokens, usage
-from spec.records import KVBlockUsage
+from spec.allocator import AllocatorState, blocks_for_tokens, compute_skipped_blocks, usage
+from spec.records import KVBlockUsage, RequestBlockTable
+
+
+def _all_tables(state: AllocatorState) -> Iterator[RequestBlockTable]:
+    for tables in state.group_tables:
+        yield from tables.values()
 
 
 def _held_block_ids(state: AllocatorState) -> set[int]:
-    return {block_id for table in state.tables.values() for block_id in table.block_ids}
+    return {block_id for table in _all_tables(state) for block_id in table.block_ids}
 
 
 def is_conserved(state: AllocatorState) -> bool:
@@ -30,27 +42,84 @@ def is_partitioned(state: AllocatorState) -> bool:
 
 def is_duplicate_free(state: AllocatorState) -> bool:
     """No table holds the same block twice."""
-    return all(len(set(t.block_ids)) == len(t.block_ids) for t in state.tables.values())
+    return all(len(set(t.block_ids)) == len(t.block_ids) for t in _all_tables(state))
 
 
 def is_ref_counted(state: AllocatorState) -> bool:
     """Each block's ref count equals the number of tables holding it (free blocks: none)."""
-    holders = Counter(b for table in state.tables.values() for b in table.block_ids)
+    holders = Counter(b for table in _all_tables(state) for b in table.block_ids)
     return dict(holders) == dict(state.ref_counts)
 
 
 def is_tightly_sized(state: AllocatorState) -> bool:
-    """Every table holds exactly ceil(token_count / block_size) blocks, no more, no fewer."""
+    """Every table holds exactly ceil(token_count / block_size) - skipped_blocks blocks."""
     return all(
         table.token_count >= 0
-        and len(table.block_ids) == blocks_for_tokens(state.block_size, table.token_count)
-        for table in state.tables.values()
+        and table.skipped_blocks >= 0
+        and table.skipped_blocks + len(table.block_ids)
+        == blocks_for_tokens(state.block_size, table.token_count)
+        for table in _all_tables(state)
     )
 
 
 def is_keyed_by_request_id(state: AllocatorState) -> bool:
     """Every table is filed under its own request id."""
-    return all(key == table.request_id for key, table in state.tables.items())
+    return all(
+        key == table.request_id for tables in state.group_tables for key, table in tables.items()
+    )
+
+
+def is_grouped_consistently(state: AllocatorState) -> bool:
+    """One table and one cache per group; every group has a table for the same requests,
+    with the same token count; a full-attention group never skips; a block sits in one
+    group's tables and cache at most."""
+    groups = len(state.group_windows)
+    if (len(state.group_tables), len(state.group_caches)) != (groups, groups):
+        return False
+    counts = {request_id: t.token_count for request_id, t in state.tables.items()}
+    for window, tables in zip(state.group_windows, state.group_tables, strict=True):
+        if {request_id: t.token_count for request_id, t in tables.items()} != counts:
+            return False
+        if window is None and any(t.skipped_blocks for t in tables.values()):
+            return False
+    held = [{b for t in tables.values() for b in t.block_ids} for tables in state.group_tables]
+    cached = [set(cache.values()) for cache in state.group_caches]
+    owners = [
+        held_blocks | cached_blocks for held_blocks, cached_blocks in zip(held, cached, strict=True)
+    ]
+    return sum(len(blocks) for blocks in owners) == len(set().union(*owners))
+
+
+def is_window_readable(state: AllocatorState) -> bool:
+    """No hole is read: a table in a group with window W skipped only blocks the next query
+    (at position token_count) cannot read, skipped_blocks * block_size <= max(0,
+    token_count - W + 1)."""
+    for window, tables in zip(state.group_windows, state.group_tables, strict=True):
+        if window is None:
+            continue
+        for table in tables.values():
+            if table.skipped_blocks * state.block_size > max(0, table.token_count - window + 1):
+                return False
+    return True
+
+
+def is_window_tight(state: AllocatorState, request_id: str, computed_tokens: int) -> bool:
+    """No windowed table holds a block wholly outside its window: after an operation that
+    added tokens to ``request_id`` with its first ``computed_tokens`` (L0) computed, every
+    block index b its table holds in a group with window W has (b + 1) * block_size >
+    L0 - W + 1, i.e. skipped_blocks == max(0, L0 - W + 1) // block_size (blocks are held
+    from index skipped_blocks on, without gaps)."""
+    return all(
+        tables[request_id].skipped_blocks == compute_skipped_blocks(state, group, computed_tokens)
+        for group, tables in enumerate(state.group_tables)
+        if state.group_windows[group] is not None and tables[request_id].block_ids
+    )
+
+
+def is_skipped_pending_free(state: AllocatorState) -> bool:
+    """Blocks waiting for ``take_skipped_blocks`` are free (uncached) and listed once each."""
+    pending = state.pending_skipped_block_ids
+    return len(set(pending)) == len(pending) and set(pending) <= set(state.free_block_ids)
 
 
 def is_token_tracking_sound(state: AllocatorState) -> bool:
@@ -63,10 +132,11 @@ def is_token_tracking_sound(state: AllocatorState) -> bool:
 
 def is_cache_sound(state: AllocatorState) -> bool:
     """Cache keys are whole-block prefixes, one block each; cached free blocks are cached."""
-    cached = list(state.cache.values())
+    cached = [block_id for cache in state.group_caches for block_id in cache.values()]
+    keys = [key for cache in state.group_caches for key in cache]
     return (
         len(set(cached)) == len(cached)
-        and all(len(key) > 0 and len(key) % state.block_size == 0 for key in state.cache)
+        and all(len(key) > 0 and len(key) % state.block_size == 0 for key in keys)
         and set(state.cached_free_block_ids) <= set(cached)
         and not set(state.free_block_ids) & set(cached)
     )
@@ -74,17 +144,18 @@ def is_cache_sound(state: AllocatorState) -> bool:
 
 def is_cached_content_exact(state: AllocatorState) -> bool:
     """A cached block in a table sits where its key ends, and the table's tokens equal the key."""
-    prefix_of = {block_id: key for key, block_id in state.cache.items()}
-    for request_id, table in state.tables.items():
-        ids = state.token_ids.get(request_id)
-        for index, block_id in enumerate(table.block_ids):
-            key = prefix_of.get(block_id)
-            if key is None:
-                continue
-            if ids is None or len(key) != (index + 1) * state.block_size:
-                return False
-            if ids[: len(key)] != key:
-                return False
+    for tables, cache in zip(state.group_tables, state.group_caches, strict=True):
+        prefix_of = {block_id: key for key, block_id in cache.items()}
+        for request_id, table in tables.items():
+            ids = state.token_ids.get(request_id)
+            for index, block_id in enumerate(table.block_ids, start=table.skipped_blocks):
+                key = prefix_of.get(block_id)
+                if key is None:
+                    continue
+                if ids is None or len(key) != (index + 1) * state.block_size:
+                    return False
+                if ids[: len(key)] != key:
+                    return False
     return True
 
 
@@ -94,25 +165,39 @@ def is_shared_only_over_a_common_prefix(state: AllocatorState) -> bool:
     The same content is the same tokens where both tables track them: two requests may
     reach a shared block through different blocks holding equal tokens (a prefix hit
     after one of them computed a duplicate of a cached block). Where either is tracked by
-    count, the only way to share is a fork, so the blocks before must be the very same.
+    count, the only way to share is a fork, so the blocks before must be the very same
+    (where both still hold them). Indices are block indices: a table's ``block_ids[i]`` is index
+    ``skipped_blocks + i``.
     """
-    for first, second in combinations(state.tables.values(), 2):
-        common = set(first.block_ids) & set(second.block_ids)
-        if not common:
-            continue
-        if any(first.block_ids.index(b) != second.block_ids.index(b) for b in common):
-            return False
-        depth = max(first.block_ids.index(b) for b in common) + 1
-        first_ids = state.token_ids.get(first.request_id)
-        second_ids = state.token_ids.get(second.request_id)
-        if first_ids is None or second_ids is None:
-            if first.block_ids[:depth] != second.block_ids[:depth]:
+    for tables in state.group_tables:
+        for first, second in combinations(tables.values(), 2):
+            if not _is_shared_soundly(state, first, second):
                 return False
-            continue
-        end = min(depth * state.block_size, len(first_ids), len(second_ids))
-        if first_ids[:end] != second_ids[:end]:
-            return False
     return True
+
+
+def _is_shared_soundly(
+    state: AllocatorState, first: RequestBlockTable, second: RequestBlockTable
+) -> bool:
+    common = set(first.block_ids) & set(second.block_ids)
+    if not common:
+        return True
+    first_index = {b: first.skipped_blocks + i for i, b in enumerate(first.block_ids)}
+    second_index = {b: second.skipped_blocks + i for i, b in enumerate(second.block_ids)}
+    if any(first_index[b] != second_index[b] for b in common):
+        return False
+    depth = max(first_index[b] for b in common) + 1
+    first_ids = state.token_ids.get(first.request_id)
+    second_ids = state.token_ids.get(second.request_id)
+    if first_ids is None or second_ids is None:
+        # Both hold the blocks from the later of their skipped_blocks on.
+        start = max(first.skipped_blocks, second.skipped_blocks)
+        return (
+            first.block_ids[start - first.skipped_blocks : depth - first.skipped_blocks]
+            == second.block_ids[start - second.skipped_blocks : depth - second.skipped_blocks]
+        )
+    end = min(depth * state.block_size, len(first_ids), len(second_ids))
+    return first_ids[:end] == second_ids[:end]
 
 
 def is_copy_destination_held(state: AllocatorState) -> bool:
@@ -144,6 +229,9 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "cached_content_exact": is_cached_content_exact,
     "shared_over_common_prefix": is_shared_only_over_a_common_prefix,
     "copy_destination_held": is_copy_destination_held,
+    "grouped_consistently": is_grouped_consistently,
+    "window_readable": is_window_readable,
+    "skipped_pending_free": is_skipped_pending_free,
 }
 
 

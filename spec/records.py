@@ -19,11 +19,18 @@ class KVBlock:
 
 @dataclass(frozen=True, slots=True)
 class RequestBlockTable:
-    """A request's block table: its blocks in token order and the tokens they hold."""
+    """A request's block table in one KV cache group: its blocks in token order and the
+    tokens they hold.
+
+    ``skipped_blocks`` (vLLM's word) counts the leading block indices a sliding window
+    released: ``block_ids[i]`` holds block index ``skipped_blocks + i``, i.e. positions
+    ``(skipped_blocks + i) * block_size`` onwards. Always 0 in a full-attention group.
+    """
 
     request_id: str
     block_ids: tuple[int, ...]
     token_count: int
+    skipped_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +66,12 @@ class KVBlockUsage:
     """A snapshot of the pool: blocks in use and free, requests, tokens, and sharing counters.
 
     ``free_blocks`` counts every block an allocation may take, cached ones included.
-    ``allocated_tokens`` sums the tables' token counts, so with shared blocks it can
-    exceed ``reserved_tokens`` (the tokens' K/V is stored once, counted per request).
+    ``allocated_tokens`` sums the requests' token counts (once per request, whatever the
+    number of KV cache groups), so with shared blocks it can exceed ``reserved_tokens``
+    (the tokens' K/V is stored once, counted per request). ``reserved_tokens`` sums over
+    the groups and ``group_reserved_tokens`` splits it, one entry per group (an allocator
+    always fills it; the empty default only lets a report be built by hand).
+    ``skipped_blocks`` counts the table entries sliding windows released so far.
     """
 
     block_size: int
@@ -76,6 +87,8 @@ class KVBlockUsage:
     evictions: int = 0
     cow_copies: int = 0
     preemptions: int = 0
+    group_reserved_tokens: tuple[int, ...] = ()
+    skipped_blocks: int = 0
 
     @property
     def internal_fragmentation_tokens(self) -> int:

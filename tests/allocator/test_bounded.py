@@ -165,7 +165,8 @@ def test_a_spec_step_that_breaks_an_invariant_is_reported_by_name(
         state: AllocatorState, request_id: str
     ) -> tuple[AllocatorState, object]:
         released = list(spec.snapshot_request(state, request_id).block_ids)
-        return dataclasses.replace(state, tables=state.tables.delete(request_id)), released
+        tables = (state.tables.delete(request_id),)
+        return dataclasses.replace(state, group_tables=tables), released
 
     _patch_spec_step(monkeypatch, "release", release_forgetting_the_blocks)
     violation = check(Bounds(1, 1, ("r0",), 2)).violation
@@ -212,7 +213,7 @@ def test_a_spec_step_that_touches_another_requests_table_is_reported(
             block_id for table in state.tables.values() for block_id in reversed(table.block_ids)
         )
         dropped = dataclasses.replace(
-            state, free_block_ids=freed, tables=FrozenMap(), ref_counts=FrozenMap()
+            state, free_block_ids=freed, group_tables=(FrozenMap(),), ref_counts=FrozenMap()
         )
         return dropped, released
 

@@ -39,14 +39,24 @@ def pool(
         2,
         4,
         free,
-        FrozenMap(dict(zip(names, tables, strict=True))),
+        (FrozenMap(dict(zip(names, tables, strict=True))),),
         cached_free_block_ids=(),
         ref_counts=FrozenMap(ref_counts),
         token_ids=FrozenMap({}),
-        cache=FrozenMap({}),
+        group_caches=(FrozenMap({}),),
         pending_copies=(),
         counters=SharingCounters(),
     )
+
+
+def with_tables(state: AllocatorState, tables: FrozenMap[str, RequestBlockTable]) -> AllocatorState:
+    """``state`` with group 0's tables replaced."""
+    return replace(state, group_tables=(tables, *state.group_tables[1:]))
+
+
+def with_cache(state: AllocatorState, cache: FrozenMap[tuple[int, ...], int]) -> AllocatorState:
+    """``state`` with group 0's prefix cache replaced."""
+    return replace(state, group_caches=(cache, *state.group_caches[1:]))
 
 
 SOUND = pool((3,), RequestBlockTable("a", (0, 1), 3), RequestBlockTable("b", (2,), 2))
@@ -139,11 +149,11 @@ def test_token_ids_of_a_request_without_a_table_break_token_tracking() -> None:
 @pytest.mark.parametrize(
     ("broken", "rule"),
     [
-        (replace(PROMPTED, cache=FrozenMap({(1, 2): 0, (1, 2, 5, 6): 0})), "one block a key"),
-        (replace(PROMPTED, cache=FrozenMap({(1,): 0})), "keys are whole blocks"),
-        (replace(PROMPTED, cache=FrozenMap({(): 0})), "keys are not empty"),
-        (replace(RELEASED, cache=FrozenMap({})), "a cached free block is cached"),
-        (replace(PROMPTED, cache=FrozenMap({(1, 2): 2})), "a plain free block is not"),
+        (with_cache(PROMPTED, FrozenMap({(1, 2): 0, (1, 2, 5, 6): 0})), "one block a key"),
+        (with_cache(PROMPTED, FrozenMap({(1,): 0})), "keys are whole blocks"),
+        (with_cache(PROMPTED, FrozenMap({(): 0})), "keys are not empty"),
+        (with_cache(RELEASED, FrozenMap({})), "a cached free block is cached"),
+        (with_cache(PROMPTED, FrozenMap({(1, 2): 2})), "a plain free block is not"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -161,9 +171,9 @@ SHARING = spec.allocate_prompt(PROMPTED, "b", (1, 2, 7))
     ("broken", "rule"),
     [
         (replace(PROMPTED, token_ids=FrozenMap({})), "a table holding a cached block tracks ids"),
-        (replace(PROMPTED, cache=FrozenMap({(1, 2, 3, 4): 0})), "a block sits where its key ends"),
+        (with_cache(PROMPTED, FrozenMap({(1, 2, 3, 4): 0})), "a block sits where its key ends"),
         # Block 0 of "a" is not cached; block 1's key is not "a"'s first four tokens.
-        (replace(TWO_CACHED, cache=FrozenMap({(9, 9, 3, 4): 1})), "the tokens equal the key"),
+        (with_cache(TWO_CACHED, FrozenMap({(9, 9, 3, 4): 1})), "the tokens equal the key"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -178,7 +188,7 @@ def test_sharing_a_block_at_another_place_or_over_other_tokens_is_broken() -> No
     assert violated_invariants(SHARING) == []
     assert SHARING.tables["b"].block_ids == (0, 2)
     elsewhere = RequestBlockTable("b", (2, 0), 3)
-    moved = replace(SHARING, tables=FrozenMap({**SHARING.tables, "b": elsewhere}))
+    moved = with_tables(SHARING, FrozenMap({**SHARING.tables, "b": elsewhere}))
     assert not is_shared_only_over_a_common_prefix(moved)
     other_tokens = FrozenMap({**SHARING.token_ids, "b": (5, 6, 7)})
     assert not is_shared_only_over_a_common_prefix(replace(SHARING, token_ids=other_tokens))
@@ -188,7 +198,7 @@ def test_tables_by_count_sharing_a_later_block_over_other_blocks_before_it_are_b
     forked = spec.fork(spec.allocate(spec.init(4, 2), "a", 3), "a", "c")  # both hold (0, 1)
     assert violated_invariants(forked) == []
     other_first_block = RequestBlockTable("c", (3, 1), 3)
-    broken = replace(forked, tables=FrozenMap({**forked.tables, "c": other_first_block}))
+    broken = with_tables(forked, FrozenMap({**forked.tables, "c": other_first_block}))
     assert not is_shared_only_over_a_common_prefix(broken)
 
 
@@ -196,7 +206,7 @@ def test_a_broken_pair_by_count_is_found_after_a_sound_pair_by_count() -> None:
     forked = spec.fork(spec.allocate(spec.init(4, 2), "a", 3), "a", "c")  # both hold (0, 1)
     intruder = RequestBlockTable("b", (2, 1), 3)  # block 1 behind block 2, not block 0
     tables = FrozenMap({**forked.tables, "b": intruder})
-    assert not is_shared_only_over_a_common_prefix(replace(forked, tables=tables))
+    assert not is_shared_only_over_a_common_prefix(with_tables(forked, tables))
 
 
 def test_token_tables_may_share_a_later_block_over_other_blocks_with_equal_tokens() -> None:
@@ -204,7 +214,7 @@ def test_token_tables_may_share_a_later_block_over_other_blocks_with_equal_token
     assert violated_invariants(forked) == []
     # Block 3 holding the same tokens (1, 2) as block 0: what a prefix hit can produce.
     duplicate_first_block = RequestBlockTable("c", (3, 1), 3)
-    equal = replace(forked, tables=FrozenMap({**forked.tables, "c": duplicate_first_block}))
+    equal = with_tables(forked, FrozenMap({**forked.tables, "c": duplicate_first_block}))
     assert is_shared_only_over_a_common_prefix(equal)
 
 
@@ -212,7 +222,7 @@ def test_a_broken_pair_is_found_after_a_pair_sharing_nothing() -> None:
     apart = RequestBlockTable("c", (3,), 1)
     elsewhere = RequestBlockTable("b", (2, 0), 3)
     tables = FrozenMap({"c": apart, "a": SHARING.tables["a"], "b": elsewhere})
-    assert not is_shared_only_over_a_common_prefix(replace(SHARING, tables=tables))
+    assert not is_shared_only_over_a_common_prefix(with_tables(SHARING, tables))
 
 
 def test_tokens_are_compared_only_when_both_sharing_tables_track_them() -> None:

@@ -106,7 +106,9 @@ class TrustsHashOnWeakHash(KVBlockManager):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._prefix_cache = _TrustingPrefixCache(self.total_blocks, self.block_hash)
+        self._prefix_cache = self._prefix_caches[0] = _TrustingPrefixCache(
+            self.total_blocks, self.block_hash
+        )
 
 
 class _TrustingPrefixCache(PrefixCache):
@@ -166,7 +168,9 @@ class EvictedBlockStaysFindable(KVBlockManager):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._prefix_cache = _ForgetfulPrefixCache(self.total_blocks, self.block_hash)
+        self._prefix_cache = self._prefix_caches[0] = _ForgetfulPrefixCache(
+            self.total_blocks, self.block_hash
+        )
 
 
 class _ForgetfulPrefixCache(PrefixCache):
@@ -204,7 +208,9 @@ class TruncatedBlockStaysCached(KVBlockManager):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._prefix_cache = _EvictionRefusingPrefixCache(self.total_blocks, self.block_hash)
+        self._prefix_cache = self._prefix_caches[0] = _EvictionRefusingPrefixCache(
+            self.total_blocks, self.block_hash
+        )
 
     def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
         assert isinstance(self._prefix_cache, _EvictionRefusingPrefixCache)
