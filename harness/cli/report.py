@@ -64,6 +64,11 @@ def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig
         f"preemptions {report.preemptions}; blocks saved by sharing (peak) "
         f"{report.blocks_saved_by_sharing}"
     )
+    if report.blocks_freed_by_window:
+        print(
+            f"sliding windows: blocks freed {report.blocks_freed_by_window}; blocks saved "
+            f"against keeping every block (peak) {report.peak_blocks_saved_by_window}"
+        )
     print(
         f"decode throughput: dense generate (one request at a time) "
         f"{report.dense_tokens_per_s:.1f} tok/s; paged continuous batching "
@@ -123,5 +128,7 @@ def as_json(
             "cow_copies": report.cow_copies,
             "preemptions": report.preemptions,
             "blocks_saved_by_sharing": report.blocks_saved_by_sharing,
+            "blocks_freed_by_window": report.blocks_freed_by_window,
+            "peak_blocks_saved_by_window": report.peak_blocks_saved_by_window,
         },
     }

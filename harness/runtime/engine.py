@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from harness.models import check_supported
+from harness.models import check_supported, group_windows
 from harness.runtime.kv_pool import KVStore
 from harness.runtime.paged_attention import (
     RequestSlice,
@@ -128,6 +128,9 @@ class UsageSample:
     ``used_blocks`` by exactly the blocks sharing saves at that step. ``cached_free_blocks``
     are free blocks still holding a cached prefix; ``preemptions`` counts the manager's
     preemptions so far (the steps where it grows are the steps that preempted).
+    ``skipped_table_blocks`` counts the blocks sliding windows released from the running
+    requests' tables, over all groups (once per table, like ``table_blocks``): what
+    keeping every block would hold on top of ``used_blocks``.
     """
 
     used_blocks: int
@@ -137,6 +140,7 @@ class UsageSample:
     table_blocks: int
     cached_free_blocks: int = 0
     preemptions: int = 0
+    skipped_table_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +165,9 @@ class EngineResult:
     """A whole run: per-request outputs, which requests shared each forward, and pool usage.
 
     ``prefill_tokens`` counts the prompt tokens fed to forwards (a prefix hit's cached
-    tokens are not; a preempted request's recompute is); the last three count what the
-    manager counted over the run.
+    tokens are not; a preempted request's recompute is); the last four count what the
+    manager counted over the run (``blocks_freed_by_window``: table entries sliding
+    windows released).
     """
 
     outputs: dict[str, RequestOutput]
@@ -173,6 +178,7 @@ class EngineResult:
     prefix_hit_tokens: int = 0
     cow_copies: int = 0
     preemptions: int = 0
+    blocks_freed_by_window: int = 0
 
     @property
     def generated_tokens(self) -> int:
@@ -204,6 +210,12 @@ class EngineResult:
     def blocks_saved_by_sharing(self) -> int:
         """The most, after any step, by which the blocks all tables name exceed those in use."""
         return max((s.table_blocks - s.used_blocks for s in self.usage), default=0)
+
+    @property
+    def peak_blocks_saved_by_window(self) -> int:
+        """The most blocks, after any step, that keeping every block would have held on
+        top of those in use: the running tables' entries sliding windows released."""
+        return max((s.skipped_table_blocks for s in self.usage), default=0)
 
 
 class Allocation(Protocol):
@@ -275,6 +287,11 @@ class Engine:
         observer: PoolObserver | None = None,
     ) -> None:
         check_supported(model)
+        if manager.group_windows != group_windows(model.config):
+            raise ValueError(
+                f"the manager's group_windows {manager.group_windows} are not the model's KV "
+                f"cache groups {group_windows(model.config)} (harness.runtime.kv_pool.new_manager)"
+            )
         self.model = model
         self.manager = manager
         self.store = store
@@ -312,6 +329,7 @@ class Engine:
                         outputs[admitted.request.request_id] = admitted.output
                         running.append(admitted)
                         grown[admitted.request.request_id] = self._grow(admitted)
+                    self._release_out_of_window()
                     groups = self._forward_groups(running)
                     schedule.extend(tuple(r.request.request_id for r in g) for g in groups)
                     step_logits = [self._forward(group, grown) for group in groups]
@@ -341,6 +359,7 @@ class Engine:
             prefix_hit_tokens=counters.prefix_hit_tokens - counters_before.prefix_hit_tokens,
             cow_copies=counters.cow_copies - counters_before.cow_copies,
             preemptions=counters.preemptions - counters_before.preemptions,
+            blocks_freed_by_window=counters.skipped_blocks - counters_before.skipped_blocks,
         )
 
     # -- scheduling ----------------------------------------------------------------------
@@ -359,7 +378,9 @@ class Engine:
                     f"request {request.request_id!r}: several continuations are greedy with "
                     "distinct first tokens; sampling is not supported with them"
                 )
-            needed = request.blocks_needed(block_size)
+            # Each KV cache group holds the whole prompt's blocks until a decode skips
+            # some: with several groups a request may need its blocks once per group.
+            needed = request.blocks_needed(block_size) * len(self.manager.group_windows)
             if needed > self.manager.total_blocks:
                 raise ValueError(
                     f"request {request.request_id!r} needs up to {needed} blocks "
@@ -455,8 +476,9 @@ class Engine:
             return new_slots, manager.snapshot_request(request_id)
         table = manager.snapshot_request(request_id)
         first_new = table.token_count - len(running.pending_ids)
+        first = table.skipped_blocks * manager.block_size  # blocks a prefix hit left skipped
         new_slots = [
-            slot_index(manager.block_size, table.block_ids, position)
+            slot_index(manager.block_size, table.block_ids, position - first)
             for position in range(first_new, table.token_count)
         ]
         return new_slots, table
@@ -485,11 +507,17 @@ class Engine:
         copies = self.manager.take_copies()  # none left by _grow; kept for any other caller
         if copies:
             self.store.copy_blocks(copies)
+        # Each request's table in KV cache groups 1.. (sliding windows), as grown.
+        group_tables = [
+            [self.manager.snapshot_request(table.request_id, group) for table in tables]
+            for group in range(1, len(self.manager.group_windows))
+        ]
+        plan = self.store.plan(tables, new_slots, group_tables)
         return forward_step(
             self.model,
             torch.tensor([input_ids], dtype=torch.int64, device=device),
             torch.tensor([positions], dtype=torch.int64, device=device),
-            StepMetadata(self.store, self.store.plan(tables, new_slots), tuple(slices)),
+            StepMetadata(self.store, plan, tuple(slices)),
             torch.tensor([s.query_end - 1 for s in slices], dtype=torch.int64, device=device),
         )
 
@@ -557,6 +585,14 @@ class Engine:
         self.store.release(request_id, list(released.freed_block_ids))
         self._notify("release", request_id)
 
+    def _release_out_of_window(self) -> None:
+        """Hand the store the blocks sliding windows made free this step (the step's
+        appends and prompt allocations skipped them), before the forward: a poisoned pool
+        fills them at once, so a forward reading one shows."""
+        skipped = self.manager.take_skipped_blocks()
+        if skipped:
+            self.store.release_out_of_window(skipped)
+
     def _preempt(self, running: _Running) -> None:
         request_id = running.request.request_id
         released = self.manager.preempt(request_id)
@@ -572,6 +608,13 @@ class Engine:
     def _usage_sample(self) -> UsageSample:
         usage = self.manager.usage()
         table_blocks = sum(len(table.block_ids) for table in self.manager.request_tables.values())
+        skipped = 0
+        for group in range(1, len(self.manager.group_windows)):
+            for request_id in self.manager.request_tables:
+                table = self.manager.snapshot_request(request_id, group)
+                table_blocks += len(table.block_ids)
+                skipped += table.skipped_blocks
+        skipped += sum(table.skipped_blocks for table in self.manager.request_tables.values())
         # NOTE: the cached free queue is copied to count it (O(cached free blocks)), like the
         # tables above; the manager has no O(1) count of it.
         return UsageSample(
@@ -582,6 +625,7 @@ class Engine:
             table_blocks,
             cached_free_blocks=len(self.manager.cached_free_block_ids),
             preemptions=usage.preemptions,
+            skipped_table_blocks=skipped,
         )
 
 

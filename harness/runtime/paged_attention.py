@@ -24,9 +24,17 @@ request, with ``n`` queries over ``token_count`` keys:
   off whenever a mask is given. A mask also changes SDPA's kernel path (GQA by repeated
   heads), so a partial prefill is not bit-identical to a whole one.
 
+A model whose dense reference runs eager attention (Gemma 2: no SDPA, softcapping) runs
+under ``"pagedkv_eager"``: the same function, each request through the model module's own
+``eager_attention_forward`` with the additive mask eager gets. A layer with a sliding
+window reads only the keys the dense cache hands it (``visible_start``) and gets the mask
+HF gives it (``allowed_keys``, ``sliding_window_mask``); with KV cache groups each layer
+reads through its group's table, whose first blocks the window may have released.
+
 It is *not* a ``Cache``: the model runs with ``use_cache=False`` and keeps no K/V itself.
 """
 
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,64 +102,13 @@ def paged_attention_forward(
     *,
     scaling: float | None = None,
     dropout: float = 0.0,
-    # Any: transformers passes its own kwargs through (position_ids, use_cache, ...).
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Attention over the store for every request of the step, each by SDPA as the dense
-    reference runs it; returns ``[1, T, heads, dim]``."""
-    return _paged_attention(
-        "sdpa",
-        module,
-        query,
-        key,
-        value,
-        attention_mask=attention_mask,
-        scaling=scaling,
-        dropout=dropout,
-        kwargs=kwargs,
-    )
-
-
-def paged_eager_attention_forward(
-    # Any: the transformers attention module (has layer_idx, num_key_value_groups).
-    module: Any,
-    query: torch.Tensor,  # [1, num_heads, T, head_dim]
-    key: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
-    value: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
-    attention_mask: torch.Tensor | None,
-    *,
-    scaling: float | None = None,
-    dropout: float = 0.0,
+    implementation: str = "sdpa",
     # Any: transformers passes its own kwargs through (position_ids, softcap, ...).
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The same, each request by the model's own eager attention (a model with no SDPA,
-    such as Gemma 2, whose dense reference runs eager); returns ``[1, T, heads, dim]``."""
-    return _paged_attention(
-        "eager",
-        module,
-        query,
-        key,
-        value,
-        attention_mask=attention_mask,
-        scaling=scaling,
-        dropout=dropout,
-        kwargs=kwargs,
-    )
-
-
-def _paged_attention(
-    implementation: str,
-    module: Any,  # Any: the transformers attention module
-    query: torch.Tensor,  # [1, num_heads, T, head_dim]
-    key: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
-    value: torch.Tensor,  # [1, num_kv_heads, T, head_dim]
-    *,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None,
-    dropout: float,
-    kwargs: dict[str, Any],  # Any: the attention kwargs transformers passed through
-) -> tuple[torch.Tensor, None]:
+    """Attention over the store for every request of the step, each computed as the dense
+    reference computes it: by SDPA, or (``implementation="eager"``, registered as
+    ``"pagedkv_eager"``) by the model's own eager function; returns ``[1, T, heads, dim]``."""
     step = kwargs.get(STEP_KWARG)
     if not isinstance(step, StepMetadata):
         raise TypeError(f"the {ATTENTION_NAME!r} attention needs a {STEP_KWARG}= StepMetadata")
@@ -169,6 +126,8 @@ def _paged_attention(
     # same step fills sees it filled.
     step.store.write(layer_idx, plan, key[0].transpose(0, 1), value[0].transpose(0, 1))
     outputs = []
+    # Where each request's rows begin: past the blocks a sliding window skipped.
+    first_held = step.store.first_positions(layer_idx, plan)
     for index, (part, (keys, values)) in enumerate(
         zip(step.slices, step.store.read(layer_idx, plan), strict=True)
     ):
@@ -181,12 +140,20 @@ def _paged_attention(
         # The keys the dense cache hands attention: all of a prefill's, a decode's last
         # ``window`` (HF's sliding-window cache layer keeps no more).
         first_key = visible_start(end - start, token_count, window)
+        if first_key < first_held[index]:
+            # Our own bug if reached: the allocator released a block this layer still reads
+            # (its group's window is not the layer's).
+            raise AssertionError(
+                f"layer {layer_idx} of {plan.request_ids[index]!r} reads position {first_key}, "
+                f"but its table starts at {first_held[index]}"
+            )
+        skip = first_key - first_held[index]
         # keys, values: [1, num_kv_heads, token_count - first_key, head_dim], strided views
         # output: [1, new_tokens, num_heads, head_dim]
         request = _RequestAttention(
             query[:, :, start:end, :],
-            keys[:, :, first_key:],
-            values[:, :, first_key:],
+            keys[:, :, skip:],
+            values[:, :, skip:],
             token_count,
             first_key,
         )
@@ -378,7 +345,9 @@ def _one_query_gqa(
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
-AttentionInterface.register(EAGER_ATTENTION_NAME, paged_eager_attention_forward)
+AttentionInterface.register(
+    EAGER_ATTENTION_NAME, functools.partial(paged_attention_forward, implementation="eager")
+)
 # The paged attention that mirrors each implementation the dense reference may run.
 PAGED_ATTENTION = {"sdpa": ATTENTION_NAME, "eager": EAGER_ATTENTION_NAME}
 

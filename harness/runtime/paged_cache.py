@@ -43,6 +43,11 @@ class PagedCache(Cache):
                 f"manager ({manager.total_blocks} blocks of {manager.block_size}) and pool "
                 f"({pool.total_blocks} blocks of {pool.block_size}) must match"
             )
+        if manager.group_windows != pool.layout.group_windows:
+            raise ValueError(
+                f"the manager's group_windows {manager.group_windows} are not the pool's KV "
+                f"cache groups {pool.layout.group_windows} (kv_pool.new_manager)"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.manager = manager
@@ -60,8 +65,12 @@ class PagedCache(Cache):
         """Give every row ``new_tokens`` more slots; the step's plan. All rows or none."""
         manager = self.manager
         block_size = manager.block_size
-        per_row = blocks_for_tokens(block_size, self.token_count + new_tokens) - (
-            blocks_for_tokens(block_size, self.token_count)
+        groups = range(1, len(manager.group_windows))
+        # Each KV cache group takes its own blocks (a window's skips not counted: the check
+        # may refuse a step that would just fit, never pass one that does not).
+        per_row = (1 + len(groups)) * (
+            blocks_for_tokens(block_size, self.token_count + new_tokens)
+            - blocks_for_tokens(block_size, self.token_count)
         )
         if self.token_count == 0:
             taken = [rid for rid in self.request_ids if rid in manager.request_tables]
@@ -83,15 +92,23 @@ class PagedCache(Cache):
                 continue
             else:
                 table = manager.append_tokens(request_id, new_tokens)
+            first = table.skipped_blocks * block_size  # the first position the table holds
             new_slots.append(
                 [
-                    slot_index(block_size, table.block_ids, position)
+                    slot_index(block_size, table.block_ids, position - first)
                     for position in range(self.token_count, table.token_count)
                 ]
             )
         self.token_count += new_tokens
+        skipped = manager.take_skipped_blocks()
+        if skipped:
+            self.pool.release_out_of_window(skipped)
         tables = [manager.snapshot_request(request_id) for request_id in self.request_ids]
-        self.plan = self.pool.plan(tables, new_slots)
+        group_tables = [
+            [manager.snapshot_request(request_id, group) for request_id in self.request_ids]
+            for group in groups
+        ]
+        self.plan = self.pool.plan(tables, new_slots, group_tables)
         return self.plan
 
     def release(self) -> None:

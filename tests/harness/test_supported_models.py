@@ -28,11 +28,12 @@ from harness.models import (
     UnsupportedModelError,
     check_supported,
     kv_layout,
+    layer_windows,
     load_model,
     tiny_llama,
 )
 from harness.runtime.engine import Engine, Request
-from harness.runtime.kv_pool import KVLayout, PagedKVPool
+from harness.runtime.kv_pool import KVLayout, PagedKVPool, new_manager
 from harness.runtime.paged_attention import check_attention_kwargs
 from impl import KVBlockManager
 from tests.support.harness_cases import save_model_directory, tiny_model
@@ -194,8 +195,11 @@ def _run_unchecked(
 ) -> None:
     """Run one request through the engine with ``check_supported`` planted out."""
     monkeypatch.setattr(harness.runtime.engine, "check_supported", lambda model: None)
-    layout = KVLayout(2, 2, 8, torch.float32, torch.device("cpu"))
-    engine = Engine(model, KVBlockManager(16, 4), PagedKVPool(layout, 16, 4), None)
+    windows = layer_windows(model.config)
+    layout = KVLayout(
+        2, 2, 8, torch.float32, torch.device("cpu"), layer_windows=windows if any(windows) else ()
+    )
+    engine = Engine(model, new_manager(layout, 16, 4), PagedKVPool(layout, 16, 4), None)
     engine.run([Request("r0", tuple(range(1, prompt_tokens + 1)), 2)])
 
 
