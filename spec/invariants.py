@@ -107,12 +107,12 @@ def is_window_tight(state: AllocatorState, request_id: str, computed_tokens: int
     """No windowed table holds a block wholly outside its window: after an operation that
     added tokens to ``request_id`` with its first ``computed_tokens`` (L0) computed, every
     block index b its table holds in a group with window W has (b + 1) * block_size >
-    L0 - W + 1, i.e. skipped_blocks == max(0, L0 - W + 1) // block_size (blocks are held
-    from index skipped_blocks on, without gaps)."""
+    L0 - W + 1, and it skipped only those: skipped_blocks == max(0, L0 - W + 1) //
+    block_size (blocks are held from index skipped_blocks on, without gaps)."""
     return all(
         tables[request_id].skipped_blocks == compute_skipped_blocks(state, group, computed_tokens)
         for group, tables in enumerate(state.group_tables)
-        if state.group_windows[group] is not None and tables[request_id].block_ids
+        if state.group_windows[group] is not None
     )
 
 

@@ -8,8 +8,14 @@ no free block. It times the allocator calls of each phase and prints medians ove
 
 The trace's shape follows ShareGPT-style serving benchmarks: lognormal prompt lengths
 (mean ~160 tokens, p99 ~1,000) and output lengths (mean ~330, p99 ~1,800).
+
+The sliding-window table replays that trace and a long-context one (prompts of 8k-32k
+tokens, 1k-8k generated) on pools with KV cache groups: a 4,096-token window alone
+(Mistral-like) and beside a full-attention group (Gemma-like), against full attention
+with as many groups; it reports the KV blocks held at the peak and the per-token cost.
 """
 
+import argparse
 import math
 import random
 import statistics
@@ -40,6 +46,10 @@ MAX_TOKENS = 4096
 class Allocator(Protocol):
     """The allocator calls a scheduler makes, as impl spells them."""
 
+    @property
+    def total_blocks(self) -> int: ...
+    @property
+    def free_blocks(self) -> int: ...
     def can_allocate(self, token_count: int) -> bool: ...
     def allocate(self, request_id: str, token_count: int) -> object: ...
     def append_slot(self, request_id: str) -> int: ...
@@ -53,9 +63,14 @@ class ArticleStyleManager:
     copied snapshot, release in table order, no ref counts and no prefix cache."""
 
     def __init__(self, total_blocks: int, block_size: int) -> None:
+        self.total_blocks = total_blocks
         self.block_size = block_size
         self.free_block_ids: deque[int] = deque(range(total_blocks))
         self.request_tables: dict[str, RequestBlockTable] = {}
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self.free_block_ids)
 
     def can_allocate(self, token_count: int) -> bool:
         return math.ceil(token_count / self.block_size) <= len(self.free_block_ids)
@@ -142,6 +157,7 @@ class RunTimes:
     releases: int = 0
     preemptions: int = 0
     steps: int = 0
+    peak_used_blocks: int = 0
 
     @property
     def total_ns(self) -> int:
@@ -201,6 +217,9 @@ def replay(
             index += 1
         times.appends += len(running)
         times.decode_ns += clock() - start
+        # The step's peak: after its appends, before its releases (not timed).
+        used = allocator.total_blocks - allocator.free_blocks
+        times.peak_used_blocks = max(times.peak_used_blocks, used)
         # Release the requests that produced their last token (only the calls are timed).
         finished: list[str] = []
         still_running: list[str] = []
@@ -302,6 +321,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     parser.add_argument("--skip-spec", action="store_true", help="time impl only")
     parser.add_argument(
+        "--window-requests",
+        type=int,
+        default=2_000,
+        help="requests of the ShareGPT-like trace in the sliding-window table (0 skips it)",
+    )
+    parser.add_argument(
+        "--long-requests", type=int, default=48, help="requests of the long-context trace"
+    )
+    parser.add_argument(
+        "--long-max-running", type=int, default=16, help="most running long-context requests"
+    )
+    parser.add_argument(
+        "--window-total-blocks",
+        type=int,
+        default=262_144,
+        help="blocks in the sliding-window table's pools",
+    )
+    parser.add_argument(
         "--prefix-requests",
         type=int,
         default=2_000,
@@ -362,7 +399,85 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"median in-block decode append, impl {method}, tight loop: {median_ns:.0f} ns")
     if args.prefix_requests > 0:
         print_prefix_tables(args.prefix_requests, args.seed)
+    if args.window_requests > 0:
+        print_window_table(args, args.window_requests, args.long_requests)
     return 0
+
+
+# The window table's KV cache groups: each windowed configuration and full attention with
+# as many groups, which it is compared with.
+WINDOW = 4096
+WINDOW_GROUPS: tuple[tuple[str, tuple[int | None, ...]], ...] = (
+    ("full", (None,)),
+    ("Mistral-like", (WINDOW,)),
+    ("full x2", (None, None)),
+    ("Gemma-like", (None, WINDOW)),
+)
+
+
+def long_context_trace(request_count: int, seed: int) -> list[TraceRequest]:
+    """A fixed-seed long-context trace: prompts log-uniform in [8k, 32k] tokens, outputs
+    log-uniform in [1k, 8k]."""
+    rng = random.Random(seed)
+
+    def log_uniform(low: int, high: int) -> int:
+        return round(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+    return [
+        TraceRequest(f"long-{i}", log_uniform(8192, 32768), log_uniform(1024, 8192))
+        for i in range(request_count)
+    ]
+
+
+def print_window_table(args: argparse.Namespace, requests: int, long_requests: int) -> None:
+    """KV blocks held at the peak and allocator cost per token, with and without a window."""
+    traces = (
+        ("ShareGPT-like", make_trace(requests, args.seed), args.max_running),
+        ("long-context", long_context_trace(long_requests, args.seed), args.long_max_running),
+    )
+    print(
+        f"sliding window {WINDOW:,} tokens; pool {args.window_total_blocks:,} blocks of "
+        f"{args.block_size} (no preemption: the peak is the demand)"
+    )
+    print(
+        "| trace | groups | group_windows | peak blocks held | vs full attention "
+        "| preemptions | ns/decode append | us allocator per generated token |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for trace_name, trace, max_running in traces:
+        print(f"  window table: {trace_name}", file=sys.stderr, flush=True)
+        methods = {
+            name: (
+                _window_manager(args.window_total_blocks, args.block_size, windows),
+                "append_slot",
+            )
+            for name, windows in WINDOW_GROUPS
+        }
+        results = timed_runs(methods, trace, max_running, args.runs)
+        full_peak = {1: 0, 2: 0}
+        for name, windows in WINDOW_GROUPS:
+            runs = results[name]
+            peak = runs[0].peak_used_blocks
+            if all(window is None for window in windows):
+                full_peak[len(windows)] = peak
+            generated = sum(r.output_tokens for r in trace)
+            decode = statistics.median(r.decode_ns / max(1, r.appends) for r in runs)
+            per_token = statistics.median(r.total_ns / generated / 1000 for r in runs)
+            print(
+                f"| {trace_name} | {name} | {windows} | {peak:,} "
+                f"| {peak / full_peak[len(windows)]:.2f} | {runs[0].preemptions:,} "
+                f"| {decode:,.0f} | {per_token:.3f} |"
+            )
+            sys.stdout.flush()
+
+
+def _window_manager(
+    total_blocks: int, block_size: int, group_windows: tuple[int | None, ...]
+) -> Callable[[], Allocator]:
+    def make() -> Allocator:
+        return KVBlockManager(total_blocks, block_size, group_windows=group_windows)
+
+    return make
 
 
 def print_prefix_tables(request_count: int, seed: int) -> None:

@@ -14,17 +14,22 @@ from tests.support.bounded import (
     Operation,
     all_bounds,
     all_sharing_bounds,
+    all_window_bounds,
     check,
     operations,
 )
 from tests.support.planted_bugs import (
     PLANTED_BUGS,
+    WINDOW_PLANTED_BUGS,
     DecodeSlotFromStaleBlock,
     EvictedBlockStaysFindable,
+    FreesSkippedBlocksButKeepsThem,
     LeaksOneBlockOnRelease,
+    NeverSkips,
     OffByOneAtBlockBoundary,
     RefusedAllocateTakesBlocks,
     ReleasesInTableOrder,
+    SkipsABlockOneStepEarly,
     SkipsCopyOnWrite,
     SkipsSharedDecrement,
     TruncatedBlockStaysCached,
@@ -89,6 +94,23 @@ SHORTEST_FAILURES: dict[type[KVBlockManager], tuple[str, int, int, list[str]]] =
     ),
 }
 WALKS = {"count": FAST, "sharing": FAST_SHARING}
+# KV cache groups with sliding windows: 4 count-based and 3 sharing shapes, one request id
+# (see tests.support.bounded.WINDOW_COUNT_SHAPES). About 65 s under a load of 10 on the
+# 2-core VM, so well under 30 s on an idle CI machine.
+WINDOWS = list(all_window_bounds())
+
+# Each window bug's first violation in the window walk: the shape (blocks, block_size,
+# group_windows) and the shortest path from init.
+WINDOW_SHORTEST_FAILURES: dict[
+    type[KVBlockManager], tuple[int, int, tuple[int | None, ...], list[str]]
+] = {
+    # At L0 = 0 it skips a block of an empty table: skipped_blocks 1, no blocks.
+    SkipsABlockOneStepEarly: (3, 1, (1,), ["allocate('r0', 0)", "append_tokens('r0', 0)"]),
+    # A window of 1 at L0 = 1: block index 0 is out, and stays.
+    NeverSkips: (3, 1, (1,), ["allocate('r0', 1)", "append_tokens('r0', 0)"]),
+    # The same block freed, but still in the table: a hole read.
+    FreesSkippedBlocksButKeepsThem: (3, 1, (1,), ["allocate('r0', 1)", "append_tokens('r0', 0)"]),
+}
 
 
 def first_violation(
@@ -118,8 +140,46 @@ def test_every_reachable_sharing_state_of_the_small_pools_agrees_between_spec_an
     assert sum(report.transitions for report in reports) == 57_148
 
 
+def test_every_reachable_windowed_state_of_the_small_pools_agrees_between_spec_and_impl() -> None:
+    reports = [check(bounds_) for bounds_ in WINDOWS]
+    print("\n".join(str(report) for report in reports))
+    assert [report.violation for report in reports] == [None] * len(WINDOWS)
+    assert [report.states for report in reports] == [426, 192, 192, 192, 398, 176, 1026]
+    assert sum(report.transitions for report in reports) == 65_032
+
+
 def test_every_planted_bug_has_a_listed_shortest_failure() -> None:
     assert set(SHORTEST_FAILURES) == set(PLANTED_BUGS)
+    assert set(WINDOW_SHORTEST_FAILURES) == set(WINDOW_PLANTED_BUGS)
+
+
+@pytest.mark.parametrize("broken", WINDOW_PLANTED_BUGS, ids=lambda cls: cls.__name__)
+def test_the_window_walk_finds_each_planted_window_bug_along_a_shortest_path(
+    broken: type[KVBlockManager],
+) -> None:
+    violation = first_violation(broken, WINDOWS)
+    assert violation is not None, f"{broken.__name__} passed the bounded checker"
+    bounds_ = violation.bounds
+    found = (bounds_.total_blocks, bounds_.block_size, bounds_.group_windows)
+    assert (*found, [str(op) for op in violation.path]) == WINDOW_SHORTEST_FAILURES[broken]
+
+
+def test_a_spec_step_that_keeps_a_block_outside_its_window_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def append_tokens_without_skipping(
+        state: AllocatorState, request_id: str, token_count: int = 1
+    ) -> tuple[AllocatorState, object]:
+        # The spec's own append, on the pool as if its window were full attention.
+        full = dataclasses.replace(state, group_windows=(None,) * len(state.group_windows))
+        after, table = OPERATIONS["append_tokens"](full, request_id, token_count)
+        return dataclasses.replace(after, group_windows=state.group_windows), table
+
+    _patch_spec_step(monkeypatch, "append_tokens", append_tokens_without_skipping)
+    violation = check(WINDOWS[0]).violation
+    assert violation is not None
+    assert [str(op) for op in violation.path] == ["allocate('r0', 1)", "append_tokens('r0', 0)"]
+    assert violation.reason == "spec left a block wholly outside its window in a table"
 
 
 @pytest.mark.parametrize("broken", PLANTED_BUGS, ids=lambda cls: cls.__name__)

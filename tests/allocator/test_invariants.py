@@ -16,12 +16,16 @@ from spec.invariants import (
     is_cache_sound,
     is_cached_content_exact,
     is_conserved,
+    is_grouped_consistently,
     is_keyed_by_request_id,
     is_partitioned,
     is_shared_only_over_a_common_prefix,
+    is_skipped_pending_free,
     is_tightly_sized,
     is_token_tracking_sound,
     is_usage_consistent,
+    is_window_readable,
+    is_window_tight,
     violated_invariants,
 )
 
@@ -274,3 +278,52 @@ def test_the_impl_check_passes_a_sound_pool() -> None:
     pool = KVBlockManager(4, 2)
     pool.allocate("a", 3)
     pool.check_invariants()
+
+
+# -- KV cache groups and sliding windows --------------------------------------------------
+
+# Blocks of 2, group 0 full, group 1 a window of 3. "a" holds 7 tokens: group 0 blocks
+# 0 1 2 6; group 1 appended at L0 = 6 (reads from token 4): blocks 3 4 skipped, holds 5 7.
+WINDOWED = spec.append_tokens(spec.allocate(spec.init(10, 2, (None, 3)), "a", 6), "a", 1)
+
+
+def with_group_table(state: AllocatorState, group: int, table: RequestBlockTable) -> AllocatorState:
+    tables = list(state.group_tables)
+    tables[group] = tables[group].set(table.request_id, table)
+    return replace(state, group_tables=tuple(tables))
+
+
+def test_the_windowed_state_is_sound_and_tight_at_its_l0() -> None:
+    assert violated_invariants(WINDOWED) == []
+    assert WINDOWED.group_tables[1]["a"] == RequestBlockTable("a", (5, 7), 7, skipped_blocks=2)
+    assert is_window_tight(WINDOWED, "a", 6)
+    assert WINDOWED.pending_skipped_block_ids == (3, 4)
+
+
+def test_a_block_kept_past_its_window_or_skipped_early_is_not_tight() -> None:
+    assert not is_window_tight(WINDOWED, "a", 8)  # at L0 = 8 block index 2 is out too
+    assert not is_window_tight(WINDOWED, "a", 5)  # at L0 = 5 block index 1 is still read
+
+
+def test_a_table_that_skipped_a_block_the_next_query_reads_is_a_hole_read() -> None:
+    hole = with_group_table(WINDOWED, 1, RequestBlockTable("a", (7,), 7, skipped_blocks=3))
+    assert not is_window_readable(hole)
+
+
+def test_groups_that_disagree_on_requests_or_counts_or_skip_a_full_group_are_inconsistent() -> None:
+    longer = with_group_table(WINDOWED, 1, RequestBlockTable("a", (5, 7), 8, skipped_blocks=2))
+    assert not is_grouped_consistently(longer)
+    skipping_full = with_group_table(WINDOWED, 0, RequestBlockTable("a", (1, 2, 6), 7, 1))
+    assert not is_grouped_consistently(skipping_full)
+    both_groups = with_group_table(WINDOWED, 1, RequestBlockTable("a", (6, 7), 7, 2))
+    assert not is_grouped_consistently(both_groups)
+
+
+def test_a_pending_skipped_block_that_is_not_free_or_listed_twice_is_broken() -> None:
+    assert not is_skipped_pending_free(replace(WINDOWED, pending_skipped_block_ids=(3, 5)))
+    assert not is_skipped_pending_free(replace(WINDOWED, pending_skipped_block_ids=(3, 3)))
+
+
+def test_sizing_counts_the_skipped_blocks() -> None:
+    short = with_group_table(WINDOWED, 1, RequestBlockTable("a", (5, 7), 7, skipped_blocks=1))
+    assert not is_tightly_sized(short)

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end on tiny inputs (smoke runs: no time is asserted)."""
 
+import argparse
 import json
 from pathlib import Path
 
@@ -73,10 +74,31 @@ def test_the_decode_benchmark_refuses_bad_input_with_exit_code_2(
 
 def test_the_allocator_benchmark_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--requests", "50", "--spec-requests", "10", "--runs", "1", "--prefix-requests", "0"]
-    assert bench_allocator.main(argv) == 0
+    assert bench_allocator.main([*argv, "--window-requests", "0"]) == 0
     out = capsys.readouterr().out
     assert "| impl append_slot, 8,192 blocks | 50 |" in out
     assert "| impl append_tokens, 8,192 blocks | 50 |" in out
     assert "| article-style append_tokens, 8,192 blocks | 50 |" in out
     assert "| spec append_slot, 1,024 blocks | 10 |" in out
     assert "impl append_slot, tight loop" in out
+
+
+def test_the_allocator_benchmark_prints_the_sliding_window_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = argparse.Namespace(
+        seed=0,
+        block_size=16,
+        runs=1,
+        max_running=256,
+        long_max_running=16,
+        window_total_blocks=16384,
+    )
+    bench_allocator.print_window_table(args, requests=20, long_requests=2)
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()]
+    long_rows = {row[1]: row for row in rows if row[0] == "| long-context"}
+    assert list(long_rows) == ["full", "Mistral-like", "full x2", "Gemma-like"]
+    # Prompts of 8k+ tokens against a 4,096-token window: the windowed groups hold less.
+    assert long_rows["full"][4] == long_rows["full x2"][4] == "1.00"
+    assert float(long_rows["Mistral-like"][4]) < 1.0
+    assert float(long_rows["Gemma-like"][4]) < 1.0

@@ -14,6 +14,11 @@ At every (state, operation) it checks that:
   same result or the same error (type and message), ends in the same state with the same
   usage report and passes its own invariant check; a refused operation changes nothing.
 
+With KV cache groups (``Bounds.group_windows``) it also takes skipped blocks, reads every
+group's table, and after every operation that adds tokens checks the window rule
+(``spec.invariants.is_window_tight``: the request's windowed tables skipped exactly the
+blocks no query at or past L0 reads).
+
 Breadth first means the first violation met is one with the shortest path from ``init``;
 that path is the report. It is a tool for tests, not a prover: it covers only the bounds it
 is given, and the impl only along the shortest path to each state.
@@ -30,9 +35,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import spec
-from impl import KVBlockManager, as_article
+from impl import KVBlockManager, PromptAllocation, as_article
 from spec import AllocatorState, BlockAllocationError, SharingCounters
 from spec.api import OPERATIONS
+from spec.invariants import is_window_tight
 
 # The errors the spec may raise for a refused operation; anything else is a bug.
 SPECIFIED_ERRORS = (TypeError, ValueError, KeyError, BlockAllocationError)
@@ -49,13 +55,21 @@ class Bounds:
     # Prompts for the sharing operations (allocate_prompt, token appends, fork, preempt,
     # take_copies); none means the walk tries only the count-based operations.
     prompts: tuple[tuple[int, ...], ...] = ()
+    # The pool's KV cache groups (spec.init's group_windows).
+    group_windows: tuple[int | None, ...] = (None,)
+    # A sliding window frees blocks as a request grows, so with windows alone token counts
+    # are not bounded by the pool: a state with a request longer than the pool's capacity
+    # by more than this is checked on arrival but not walked from. (A full-attention group
+    # bounds them by the capacity, so a pool with one never meets this.)
+    tokens_past_capacity: int = 2
 
     def __str__(self) -> str:
         sharing = f" prompts={len(self.prompts)}" if self.prompts else ""
+        groups = f" group_windows={self.group_windows}" if self.group_windows != (None,) else ""
         return (
             f"blocks={self.total_blocks} block_size={self.block_size} "
             f"request_ids={len(self.request_ids)} token_counts=-1..{self.max_token_count}"
-            f"{sharing}"
+            f"{sharing}{groups}"
         )
 
 
@@ -121,6 +135,11 @@ def operations(bounds: Bounds) -> list[Operation]:
         ops += [Operation(name, (request_id,)) for name in ("append_slot", "release")]
         ops.append(Operation("snapshot_request", (request_id,)))
     ops += [Operation("can_allocate", (n,)) for n in token_counts]
+    if bounds.group_windows != (None,):
+        groups = range(len(bounds.group_windows))
+        for request_id in bounds.request_ids:
+            ops += [Operation("snapshot_request", (request_id, g)) for g in groups if g]
+        ops.append(Operation("take_skipped_blocks"))
     if not bounds.prompts:
         return ops
     for request_id in bounds.request_ids:
@@ -146,11 +165,40 @@ def _same_error(expected: BaseException, actual: BaseException) -> bool:
     return type(expected) is type(actual) and str(expected) == str(actual)
 
 
-def _check_spec_step(before: AllocatorState, op: Operation, after: AllocatorState) -> str | None:
-    """What is wrong with a spec step that succeeded, or None."""
+# The operations that add tokens, after which the window rule is checked.
+ADDING_OPERATIONS = {
+    "allocate",
+    "allocate_prompt",
+    "append_tokens",
+    "append_token_ids",
+    "append_slot",
+    "append_token_slot",
+}
+
+
+def _computed_tokens(before: AllocatorState, op: Operation, result: object) -> int:
+    """L0 of an adding operation: the tokens already computed when it adds its own."""
+    if op.name == "allocate":
+        return 0
+    if isinstance(result, PromptAllocation | spec.PromptAllocation):
+        return result.cached_tokens
+    request_id = op.args[0]
+    assert isinstance(request_id, str)
+    return before.tables[request_id].token_count
+
+
+def _check_spec_step(
+    before: AllocatorState, op: Operation, after: AllocatorState, result: object
+) -> str | None:
+    """What is wrong with a spec step that succeeded (it returned ``result``), or None."""
     broken = spec.violated_invariants(after)
     if broken:
         return f"spec breaks invariant(s) {', '.join(broken)}"
+    if op.name in ADDING_OPERATIONS:
+        request_id = op.args[0]
+        assert isinstance(request_id, str)
+        if not is_window_tight(after, request_id, _computed_tokens(before, op, result)):
+            return "spec left a block wholly outside its window in a table"
     if (after.total_blocks, after.block_size) != (before.total_blocks, before.block_size):
         return "spec changed the pool's shape"
     touched = {arg for arg in op.args if isinstance(arg, str)}
@@ -189,7 +237,7 @@ def check_transition(
         return before, _check_refusal(error, op, pool, before)
     except Exception as error:
         return before, f"spec raised an unspecified {_describe(error)}"
-    problem = _check_spec_step(before, op, after)
+    problem = _check_spec_step(before, op, after, expected)
     if problem is not None:
         return after, problem
     try:
@@ -220,7 +268,7 @@ def _check_refusal(
 def _replay(
     target_class: type[KVBlockManager], bounds: Bounds, path: Sequence[Operation]
 ) -> KVBlockManager:
-    pool = target_class(bounds.total_blocks, bounds.block_size)
+    pool = target_class(bounds.total_blocks, bounds.block_size, group_windows=bounds.group_windows)
     for op in path:
         _impl_step(pool, op)
     return pool
@@ -244,6 +292,17 @@ def _path_to(
 MAX_PENDING = 1
 
 
+def _is_walked_from(state: AllocatorState, bounds: Bounds) -> bool:
+    """Whether the walk goes on from ``state`` (see ``MAX_PENDING`` and
+    ``Bounds.tokens_past_capacity``)."""
+    longest = max((table.token_count for table in state.tables.values()), default=0)
+    capacity = state.total_blocks * state.block_size
+    return (
+        len(state.pending_copies) <= MAX_PENDING
+        and longest <= capacity + bounds.tokens_past_capacity
+    )
+
+
 def _identity(state: AllocatorState) -> AllocatorState:
     """A state without its running counters: what makes two states the same for the walk.
 
@@ -257,7 +316,7 @@ def _identity(state: AllocatorState) -> AllocatorState:
 def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -> Report:
     """Walk every reachable state within ``bounds``; stop at the first violation."""
     started = time.perf_counter()
-    initial = spec.init(bounds.total_blocks, bounds.block_size)
+    initial = spec.init(bounds.total_blocks, bounds.block_size, bounds.group_windows)
     parents: dict[AllocatorState, tuple[AllocatorState, Operation] | None] = {initial: None}
     frontier: deque[tuple[AllocatorState, int]] = deque([(initial, 0)])
     ops = operations(bounds)
@@ -280,7 +339,7 @@ def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -
             after, problem = check_transition(state, op, pool)
             if problem is not None:
                 return report(Violation(bounds, (*path, op), problem))
-            if _identity(after) not in parents and len(after.pending_copies) <= MAX_PENDING:
+            if _identity(after) not in parents and _is_walked_from(after, bounds):
                 parents[_identity(after)] = (_identity(state), op)
                 frontier.append((after, depth + 1))
     return report(None)
@@ -290,8 +349,8 @@ def check_path(
     bounds: Bounds, path: Sequence[Operation], target_class: type[KVBlockManager] = KVBlockManager
 ) -> Violation | None:
     """Run one path from ``init`` with every check of the walk; the first violation, if any."""
-    state = spec.init(bounds.total_blocks, bounds.block_size)
-    pool = target_class(bounds.total_blocks, bounds.block_size)
+    state = spec.init(bounds.total_blocks, bounds.block_size, bounds.group_windows)
+    pool = target_class(bounds.total_blocks, bounds.block_size, group_windows=bounds.group_windows)
     problem = _check_impl_state(pool, state)
     if problem is not None:
         return Violation(bounds, (), f"after init: {problem}")
@@ -320,6 +379,35 @@ def all_sharing_bounds(max_blocks: int, max_block_size: int, request_ids: int) -
     for total_blocks in range(1, max_blocks + 1):
         for block_size in range(1, max_block_size + 1):
             yield Bounds(total_blocks, block_size, ids, 1, sharing_prompts(block_size))
+
+
+# The window walk: (blocks, block_size, group_windows) with the count-based operations,
+# then with the sharing ones. Windows of 1 and 2 tokens in blocks of 1, a window of 3 in
+# blocks of 2 (not a multiple of the block size), a full group beside a windowed one.
+# One request id: with two, the 2-block sharing pools alone reach 6,648 states (~160 s);
+# forks under windows are the state machine's and the scenarios' (see docs/verification.md).
+WINDOW_COUNT_SHAPES: tuple[tuple[int, int, tuple[int | None, ...]], ...] = (
+    (3, 1, (1,)),
+    (3, 1, (2,)),
+    (3, 2, (3,)),
+    (4, 1, (None, 2)),
+)
+WINDOW_SHARING_SHAPES: tuple[tuple[int, int, tuple[int | None, ...]], ...] = (
+    (2, 1, (1,)),
+    (2, 1, (2,)),
+    (2, 2, (3,)),
+)
+
+
+def all_window_bounds() -> Iterator[Bounds]:
+    """The window walk: ``WINDOW_COUNT_SHAPES`` with counts -1..2, two tokens past the
+    capacity; then ``WINDOW_SHARING_SHAPES`` with the sharing prompts (prefix hits with
+    born-skipped blocks, rollbacks into a window), counts -1..1, none past the capacity."""
+    for total_blocks, block_size, group_windows in WINDOW_COUNT_SHAPES:
+        yield Bounds(total_blocks, block_size, ("r0",), 2, (), group_windows)
+    for total_blocks, block_size, group_windows in WINDOW_SHARING_SHAPES:
+        prompts = sharing_prompts(block_size)
+        yield Bounds(total_blocks, block_size, ("r0",), 1, prompts, group_windows, 0)
 
 
 def all_bounds(
@@ -366,11 +454,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="walk the sharing operations (prompts, token appends, fork, preempt, copies) "
         "instead of the count-based ones; token counts -1..1",
     )
+    parser.add_argument(
+        "--windows",
+        action="store_true",
+        help="walk the fixed window shapes (KV cache groups with sliding windows) instead",
+    )
     args = parser.parse_args(argv)
     target_class = load_target(args.target)
     total_states = total_transitions = 0
     started = time.perf_counter()
-    if args.sharing:
+    if args.windows:
+        walks = all_window_bounds()
+    elif args.sharing:
         walks = all_sharing_bounds(args.max_blocks, args.max_block_size, args.request_ids)
     else:
         walks = all_bounds(

@@ -7,7 +7,11 @@ invariants compare the whole states and run both invariant checks; a run ends by
 releasing everything and asserting that the pool is full again.
 
 ``machine_for(cls)`` builds the machine against any ``KVBlockManager`` subclass, which is
-how the planted-bug tests point it at broken allocators.
+how the planted-bug tests point it at broken allocators. ``WindowedAllocatorMachine`` is
+the same machine on pools with KV cache groups and small sliding windows (windows below,
+at and not a multiple of the block size, a full group beside a windowed one); it also
+takes skipped blocks, reads every group's table and checks the window rule after every
+operation that adds tokens (``spec.invariants.is_window_tight``).
 """
 
 from collections.abc import Callable
@@ -23,9 +27,10 @@ from hypothesis.stateful import (
 )
 
 import spec
-from impl import KVBlockManager, as_article
+from impl import KVBlockManager, PromptAllocation, as_article
 from spec import AllocatorState
 from spec.api import OPERATIONS
+from spec.invariants import is_window_tight
 
 T = TypeVar("T")
 
@@ -255,10 +260,65 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert self.target.to_spec() == self.model
 
 
-def machine_for(target_class: type[KVBlockManager]) -> type[AllocatorMachine]:
-    """The state machine driving ``target_class`` against the spec."""
+# KV cache groups for the windowed machine: one windowed group (Mistral-like) with windows
+# of 1, 2, 3 and 5 tokens against blocks of 1..5 (so at, below, above and not a multiple
+# of the block size), a full and a windowed group (Gemma-like) in both orders, and three.
+GROUP_WINDOWS = st.sampled_from([(1,), (2,), (3,), (5,), (None, 2), (3, None), (None, 1, 4)])
+# The operations after which the window rule is checked, and the L0 each one skips by.
+ADDING_OPERATIONS = {"append_tokens", "append_token_ids", "append_slot", "append_token_slot"}
+
+
+class WindowedAllocatorMachine(AllocatorMachine):
+    """``AllocatorMachine`` on pools shared by KV cache groups with sliding windows."""
+
+    @initialize(
+        total_blocks=st.integers(1, 12),
+        block_size=st.integers(1, 5),
+        group_windows=GROUP_WINDOWS,
+    )
+    def init_pool(
+        self, total_blocks: int, block_size: int, group_windows: tuple[int | None, ...]
+    ) -> None:
+        self.model = spec.init(total_blocks, block_size, group_windows)
+        self.target = self.target_class(total_blocks, block_size, group_windows=group_windows)
+
+    def _step(self, name: str, *args: object) -> object:
+        """``AllocatorMachine._step``, then the window rule for an operation that added
+        tokens: L0 is the length before (0 for ``allocate``, the hit for a prompt)."""
+        before = self.model
+        request_id = args[0] if args else None
+        result = super()._step(name, *args)
+        if self.model is before or not isinstance(request_id, str):
+            return result
+        if name in ADDING_OPERATIONS:
+            computed_tokens = before.tables[request_id].token_count
+        elif name == "allocate":
+            computed_tokens = 0
+        elif name == "allocate_prompt":
+            assert isinstance(result, PromptAllocation)
+            computed_tokens = result.cached_tokens
+        else:
+            return result
+        assert is_window_tight(self.model, request_id, computed_tokens), (
+            f"{name}{args}: a windowed table holds a block wholly outside its window"
+        )
+        return result
+
+    @rule()
+    def take_skipped_blocks(self) -> None:
+        self._step("take_skipped_blocks")
+
+    @rule(request_id=REQUEST_IDS, group=st.integers(-1, 3))
+    def snapshot_a_group(self, request_id: str, group: int) -> None:
+        self._step("snapshot_request", request_id, group)
+
+
+def machine_for(
+    target_class: type[KVBlockManager], machine: type[AllocatorMachine] = AllocatorMachine
+) -> type[AllocatorMachine]:
+    """The state machine ``machine`` driving ``target_class`` against the spec."""
     return type(
-        f"AllocatorMachineFor{target_class.__name__}",
-        (AllocatorMachine,),
+        f"{machine.__name__}For{target_class.__name__}",
+        (machine,),
         {"target_class": target_class},
     )

@@ -101,8 +101,16 @@ class TrustsHashOnWeakHash(KVBlockManager):
 
     __slots__ = ()
 
-    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
-        super().__init__(total_blocks, block_size, block_hash=weak_block_hash)
+    def __init__(
+        self,
+        total_blocks: int,
+        block_size: int = 16,
+        *,
+        group_windows: tuple[int | None, ...] = (None,),
+    ) -> None:
+        super().__init__(
+            total_blocks, block_size, block_hash=weak_block_hash, group_windows=group_windows
+        )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -126,8 +134,16 @@ class WeakHashOnly(KVBlockManager):
 
     __slots__ = ()
 
-    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
-        super().__init__(total_blocks, block_size, block_hash=weak_block_hash)
+    def __init__(
+        self,
+        total_blocks: int,
+        block_size: int = 16,
+        *,
+        group_windows: tuple[int | None, ...] = (None,),
+    ) -> None:
+        super().__init__(
+            total_blocks, block_size, block_hash=weak_block_hash, group_windows=group_windows
+        )
 
 
 class SkipsSharedDecrement(KVBlockManager):
@@ -243,6 +259,32 @@ class TruncateUnsharesTheLastBlock(KVBlockManager):
         return table
 
 
+class SkipsABlockOneStepEarly(KVBlockManager):
+    """(m) The window rule off by one: a block goes when (b + 1) * block_size <= L0 - W + 2,
+    one token before the last query that reads it."""
+
+    def _skip_target(self, group: int, computed_tokens: int) -> int:
+        return super()._skip_target(group, computed_tokens + 1)
+
+
+class NeverSkips(KVBlockManager):
+    """(n) A windowed group keeps every block, as an allocator without windows does."""
+
+    def _skip_target(self, group: int, computed_tokens: int) -> int:
+        return 0
+
+
+class FreesSkippedBlocksButKeepsThem(KVBlockManager):
+    """(o) A hole read: the skipped blocks are freed, but ``skipped_blocks`` is not advanced
+    and the table still names them, so the next request's K/V is read through it."""
+
+    def _skip_out_of_window(self, table: _Table, group: int, drop: int) -> None:
+        held = table.group_block_ids[group]
+        freed, _ = self._release_in_order(held[:drop], group)
+        for block_id in freed:
+            self._pending_skipped[block_id] = None
+
+
 PLANTED_BUGS: list[type[KVBlockManager]] = [
     ReleasesInTableOrder,
     LeaksOneBlockOnRelease,
@@ -256,4 +298,12 @@ PLANTED_BUGS: list[type[KVBlockManager]] = [
     TruncateKeepsTheCutBlocks,
     TruncatedBlockStaysCached,
     TruncateUnsharesTheLastBlock,
+]
+
+# The bugs of the window rule: they live where only a pool with a sliding window goes, so
+# the windowed state machine and the window walk of the bounded checker must catch them.
+WINDOW_PLANTED_BUGS: list[type[KVBlockManager]] = [
+    SkipsABlockOneStepEarly,
+    NeverSkips,
+    FreesSkippedBlocksButKeepsThem,
 ]
