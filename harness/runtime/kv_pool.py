@@ -1,10 +1,12 @@
 """Where K/V tensors live: the paged pool, and the contiguous buffers the allocator gate uses.
 
 ``PagedKVPool`` is the real thing: per layer one K and one V tensor of shape
-``[total_blocks, block_size, num_kv_heads, head_dim]``. Token ``t`` of a request lives in
-row ``slot = block_ids[t // block_size] * block_size + t % block_size`` of the flat view
-``[total_blocks * block_size, num_kv_heads, head_dim]``; the slots come from
-``impl.KVBlockManager`` and nothing else. Layout, block-major then token then head:
+``[total_blocks, block_size, num_kv_heads, head_dim]`` (with sliding windows, per layer of
+a KV cache group, shared by the groups: ``kv_cache_groups``). Token ``t`` of a request lives
+in row ``slot = block_ids[t // block_size - skipped_blocks] * block_size + t % block_size``
+of the flat view ``[total_blocks * block_size, num_kv_heads, head_dim]``, through the table
+of its layer's group; the slots come from ``impl.KVBlockManager`` and nothing else.
+Layout, block-major then token then head:
 - a block is one contiguous chunk of memory, so releasing or poisoning a block is one
   slice write, and a request's K/V for one block is one contiguous read;
 - the flat view is a free reshape, so writing a step's new tokens is one ``index_copy_``
