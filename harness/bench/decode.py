@@ -49,8 +49,7 @@ from harness.runtime.attention_backends import (
     AttentionBackendError,
 )
 from harness.runtime.engine import NO_PREFIX_CACHING, Engine, Request
-from harness.runtime.kv_pool import PagedKVPool
-from impl import KVBlockManager
+from harness.runtime.kv_pool import PagedKVPool, new_manager
 from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.decode"
@@ -375,9 +374,12 @@ def _run_paged(
     peak: list[int],
     attention: AttentionBackend,
 ) -> list[list[int]]:
-    total_blocks = sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
-    manager = KVBlockManager(total_blocks, block_size)
-    pool = PagedKVPool(kv_layout(loaded), total_blocks, block_size)
+    layout = kv_layout(loaded)
+    total_blocks = len(layout.group_windows) * sum(
+        blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch
+    )
+    manager = new_manager(layout, total_blocks, block_size)
+    pool = PagedKVPool(layout, total_blocks, block_size)
     requests = [Request(f"r{i}", prompt, new_tokens) for i, prompt in enumerate(batch)]
     # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
     engine = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING, attention=attention)

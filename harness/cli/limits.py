@@ -83,7 +83,7 @@ def kv_bytes(
     block, so at most ``min(sequences, total_blocks)`` buffers of the longest request's
     ``max_tokens`` rows exist at once.
     """
-    pool = total_blocks * block_size * layout.bytes_per_token
+    pool = total_blocks * block_size * layout.bytes_per_block_token
     sequences = sum(request.num_continuations for request in requests)
     longest = max(request.max_tokens for request in requests)
     contiguous = min(sequences, total_blocks) * longest * layout.bytes_per_token
@@ -103,7 +103,7 @@ def check_memory(
     if pool + contiguous > limit:
         raise UsageError(
             f"the run's K/V needs {_size(pool + contiguous)}: a pool of {total_blocks} blocks x "
-            f"{block_size} tokens x {layout.bytes_per_token} bytes ({_size(pool)}) and the "
+            f"{block_size} tokens x {layout.bytes_per_block_token} bytes ({_size(pool)}) and the "
             f"gate's contiguous buffers ({_size(contiguous)}); the limit is {MEMORY_FRACTION:g} "
             f"of the {_size(available)} of {layout.device.type} memory available, {_size(limit)}"
         )

@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             for number, messages in enumerate(prompts)
         ]
         check_context(requests, model_context(loaded.model))
-        total_blocks = _total_blocks(requests, args.block_size, args.total_blocks)
+        group_count = len(kv_layout(loaded).group_windows)
+        total_blocks = _total_blocks(requests, args.block_size, args.total_blocks, group_count)
         # Before any pool (or the manager's free list) is built.
         check_memory(
             requests, total_blocks, args.block_size, kv_layout(loaded), available_bytes(device)
@@ -308,10 +309,12 @@ def _with_system_prompt(prompts: Sequence[Messages], system_prompt: str | None) 
     return [(("system", system_prompt), *messages) for messages in prompts]
 
 
-def _total_blocks(requests: list[Request], block_size: int, requested: int | None) -> int:
+def _total_blocks(
+    requests: list[Request], block_size: int, requested: int | None, group_count: int
+) -> int:
     if requested is None:
-        return tight_total_blocks(requests, block_size)
-    needs = [request.blocks_needed(block_size) for request in requests]
+        return tight_total_blocks(requests, block_size, group_count)
+    needs = [request.blocks_needed(block_size) * group_count for request in requests]
     if requested < max(needs):
         longest = max(range(len(requests)), key=lambda index: needs[index])
         raise UsageError(

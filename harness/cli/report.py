@@ -80,6 +80,11 @@ def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig
         )
     if report.chunks_per_prompt > 1:
         print(f"chunked prefill: {report.chunks_per_prompt:.2f} forwards per prompt (mean)")
+    if report.blocks_freed_by_window:
+        print(
+            f"sliding windows: blocks freed {report.blocks_freed_by_window}; blocks saved "
+            f"against keeping every block (peak) {report.peak_blocks_saved_by_window}"
+        )
     print(
         f"decode throughput: dense generate (one request at a time) "
         f"{report.dense_tokens_per_s:.1f} tok/s; paged continuous batching "
@@ -151,5 +156,7 @@ def as_json(
             "tokens_per_forward": report.speculation.tokens_per_forward,
             "max_batch_tokens": args.max_batch_tokens,
             "chunks_per_prompt": report.chunks_per_prompt,
+            "blocks_freed_by_window": report.blocks_freed_by_window,
+            "peak_blocks_saved_by_window": report.peak_blocks_saved_by_window,
         },
     }

@@ -51,8 +51,13 @@ from harness.runtime.engine import (
     SpeculationCounts,
     UsageSample,
 )
-from harness.runtime.kv_pool import ContiguousKVBuffers, KVLayout, KVStore, PagedKVPool
-from impl import KVBlockManager
+from harness.runtime.kv_pool import (
+    ContiguousKVBuffers,
+    KVLayout,
+    KVStore,
+    PagedKVPool,
+    new_manager,
+)
 
 Progress = Callable[[str], None]
 
@@ -80,10 +85,11 @@ class PoolConfig:
     attention: AttentionBackend = GATHER
 
 
-def tight_total_blocks(requests: Sequence[Request], block_size: int) -> int:
+def tight_total_blocks(requests: Sequence[Request], block_size: int, group_count: int = 1) -> int:
     """The main job's pool: about a quarter of what all requests need at once (so blocks
-    are freed and reused, and requests are preempted), but at least the largest one."""
-    needs = [request.blocks_needed(block_size) for request in requests]
+    are freed and reused, and requests are preempted), but at least the largest one; with
+    ``group_count`` KV cache groups each may need its blocks once per group."""
+    needs = [request.blocks_needed(block_size) * group_count for request in requests]
     return max(*needs, -(-sum(needs) // 4))
 
 
@@ -127,6 +133,8 @@ class EquivalenceReport:
     cow_copies: int
     preemptions: int
     blocks_saved_by_sharing: int
+    blocks_freed_by_window: int = 0
+    peak_blocks_saved_by_window: int = 0
     usage: list[UsageSample] = field(default_factory=list)
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
     chunks_per_prompt: float = 1.0  # prefill forwards per request (a recompute's included)
@@ -155,7 +163,7 @@ def run_equivalence(
     alone: dict[str, RequestOutput] = {}
     for number, request in enumerate(requests, 1):
         progress(f"paged, one request alone: request {number}/{len(requests)}")
-        manager = KVBlockManager(pool.total_blocks, pool.block_size)
+        manager = new_manager(layout, pool.total_blocks, pool.block_size)
         # Its continuations each in their own forward (M = 1), like generate's.
         engine = BatchInvariantEngine(loaded.model, manager, paged_pool, eos, pool.allocation)
         alone.update(engine.run([replace(request, arrival_step=0)]).outputs)
@@ -167,7 +175,7 @@ def run_equivalence(
         attention: AttentionBackend = pool.attention,
     ) -> EngineResult:
         """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
-        manager = KVBlockManager(pool.total_blocks, pool.block_size)
+        manager = new_manager(layout, pool.total_blocks, pool.block_size)
         engine = pool.engine_type(
             loaded.model,
             manager,
@@ -277,7 +285,7 @@ def _report(
             )
     dense_tokens = sum(len(output.token_ids) for output in dense.values())
     dense_seconds = sum(output.elapsed_s for output in dense.values())
-    bytes_per_block = pool.block_size * layout.bytes_per_token
+    bytes_per_block = pool.block_size * layout.bytes_per_block_token
     max_tokens = max(request.max_tokens for request in requests)
     return EquivalenceReport(
         rows=rows,
@@ -296,6 +304,8 @@ def _report(
         cow_copies=batched.cow_copies,
         preemptions=batched.preemptions,
         blocks_saved_by_sharing=batched.blocks_saved_by_sharing,
+        blocks_freed_by_window=batched.blocks_freed_by_window,
+        peak_blocks_saved_by_window=batched.peak_blocks_saved_by_window,
         usage=batched.usage,
         speculation=batched.speculation,
         chunks_per_prompt=sum(batched.outputs[r.request_id].prefill_chunks for r in requests)

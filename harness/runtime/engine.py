@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from harness.models import check_supported
+from harness.models import check_supported, group_windows
 from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.kv_pool import KVStore
 from harness.runtime.paged_attention import (
@@ -154,6 +154,9 @@ class UsageSample:
     ``used_blocks`` by exactly the blocks sharing saves at that step. ``cached_free_blocks``
     are free blocks still holding a cached prefix; ``preemptions`` counts the manager's
     preemptions so far (the steps where it grows are the steps that preempted).
+    ``skipped_table_blocks`` counts the blocks sliding windows released from the running
+    requests' tables, over all groups (once per table, like ``table_blocks``): what
+    keeping every block would hold on top of ``used_blocks``.
     """
 
     used_blocks: int
@@ -163,6 +166,7 @@ class UsageSample:
     table_blocks: int
     cached_free_blocks: int = 0
     preemptions: int = 0
+    skipped_table_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +215,9 @@ class EngineResult:
     """A whole run: per-request outputs, which requests shared each forward, and pool usage.
 
     ``prefill_tokens`` counts the prompt tokens fed to forwards (a prefix hit's cached
-    tokens are not; a preempted request's recompute is); the last three count what the
-    manager counted over the run.
+    tokens are not; a preempted request's recompute is); the last four count what the
+    manager counted over the run (``blocks_freed_by_window``: table entries sliding
+    windows released).
     """
 
     outputs: dict[str, RequestOutput]
@@ -224,6 +229,7 @@ class EngineResult:
     cow_copies: int = 0
     preemptions: int = 0
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
+    blocks_freed_by_window: int = 0
 
     @property
     def generated_tokens(self) -> int:
@@ -255,6 +261,12 @@ class EngineResult:
     def blocks_saved_by_sharing(self) -> int:
         """The most, after any step, by which the blocks all tables name exceed those in use."""
         return max((s.table_blocks - s.used_blocks for s in self.usage), default=0)
+
+    @property
+    def peak_blocks_saved_by_window(self) -> int:
+        """The most blocks, after any step, that keeping every block would have held on
+        top of those in use: the running tables' entries sliding windows released."""
+        return max((s.skipped_table_blocks for s in self.usage), default=0)
 
 
 class Allocation(Protocol):
@@ -374,6 +386,11 @@ class Engine:
     ) -> None:
         check_supported(model)
         self.attention = attention
+        if manager.group_windows != group_windows(model.config):
+            raise ValueError(
+                f"the manager's group_windows {manager.group_windows} are not the model's KV "
+                f"cache groups {group_windows(model.config)} (harness.runtime.kv_pool.new_manager)"
+            )
         self.model = model
         self.manager = manager
         self.store = store
@@ -415,6 +432,7 @@ class Engine:
                         outputs[admitted.request.request_id] = admitted.output
                         running.append(admitted)
                         grown[admitted.request.request_id] = self._grow(admitted)
+                    self._release_out_of_window()
                     groups = self._forward_groups(
                         [r for r in running if r.request.request_id in grown]
                     )
@@ -447,6 +465,7 @@ class Engine:
             cow_copies=counters.cow_copies - counters_before.cow_copies,
             preemptions=counters.preemptions - counters_before.preemptions,
             speculation=self._speculation,
+            blocks_freed_by_window=counters.skipped_blocks - counters_before.skipped_blocks,
         )
 
     # -- scheduling ----------------------------------------------------------------------
@@ -465,7 +484,9 @@ class Engine:
                     f"request {request.request_id!r}: several continuations are greedy with "
                     "distinct first tokens; sampling is not supported with them"
                 )
-            needed = request.blocks_needed(block_size)
+            # Each KV cache group holds the whole prompt's blocks until a decode skips
+            # some: with several groups a request may need its blocks once per group.
+            needed = request.blocks_needed(block_size) * len(self.manager.group_windows)
             if needed > self.manager.total_blocks:
                 raise ValueError(
                     f"request {request.request_id!r} needs up to {needed} blocks "
@@ -642,8 +663,9 @@ class Engine:
             table = self.allocation.extend(manager, request_id, tuple(running.pending_ids))
             self._copy_pending_blocks()
         first_new = table.token_count - len(running.pending_ids)
+        first = table.skipped_blocks * manager.block_size  # blocks a prefix hit left skipped
         new_slots = [
-            slot_index(manager.block_size, table.block_ids, position)
+            slot_index(manager.block_size, table.block_ids, position - first)
             for position in range(first_new, table.token_count)
         ]
         return new_slots, table
@@ -679,7 +701,12 @@ class Engine:
         copies = self.manager.take_copies()  # none left by _grow; kept for any other caller
         if copies:
             self.store.copy_blocks(copies)
-        plan = self.store.plan(tables, new_slots)
+        # Each request's table in KV cache groups 1.. (sliding windows), as grown.
+        group_tables = [
+            [self.manager.snapshot_request(table.request_id, group) for table in tables]
+            for group in range(1, len(self.manager.group_windows))
+        ]
+        plan = self.store.plan(tables, new_slots, group_tables)
         kernel = self.attention.prepare(self.store, tables, plan)  # once per step, all layers
         return forward_step(
             self.model,
@@ -786,12 +813,14 @@ class Engine:
         request_id = running.request.request_id
         keep = running.computed
         released = manager.truncate_blocks(request_id, keep)
-        block_ids = manager.snapshot_request(request_id).block_ids
         block_size = manager.block_size
         slots: list[int] = []
-        if keep % block_size and manager.ref_count(block_ids[-1]) == 1:
-            end = min(fed_end, len(block_ids) * block_size)
-            slots = [slot_index(block_size, block_ids, p) for p in range(keep, end)]
+        for group in range(len(manager.group_windows)):  # each KV cache group's last block
+            table = manager.snapshot_request(request_id, group)
+            block_ids, skipped = table.block_ids, table.skipped_blocks
+            if keep % block_size and manager.ref_count(block_ids[-1]) == 1:
+                end = min(fed_end, (skipped + len(block_ids)) * block_size)
+                slots += [slot_index(block_size, block_ids, p, skipped) for p in range(keep, end)]
         self.store.truncate(request_id, list(released.freed_block_ids), slots)
 
     def _fork(self, parent: _Running, logits: torch.Tensor) -> list[_Running]:
@@ -839,6 +868,14 @@ class Engine:
         self.store.release(request_id, list(released.freed_block_ids))
         self._notify("release", request_id)
 
+    def _release_out_of_window(self) -> None:
+        """Hand the store the blocks sliding windows made free this step (the step's
+        appends and prompt allocations skipped them), before the forward: a poisoned pool
+        fills them at once, so a forward reading one shows."""
+        skipped = self.manager.take_skipped_blocks()
+        if skipped:
+            self.store.release_out_of_window(skipped)
+
     def _preempt(self, running: _Running) -> None:
         request_id = running.request.request_id
         released = self.manager.preempt(request_id)
@@ -854,6 +891,13 @@ class Engine:
     def _usage_sample(self) -> UsageSample:
         usage = self.manager.usage()
         table_blocks = sum(len(table.block_ids) for table in self.manager.request_tables.values())
+        skipped = 0
+        for group in range(1, len(self.manager.group_windows)):
+            for request_id in self.manager.request_tables:
+                table = self.manager.snapshot_request(request_id, group)
+                table_blocks += len(table.block_ids)
+                skipped += table.skipped_blocks
+        skipped += sum(table.skipped_blocks for table in self.manager.request_tables.values())
         # NOTE: the cached free queue is copied to count it (O(cached free blocks)), like the
         # tables above; the manager has no O(1) count of it.
         return UsageSample(
@@ -864,6 +908,7 @@ class Engine:
             table_blocks,
             cached_free_blocks=len(self.manager.cached_free_block_ids),
             preemptions=usage.preemptions,
+            skipped_table_blocks=skipped,
         )
 
 

@@ -1,10 +1,12 @@
 """Where K/V tensors live: the paged pool, and the contiguous buffers the allocator gate uses.
 
 ``PagedKVPool`` is the real thing: per layer one K and one V tensor of shape
-``[total_blocks, block_size, num_kv_heads, head_dim]``. Token ``t`` of a request lives in
-row ``slot = block_ids[t // block_size] * block_size + t % block_size`` of the flat view
-``[total_blocks * block_size, num_kv_heads, head_dim]``; the slots come from
-``impl.KVBlockManager`` and nothing else. Layout, block-major then token then head:
+``[total_blocks, block_size, num_kv_heads, head_dim]`` (with sliding windows, per layer of
+a KV cache group, shared by the groups: ``kv_cache_groups``). Token ``t`` of a request lives
+in row ``slot = block_ids[t // block_size - skipped_blocks] * block_size + t % block_size``
+of the flat view ``[total_blocks * block_size, num_kv_heads, head_dim]``, through the table
+of its layer's group; the slots come from ``impl.KVBlockManager`` and nothing else.
+Layout, block-major then token then head:
 - a block is one contiguous chunk of memory, so releasing or poisoning a block is one
   slice write, and a request's K/V for one block is one contiguous read;
 - the flat view is a free reshape, so writing a step's new tokens is one ``index_copy_``
@@ -26,18 +28,34 @@ from typing import Protocol
 
 import torch
 
-from impl import RequestBlockTable
+from impl import KVBlockManager, RequestBlockTable
 
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
-    """The K/V shape of a model: layers, KV heads, head dim, dtype and device."""
+    """The K/V shape of a model: layers, KV heads, head dim, dtype and device.
+
+    ``layer_windows[l]`` is layer ``l``'s sliding window in tokens (its query at position
+    ``q`` reads keys ``q - W + 1 .. q``), or ``None`` for full attention; empty when no
+    layer has a window.
+    """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+    layer_windows: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(
+                f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers"
+            )
+
+    def window(self, layer_idx: int) -> int | None:
+        """Layer ``layer_idx``'s sliding window, or ``None`` for full attention."""
+        return self.layer_windows[layer_idx] if self.layer_windows else None
 
     @property
     def bytes_per_token(self) -> int:
@@ -45,36 +63,120 @@ class KVLayout:
         element_size = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
 
+    @property
+    def group_windows(self) -> tuple[int | None, ...]:
+        """The window of each KV cache group (``impl.KVBlockManager``'s ``group_windows``)."""
+        return tuple(window for window, _ in kv_cache_groups(self.layer_windows, self.num_layers))
+
+    @property
+    def group_layers(self) -> tuple[tuple[int, ...], ...]:
+        """The layers of each KV cache group, in group order."""
+        return tuple(layers for _, layers in kv_cache_groups(self.layer_windows, self.num_layers))
+
+    @property
+    def layers_per_block(self) -> int:
+        """How many layers' K/V one block holds: the largest group's."""
+        return max(len(layers) for layers in self.group_layers)
+
+    @property
+    def bytes_per_block_token(self) -> int:
+        """K and V of one token in one block (the layers of one group), in bytes; with one
+        group of every layer, ``bytes_per_token``."""
+        return self.bytes_per_token // self.num_layers * self.layers_per_block
+
+
+def kv_cache_groups(
+    layer_windows: tuple[int | None, ...], num_layers: int
+) -> tuple[tuple[int | None, tuple[int, ...]], ...]:
+    """The KV cache groups of a model: ``(window, layers)`` each, full attention first, then
+    windows from narrowest; every group as large as the fewest layers of one window (the
+    last group of a window may be smaller). No windows (``()``): one group of every layer.
+
+    Equal groups let one block hold one layer of each slot for any group (vLLM's hybrid
+    allocator groups the same way): Gemma 2's 1:1 layers give ``(None, W)`` of one layer
+    each, Gemma 3's 5:1 give one full group and five windowed ones.
+    """
+    windows = layer_windows or (None,) * num_layers
+    order = sorted(set(windows), key=lambda window: -1 if window is None else window)
+    by_window = {window: [i for i, w in enumerate(windows) if w == window] for window in order}
+    size = min(len(layers) for layers in by_window.values())
+    return tuple(
+        (window, tuple(layers[start : start + size]))
+        for window, layers in by_window.items()
+        for start in range(0, len(layers), size)
+    )
+
+
+def new_manager(layout: KVLayout, total_blocks: int, block_size: int) -> KVBlockManager:
+    """A manager for a pool of ``layout``: one KV cache group per group of its layers."""
+    return KVBlockManager(total_blocks, block_size, group_windows=layout.group_windows)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """One KV cache group's part of a step's plan.
+
+    ``write_index`` holds the rows of every new token of the step in packed order.
+    ``read_index`` says what a read gathers and ``read_starts`` where each request's rows
+    begin in the gathered rows; they hold its positions ``first_positions[i]`` ..
+    ``token_counts[i] - 1`` (a sliding window skipped the blocks before). What an index
+    means is the store's.
+    """
+
+    write_index: torch.Tensor  # [step_tokens] int64
+    read_index: torch.Tensor  # int64, the store's rows or blocks to gather
+    read_starts: tuple[int, ...]
+    first_positions: tuple[int, ...]
+
 
 @dataclass(frozen=True, slots=True)
 class KVPlan:
     """Where one forward step's K/V go and come from (shared by all layers).
 
-    The step packs ``len(request_ids)`` requests; ``write_index`` holds the rows of every
-    new token of the step in packed order, and ``new_token_counts`` how many of them each
-    request feeds. ``read_index`` says what a read gathers and ``read_starts`` where each
-    request's ``token_counts[i]`` rows begin in the gathered rows; what an index means is
-    the store's.
+    The step packs ``len(request_ids)`` requests, each feeding ``new_token_counts[i]`` new
+    tokens and holding ``token_counts[i]`` after them; ``groups[g]`` is KV cache group
+    ``g``'s part (one group unless the model has sliding windows).
     """
 
     request_ids: tuple[str, ...]
-    write_index: torch.Tensor  # [step_tokens] int64
     new_token_counts: tuple[int, ...]
-    read_index: torch.Tensor  # int64, the store's rows or blocks to gather
-    read_starts: tuple[int, ...]
     token_counts: tuple[int, ...]
+    groups: tuple[GroupPlan, ...]
+
+    @property
+    def write_index(self) -> torch.Tensor:
+        """Group 0's write rows, ``[step_tokens]`` int64."""
+        return self.groups[0].write_index
+
+    @property
+    def read_index(self) -> torch.Tensor:
+        """What group 0's read gathers."""
+        return self.groups[0].read_index
+
+    @property
+    def read_starts(self) -> tuple[int, ...]:
+        """Where each request's rows begin in group 0's gathered rows."""
+        return self.groups[0].read_starts
 
 
 class KVStore(Protocol):
     """What the attention hook needs from K/V memory: plan once per step, write, read.
 
     ``plan`` takes each request's table after this step's tokens and the slots of those
-    tokens. The engine also tells it about the lifecycle: ``release`` (with the blocks
-    that became free and hold no cached prefix: a shared or cached block keeps valid K/V),
-    ``fork``, the copy-on-write ``copy_blocks`` and the rollback ``truncate``.
+    tokens (KV cache group 0), and with several groups each request's table in groups
+    1.. (``group_tables[g - 1][i]``). The engine also tells it about the lifecycle:
+    ``release`` (with the blocks that became free and hold no cached prefix: a shared or
+    cached block keeps valid K/V), ``release_out_of_window`` (blocks a sliding window made
+    free, likewise), ``fork``, the copy-on-write ``copy_blocks`` and the rollback
+    ``truncate``.
     """
 
-    def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
+    def plan(
+        self,
+        tables: Sequence[RequestBlockTable],
+        new_slots: Sequence[list[int]],
+        group_tables: Sequence[Sequence[RequestBlockTable]] = (),
+    ) -> KVPlan:
         """The step's plan, built once and used by every layer."""
         ...
 
@@ -83,8 +185,12 @@ class KVStore(Protocol):
         ...
 
     def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each request's K and V in SDPA's layout, ``[1, num_kv_heads, token_count, head_dim]``
-        (strided views are fine), in plan order."""
+        """Each request's K and V in SDPA's layout, ``[1, num_kv_heads, tokens, head_dim]``
+        (strided views are fine), in plan order: its positions ``first_positions`` on."""
+        ...
+
+    def first_positions(self, layer_idx: int, plan: KVPlan) -> tuple[int, ...]:
+        """The position of the first row ``read`` returns for each request in this layer."""
         ...
 
     def release(self, request_id: str, block_ids: list[int]) -> None: ...
@@ -95,17 +201,25 @@ class KVStore(Protocol):
         again; nobody may read either."""
         ...
 
+    def release_out_of_window(self, block_ids: list[int]) -> None: ...
+
     def fork(self, parent_id: str, child_id: str) -> None: ...
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None: ...
 
 
 class PagedKVPool:
-    """The paged KV pool: ``total_blocks`` blocks of ``block_size`` tokens for every layer."""
+    """The paged KV pool: ``total_blocks`` blocks of ``block_size`` tokens for every layer.
+
+    With KV cache groups (sliding windows), block ``b`` holds the K/V of the layers of
+    whichever group's table holds it: tensor ``keys[i]`` is shared by the ``i``-th layer of
+    every group (vLLM's layout), so a block costs one group's layers, not every layer's.
+    """
 
     __slots__ = (
         "_flat_keys",
         "_flat_values",
+        "_places",
         "block_size",
         "keys",
         "layout",
@@ -122,37 +236,76 @@ class PagedKVPool:
         self.total_blocks = total_blocks
         self.block_size = block_size
         shape = (total_blocks, block_size, layout.num_kv_heads, layout.head_dim)
-        # keys[l], values[l]: [total_blocks, block_size, num_kv_heads, head_dim]
+        # keys[i], values[i]: [total_blocks, block_size, num_kv_heads, head_dim], the i-th
+        # layer of each group (with one group: layer i)
         self.keys = [
             torch.zeros(shape, dtype=layout.dtype, device=layout.device)
-            for _ in range(layout.num_layers)
+            for _ in range(layout.layers_per_block)
         ]
         self.values = [torch.zeros_like(k) for k in self.keys]
         flat = (total_blocks * block_size, layout.num_kv_heads, layout.head_dim)
         # Views sharing the storage above: [total_blocks * block_size, num_kv_heads, head_dim]
         self._flat_keys = [k.view(flat) for k in self.keys]
         self._flat_values = [v.view(flat) for v in self.values]
+        # _places[layer_idx]: (its group, its tensor index)
+        places = {
+            layer_idx: (group, index)
+            for group, layers in enumerate(layout.group_layers)
+            for index, layer_idx in enumerate(layers)
+        }
+        self._places = tuple(places[layer_idx] for layer_idx in range(layout.num_layers))
 
     @property
     def nbytes(self) -> int:
         """Bytes the pool holds for K and V over all layers."""
-        return self.total_blocks * self.block_size * self.layout.bytes_per_token
+        return self.total_blocks * self.block_size * self.layout.bytes_per_block_token
 
-    def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
-        """Writes go to the pool slots ``new_slots``; a read gathers the tables' blocks whole.
+    def plan(
+        self,
+        tables: Sequence[RequestBlockTable],
+        new_slots: Sequence[list[int]],
+        group_tables: Sequence[Sequence[RequestBlockTable]] = (),
+    ) -> KVPlan:
+        """Writes go to the pool slots ``new_slots`` (group 0; the others' from their
+        tables); a read gathers each group's held blocks whole.
 
         NOTE: reading by block, not by slot, moves ``block_size`` rows per index (one
         memcpy-sized chunk) and one ``index_select`` serves every request of the step; it
         copies at most ``block_size - 1`` unused rows per request, which no one reads.
         """
-        device = self.layout.device
-        block_counts = [len(table.block_ids) for table in tables]
+        groups = len(self.layout.group_layers)
+        if 1 + len(group_tables) != groups:
+            raise ValueError(
+                f"the pool has {groups} KV cache groups, the plan {1 + len(group_tables)}"
+            )
+        new_token_counts = tuple(len(slots) for slots in new_slots)
+        group_plans = [self._group_plan(tables, [s for slots in new_slots for s in slots])]
+        for more in group_tables:
+            group_plans.append(self._group_plan(more, self._new_slots(more, new_token_counts)))
         return KVPlan(
             request_ids=tuple(table.request_id for table in tables),
-            write_index=torch.tensor(
-                [slot for slots in new_slots for slot in slots], dtype=torch.int64, device=device
-            ),
-            new_token_counts=tuple(len(slots) for slots in new_slots),
+            new_token_counts=new_token_counts,
+            token_counts=tuple(table.token_count for table in tables),
+            groups=tuple(group_plans),
+        )
+
+    def _new_slots(
+        self, tables: Sequence[RequestBlockTable], new_token_counts: tuple[int, ...]
+    ) -> list[int]:
+        """The slots of each request's last ``new_token_counts[i]`` tokens in its table."""
+        block_size = self.block_size
+        return [
+            table.block_ids[position // block_size - table.skipped_blocks] * block_size
+            + position % block_size
+            for table, count in zip(tables, new_token_counts, strict=True)
+            for position in range(table.token_count - count, table.token_count)
+        ]
+
+    def _group_plan(self, tables: Sequence[RequestBlockTable], slots: list[int]) -> GroupPlan:
+        device = self.layout.device
+        block_counts = [len(table.block_ids) for table in tables]
+        return GroupPlan(
+            write_index=torch.tensor(slots, dtype=torch.int64, device=device),
             read_index=torch.tensor(
                 [block_id for table in tables for block_id in table.block_ids],
                 dtype=torch.int64,
@@ -161,38 +314,52 @@ class PagedKVPool:
             read_starts=tuple(
                 self.block_size * start for start in accumulate(block_counts, initial=0)
             )[:-1],
-            token_counts=tuple(table.token_count for table in tables),
+            first_positions=tuple(self.block_size * table.skipped_blocks for table in tables),
         )
 
     def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
         """Store the step's new ``key``/``value`` ``[step_tokens, num_kv_heads, head_dim]``."""
-        self._flat_keys[layer_idx].index_copy_(0, plan.write_index, key)
-        self._flat_values[layer_idx].index_copy_(0, plan.write_index, value)
+        group, index = self._places[layer_idx]
+        write_index = plan.groups[group].write_index
+        self._flat_keys[index].index_copy_(0, write_index, key)
+        self._flat_values[index].index_copy_(0, write_index, value)
 
     def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each request's K and V, ``[1, num_kv_heads, token_count, head_dim]``: views of one
-        gather."""
-        keys = _sdpa_layout(self.keys[layer_idx].index_select(0, plan.read_index))
-        values = _sdpa_layout(self.values[layer_idx].index_select(0, plan.read_index))
+        """Each request's K and V from its group's first held block, ``[1, num_kv_heads,
+        token_count - first_position, head_dim]``: views of one gather."""
+        group, index = self._places[layer_idx]
+        group_plan = plan.groups[group]
+        keys = _sdpa_layout(self.keys[index].index_select(0, group_plan.read_index))
+        values = _sdpa_layout(self.values[index].index_select(0, group_plan.read_index))
         return [
-            (keys[:, :, start : start + count], values[:, :, start : start + count])
-            for start, count in zip(plan.read_starts, plan.token_counts, strict=True)
+            (keys[:, :, start : start + count - first], values[:, :, start : start + count - first])
+            for start, count, first in zip(
+                group_plan.read_starts, plan.token_counts, group_plan.first_positions, strict=True
+            )
         ]
 
     def pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer_idx``'s K and V tensors, ``[total_blocks, block_size, num_kv_heads,
         head_dim]``: what a kernel backend reads in place."""
-        return self.keys[layer_idx], self.values[layer_idx]
+        index = self._places[layer_idx][1]
+        return self.keys[index], self.values[index]
 
     def block_ids_of(self, table: RequestBlockTable) -> list[int]:
         """The pool blocks of ``table``: its own block ids (the manager's)."""
         return list(table.block_ids)
+
+    def first_positions(self, layer_idx: int, plan: KVPlan) -> tuple[int, ...]:
+        """Where each request's rows start: its group's skipped blocks' tokens."""
+        return plan.groups[self._places[layer_idx][0]].first_positions
 
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """A request let go of ``block_ids``; their rows keep stale K/V until overwritten."""
 
     def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
         """A request was rolled back; the rows keep stale K/V until overwritten."""
+
+    def release_out_of_window(self, block_ids: list[int]) -> None:
+        """Sliding windows let go of ``block_ids``; their rows keep stale K/V."""
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """Nothing to do: the child's table names the parent's blocks."""
@@ -247,6 +414,11 @@ class PoisonedKVPool(PagedKVPool):
         self.poison(block_ids)
         self.poison_slots(slots)
 
+    def release_out_of_window(self, block_ids: list[int]) -> None:
+        """Poison the blocks sliding windows released, at once: the request still runs,
+        and a hook reading one would turn its logits NaN."""
+        self.poison(block_ids)
+
 
 class FinitePoisonedKVPool(PoisonedKVPool):
     """A poisoned pool whose poison is the dtype's largest finite value, not NaN.
@@ -297,8 +469,14 @@ class ContiguousKVBuffers:
         self._rows: dict[str, int] = {}  # request_id -> its row
         self._free_rows: list[int] = []
 
-    def plan(self, tables: Sequence[RequestBlockTable], new_slots: Sequence[list[int]]) -> KVPlan:
-        """Rows are positions in each request's own buffer; block tables are not used."""
+    def plan(
+        self,
+        tables: Sequence[RequestBlockTable],
+        new_slots: Sequence[list[int]],
+        group_tables: Sequence[Sequence[RequestBlockTable]] = (),
+    ) -> KVPlan:
+        """Rows are positions in each request's own buffer; block tables are not used (nor
+        windows: every position is kept)."""
         device = self.layout.device
         rows: list[int] = []
         for table, slots in zip(tables, new_slots, strict=True):
@@ -306,13 +484,17 @@ class ContiguousKVBuffers:
                 self._rows[table.request_id] = self._take_row()
             base = self._rows[table.request_id] * self.row_tokens
             rows.extend(range(base + table.token_count - len(slots), base + table.token_count))
-        return KVPlan(
-            request_ids=tuple(table.request_id for table in tables),
+        everything = GroupPlan(
             write_index=torch.tensor(rows, dtype=torch.int64, device=device),
-            new_token_counts=tuple(len(slots) for slots in new_slots),
             read_index=torch.empty(0, dtype=torch.int64, device=device),
             read_starts=(0,) * len(tables),
+            first_positions=(0,) * len(tables),
+        )
+        return KVPlan(
+            request_ids=tuple(table.request_id for table in tables),
+            new_token_counts=tuple(len(slots) for slots in new_slots),
             token_counts=tuple(table.token_count for table in tables),
+            groups=(everything,),
         )
 
     def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -341,12 +523,19 @@ class ContiguousKVBuffers:
         first = self._rows[table.request_id] * (self.row_tokens // self.block_size)
         return list(range(first, first + -(-table.token_count // self.block_size)))
 
+    def first_positions(self, layer_idx: int, plan: KVPlan) -> tuple[int, ...]:
+        """Every request's buffer starts at position 0."""
+        return plan.groups[0].first_positions
+
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """Give back a finished request's row (its block ids mean nothing here)."""
         self._free_rows.append(self._rows.pop(request_id))
 
     def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
         """Nothing to do: rows past a request's length are never read, and are rewritten."""
+
+    def release_out_of_window(self, block_ids: list[int]) -> None:
+        """Nothing to drop: buffers keep every position."""
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child starts with a copy of the parent's buffers: nothing is shared here."""

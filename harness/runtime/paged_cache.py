@@ -43,6 +43,11 @@ class PagedCache(Cache):
                 f"manager ({manager.total_blocks} blocks of {manager.block_size}) and pool "
                 f"({pool.total_blocks} blocks of {pool.block_size}) must match"
             )
+        if manager.group_windows != pool.layout.group_windows:
+            raise ValueError(
+                f"the manager's group_windows {manager.group_windows} are not the pool's KV "
+                f"cache groups {pool.layout.group_windows} (kv_pool.new_manager)"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.manager = manager
@@ -60,8 +65,12 @@ class PagedCache(Cache):
         """Give every row ``new_tokens`` more slots; the step's plan. All rows or none."""
         manager = self.manager
         block_size = manager.block_size
-        per_row = blocks_for_tokens(block_size, self.token_count + new_tokens) - (
-            blocks_for_tokens(block_size, self.token_count)
+        groups = range(1, len(manager.group_windows))
+        # Each KV cache group takes its own blocks (a window's skips not counted: the check
+        # may refuse a step that would just fit, never pass one that does not).
+        per_row = (1 + len(groups)) * (
+            blocks_for_tokens(block_size, self.token_count + new_tokens)
+            - blocks_for_tokens(block_size, self.token_count)
         )
         if self.token_count == 0:
             taken = [rid for rid in self.request_ids if rid in manager.request_tables]
@@ -83,15 +92,23 @@ class PagedCache(Cache):
                 continue
             else:
                 table = manager.append_tokens(request_id, new_tokens)
+            first = table.skipped_blocks * block_size  # the first position the table holds
             new_slots.append(
                 [
-                    slot_index(block_size, table.block_ids, position)
+                    slot_index(block_size, table.block_ids, position - first)
                     for position in range(self.token_count, table.token_count)
                 ]
             )
         self.token_count += new_tokens
+        skipped = manager.take_skipped_blocks()
+        if skipped:
+            self.pool.release_out_of_window(skipped)
         tables = [manager.snapshot_request(request_id) for request_id in self.request_ids]
-        self.plan = self.pool.plan(tables, new_slots)
+        group_tables = [
+            [manager.snapshot_request(request_id, group) for request_id in self.request_ids]
+            for group in groups
+        ]
+        self.plan = self.pool.plan(tables, new_slots, group_tables)
         return self.plan
 
     def release(self) -> None:
@@ -119,9 +136,12 @@ class PagedCache(Cache):
 
 
 class _PagedLayer(CacheLayerMixin):
-    """One layer's view of a ``PagedCache``: writes and reads that layer of the pool."""
+    """One layer's view of a ``PagedCache``: writes and reads that layer of the pool.
 
-    is_sliding = False
+    A layer with a sliding window W hands attention what HF's
+    ``DynamicSlidingWindowLayer`` hands it: the new tokens and at most the W - 1 before
+    them, with the mask sizes that layer reports, so the attention call is the dense one.
+    """
 
     def __init__(self, cache: PagedCache, layer_idx: int) -> None:
         # transformers leaves CacheLayerMixin.__init__ unannotated; it sets keys, values and
@@ -130,6 +150,8 @@ class _PagedLayer(CacheLayerMixin):
         self.cache = cache
         self.layer_idx = layer_idx
         self.token_count = 0
+        self.window = cache.pool.layout.window(layer_idx)
+        self.is_sliding = self.window is not None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to allocate: the pool exists already."""
@@ -162,6 +184,11 @@ class _PagedLayer(CacheLayerMixin):
             value_states.transpose(1, 2).reshape(rows),
         )
         read = cache.pool.read(self.layer_idx, plan)
+        if self.window is not None:
+            # keys, values: [1, num_kv_heads, kept, head_dim], the tokens before this step
+            # that the window keeps (at most W - 1) and this step's
+            kept = min(self.token_count - new_tokens, self.window - 1) + new_tokens
+            read = [(keys[:, :, -kept:], values[:, :, -kept:]) for keys, values in read]
         if batch == 1:
             return read[0]
         return torch.cat([k for k, _ in read]), torch.cat([v for _, v in read])
@@ -172,16 +199,21 @@ class _PagedLayer(CacheLayerMixin):
         self.is_initialized = False
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """Keys cover every past token plus the query's; no offset (no sliding window)."""
-        return self.token_count + query_length, 0
+        """How many keys ``update`` hands attention with ``query_length`` new tokens, and the
+        position of the first: every past token, or a window's as
+        ``DynamicSlidingWindowLayer`` counts them."""
+        if self.window is None:
+            return self.token_count + query_length, 0
+        kept = min(self.token_count, self.window - 1)
+        return kept + query_length, max(self.token_count - self.window + 1, 0)
 
     def get_seq_length(self) -> int:
         """Tokens this layer holds for every row."""
         return self.token_count
 
     def get_max_length(self) -> int:
-        """No fixed maximum: the pool's free blocks are the limit."""
-        return -1
+        """A sliding layer's window; else no fixed maximum (the pool's free blocks are)."""
+        return -1 if self.window is None else self.window
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Refused: beam search reorders rows, which would mean forking tables here."""

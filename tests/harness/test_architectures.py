@@ -3,21 +3,40 @@ checks with both engines (prefix hits, forks and preemption on a tight, poisoned
 ``PagedCache`` under ``generate`` is bit-identical to HF's own cache.
 
 Each architecture brings a feature the attention hook must carry through unchanged: Qwen2
-biases on q/k/v, Qwen3 q/k norms and its own head_dim, Phi-3 a fused qkv projection.
+biases on q/k/v, Qwen3 q/k norms and its own head_dim, Phi-3 a fused qkv projection,
+Mistral a sliding window on every layer, Gemma 2 sliding and full layers with softcapping
+under eager attention, Gemma 3 sliding and full layers with a rope each and q/k norms. The
+windows are narrower than most prompts here, so a query that reads one key too many or too
+few changes the logits (``test_a_hook_that_misreads_the_window_fails_check_2``).
 """
 
+import json
 import random
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
-from harness.models import check_supported, tiny_model
+import harness.runtime.paged_attention
+from harness.cli.main import main
+from harness.models import check_supported, kv_layout, tiny_model
+from harness.oracle.checks import TokenTrace, check_alone
+from harness.oracle.dense import generate_dense
 from harness.oracle.equivalence import PoolConfig, run_equivalence
-from harness.runtime.engine import BatchInvariantEngine, Engine, Request
-from harness.runtime.kv_pool import PoisonedKVPool
+from harness.runtime.engine import NO_PREFIX_CACHING, BatchInvariantEngine, Engine, Request
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool, new_manager
+from harness.runtime.paged_attention import sliding_window_mask, visible_start
+from harness.runtime.paged_cache import PagedCache
+from impl import KVBlockManager
 from tests.support.device_cases import paged_cache_generate_failures
+from tests.support.harness_cases import ReportsAHeldBlockAsSkipped, save_model_directory
 
-ARCHITECTURES = ["qwen2", "qwen3", "phi3"]
+ARCHITECTURES = ["qwen2", "qwen3", "phi3", "mistral", "gemma2", "gemma3"]
+WINDOWED = ["mistral", "gemma2", "gemma3"]
+# Tight enough to preempt: sliding windows free blocks as requests decode, and Gemma's two
+# KV cache groups (full, windowed) each hold a prompt's blocks.
+TOTAL_BLOCKS = {"mistral": 16, "gemma2": 30, "gemma3": 30}
 
 
 def _requests(vocab: int) -> list[Request]:
@@ -45,7 +64,10 @@ def test_the_three_checks_pass_on_a_tiny_model_of_each_architecture(
     loaded = tiny_model(architecture, seed=0)
     check_supported(loaded.model)
     pool = PoolConfig(
-        total_blocks=24, block_size=4, engine_type=engine_type, pool_type=PoisonedKVPool
+        total_blocks=TOTAL_BLOCKS.get(architecture, 24),
+        block_size=4,
+        engine_type=engine_type,
+        pool_type=PoisonedKVPool,
     )
     report = run_equivalence(
         loaded, _requests(loaded.model.config.vocab_size), pool, lambda _: None
@@ -62,6 +84,9 @@ def test_the_three_checks_pass_on_a_tiny_model_of_each_architecture(
     assert report.prefix_hit_tokens > 0
     assert report.cow_copies > 0
     assert report.preemptions > 0
+    # Windowed models freed blocks mid-run (poisoned at once), full ones never do.
+    assert (report.blocks_freed_by_window > 0) == (architecture in WINDOWED)
+    assert (report.peak_blocks_saved_by_window > 0) == (architecture in WINDOWED)
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
@@ -70,3 +95,130 @@ def test_paged_cache_under_generate_is_bit_identical_for_each_architecture(
 ) -> None:
     failures = paged_cache_generate_failures(torch.device("cpu"), torch.float32, architecture)
     assert failures == []
+
+
+# -- the window is read exactly: planted misreadings fail -------------------------------
+
+
+def _one_key_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant a decode that reads W - 1 keys: the window's first key is dropped."""
+    monkeypatch.setattr(
+        harness.runtime.paged_attention,
+        "visible_start",
+        lambda query_count, token_count, window: (
+            visible_start(query_count, token_count, window)
+            + (query_count == 1 and window is not None and token_count > window)
+        ),
+    )
+
+
+def _no_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant a hook that drops the window: every earlier key, a plain causal mask."""
+    monkeypatch.setattr(
+        harness.runtime.paged_attention, "visible_start", lambda query_count, token_count, _: 0
+    )
+    monkeypatch.setattr(
+        harness.runtime.paged_attention,
+        "sliding_window_mask",
+        lambda request, _: sliding_window_mask(request, request.token_count + 1),
+    )
+
+
+def _alone_run(
+    monkeypatch: pytest.MonkeyPatch, plant: Callable[[pytest.MonkeyPatch], None]
+) -> bool:
+    """One Mistral request alone with ``plant`` applied to the hook: whether check 2 passed
+    (and, when it did not, that the tokens changed too)."""
+    loaded = tiny_model("mistral", seed=0)
+    request = Request("r0", tuple(random.Random(2).randrange(256) for _ in range(20)), 6)
+    dense = generate_dense(loaded.model, request.prompt_ids, request.max_new_tokens, None)
+    plant(monkeypatch)
+    layout = kv_layout(loaded)
+    store = PoisonedKVPool(layout, 16, 4)
+    engine = BatchInvariantEngine(loaded.model, new_manager(layout, 16, 4), store, None)
+    output = engine.run([request]).outputs["r0"]
+    check = check_alone(
+        "r0", TokenTrace(output.token_ids, output.logits), TokenTrace(dense.token_ids, dense.logits)
+    )
+    # A misread window moves the logits (not only their last bits): the tokens change.
+    assert check.passed == (output.token_ids == dense.token_ids)
+    return check.passed
+
+
+def test_a_hook_that_reads_one_key_short_of_the_window_fails_check_2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not _alone_run(monkeypatch, _one_key_short)
+
+
+def test_a_hook_that_ignores_the_window_stops_at_the_first_skipped_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The allocator freed the blocks the window no longer reads; a hook reading them all
+    # finds its table starting later and fails loudly, never reading a freed block.
+    with pytest.raises(AssertionError, match=r"reads position 0, but its table starts at \d+"):
+        _alone_run(monkeypatch, _no_window)
+
+
+def _alone_check(store_type: type[PagedKVPool]) -> tuple[bool, bool]:
+    """One Mistral request on a manager that reports a still-read block as skipped, and a
+    pool of ``store_type``: whether check 2 passed, and whether a logit went NaN."""
+    loaded = tiny_model("mistral", seed=0)
+    request = Request("r0", tuple(random.Random(2).randrange(256) for _ in range(20)), 6)
+    dense = generate_dense(loaded.model, request.prompt_ids, request.max_new_tokens, None)
+    layout = kv_layout(loaded)
+    manager = ReportsAHeldBlockAsSkipped(16, 4, group_windows=layout.group_windows)
+    # Without prefix caching: a cached block a window skips keeps its K/V for later hits
+    # and is never poisoned; an uncached one is handed over by take_skipped_blocks.
+    engine = BatchInvariantEngine(
+        loaded.model, manager, store_type(layout, 16, 4), None, NO_PREFIX_CACHING
+    )
+    output = engine.run([request]).outputs["r0"]
+    check = check_alone(
+        "r0", TokenTrace(output.token_ids, output.logits), TokenTrace(dense.token_ids, dense.logits)
+    )
+    return check.passed, any(bool(row.isnan().any()) for row in output.logits)
+
+
+def test_a_block_released_while_its_window_still_reads_it_fails_on_a_poisoned_pool() -> None:
+    assert _alone_check(PoisonedKVPool) == (False, True)
+
+
+def test_without_poisoning_the_early_release_goes_unseen() -> None:
+    # The block is still held and unchanged: only poisoning shows the allocator's bug.
+    assert _alone_check(PagedKVPool) == (True, False)
+
+
+# -- python -m harness on a saved model directory --------------------------------------
+
+
+@pytest.mark.parametrize("architecture", WINDOWED)
+def test_python_m_harness_passes_on_a_saved_directory_of_each_windowed_architecture(
+    architecture: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = save_model_directory(tiny_model(architecture, seed=0).model, tmp_path / "m")
+    prompts = tmp_path / "prompts.jsonl"
+    words = "a b c d e f g h i j k l m n o p q r s t u v w x y z"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": words[: 2 * length]}) + "\n" for length in (13, 11))
+    )
+    argv = ["--device", "cpu", "--model", str(directory), "--prompts-file", str(prompts)]
+    argv += ["--block-size", "4", "--max-new-tokens", "4", "--poison-freed"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["passed"]
+    assert result["model"] == "m"
+
+
+def test_the_engine_and_paged_cache_refuse_a_manager_without_the_models_groups() -> None:
+    loaded = tiny_model("gemma2", seed=0)
+    layout = kv_layout(loaded)
+    pool = PagedKVPool(layout, 30, 4)
+    with pytest.raises(
+        ValueError, match=r"group_windows \(None,\) are not the model's KV cache groups \(None, 8\)"
+    ):
+        Engine(loaded.model, KVBlockManager(30, 4), pool, None)
+    with pytest.raises(
+        ValueError, match=r"group_windows \(None,\) are not the pool's KV cache groups \(None, 8\)"
+    ):
+        PagedCache(KVBlockManager(30, 4), pool, 1)

@@ -9,6 +9,7 @@ from harness.runtime.kv_pool import (
     KVStore,
     PagedKVPool,
     PoisonedKVPool,
+    kv_cache_groups,
 )
 from impl import RequestBlockTable
 
@@ -146,3 +147,60 @@ def test_contiguous_buffers_read_as_pages_give_each_request_a_run_of_its_own_pag
     plan = _plan(buffers, "d", (), 1, [0])  # takes a's row back, zeroed
     assert buffers.block_ids_of(RequestBlockTable("d", [], 1)) == [0]
     assert not buffers.pages(1)[0][0:3].any()
+
+
+# -- KV cache groups (sliding windows) -----------------------------------------------
+
+
+def test_kv_cache_groups_put_full_layers_first_in_groups_of_equal_size() -> None:
+    assert kv_cache_groups((), 3) == ((None, (0, 1, 2)),)
+    assert kv_cache_groups((7, 7), 2) == ((7, (0, 1)),)
+    assert kv_cache_groups((8, None), 2) == ((None, (1,)), (8, (0,)))
+    # Gemma 3's 5:1: one full group and five windowed ones of one layer each.
+    gemma3 = (6, 6, 6, 6, 6, None)
+    assert kv_cache_groups(gemma3, 6) == (
+        (None, (5,)),
+        (6, (0,)),
+        (6, (1,)),
+        (6, (2,)),
+        (6, (3,)),
+        (6, (4,)),
+    )
+    # Two full layers, three windowed: groups of two, the last windowed one smaller.
+    assert kv_cache_groups((4, None, 4, None, 4), 5) == ((None, (1, 3)), (4, (0, 2)), (4, (4,)))
+
+
+GROUPED = KVLayout(2, 2, 3, torch.float32, torch.device("cpu"), layer_windows=(5, None))
+
+
+def test_a_grouped_pool_shares_one_tensor_between_the_groups_layers() -> None:
+    pool = PagedKVPool(GROUPED, total_blocks=4, block_size=2)
+    assert GROUPED.group_windows == (None, 5)
+    assert len(pool.keys) == 1  # layer 1 (full) and layer 0 (window) share it
+    assert pool.nbytes == 4 * 2 * GROUPED.bytes_per_token // 2
+
+
+def test_each_layer_writes_and_reads_through_its_groups_table() -> None:
+    pool = PagedKVPool(GROUPED, total_blocks=6, block_size=2)
+    # Five tokens; the full group (layer 1) holds blocks (0, 1, 2); the windowed group
+    # (layer 0) skipped its first block and holds (4, 5): positions 2 .. 4.
+    full = RequestBlockTable("a", [0, 1, 2], 5)
+    windowed = RequestBlockTable("a", [4, 5], 5, skipped_blocks=1)
+    plan = pool.plan([full], [[4]], [[windowed]])
+    assert plan.groups[0].write_index.tolist() == [4]  # block 2, offset 0
+    assert plan.groups[1].write_index.tolist() == [10]  # position 4: block 5, offset 0
+    assert (pool.first_positions(1, plan), pool.first_positions(0, plan)) == ((0,), (2,))
+    pool.write(0, plan, _rows(1, 40.0), _rows(1, 50.0))
+    pool.write(1, plan, _rows(1, 10.0), _rows(1, 20.0))
+    assert pool.keys[0][5, 0, 0, 0] == 40.0 and pool.keys[0][2, 0, 0, 0] == 10.0
+    keys, _ = _read_one(pool, 0, plan)
+    assert keys.shape[0] == 3  # positions 2, 3, 4
+    assert keys[2, 0, 0] == 40.0
+    keys, _ = _read_one(pool, 1, plan)
+    assert keys.shape[0] == 5 and keys[4, 0, 0] == 10.0
+
+
+def test_a_poisoned_pool_poisons_blocks_a_window_released() -> None:
+    pool = PoisonedKVPool(GROUPED, total_blocks=4, block_size=2)
+    pool.release_out_of_window([3])
+    assert pool.keys[0][3].isnan().all() and not pool.keys[0][2].isnan().any()

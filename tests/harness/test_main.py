@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from transformers import MistralConfig, MistralForCausalLM
+from transformers import GptOssConfig, GptOssForCausalLM
 
 import harness.models
 from harness.cli.main import main
@@ -227,25 +227,28 @@ def test_more_continuations_than_the_vocabulary_is_bad_input(
     )
 
 
-def test_a_model_with_a_sliding_window_is_refused_in_one_line(
+def test_a_model_with_attention_sinks_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = MistralConfig(
+    config = GptOssConfig(
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=8,
         max_position_embeddings=128,
-        sliding_window=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        layer_types=["full_attention"],
     )
-    save_model_directory(MistralForCausalLM(config), tmp_path)
+    save_model_directory(GptOssForCausalLM(config), tmp_path)
     assert main(["--device", "cpu", "--model", str(tmp_path)]) == 2
     assert _one_error_line(capsys) == (
-        "python -m harness: error: MistralForCausalLM is not supported by the paged attention "
-        "hook: sliding_window=8 < max_position_embeddings=128 (the hook attends to every "
-        "earlier token)"
+        "python -m harness: error: GptOssForCausalLM is not supported by the paged attention "
+        "hook: attention sinks (model.layers.0.self_attn.sinks and 0 more; the hook's softmax "
+        "has no sink term)"
     )
 
 

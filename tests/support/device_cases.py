@@ -10,9 +10,8 @@ import torch
 from harness.models import LoadedModel, kv_layout, tiny_model
 from harness.oracle.equivalence import PoolConfig, run_equivalence
 from harness.runtime.engine import BatchInvariantEngine, Engine
-from harness.runtime.kv_pool import PoisonedKVPool
+from harness.runtime.kv_pool import PoisonedKVPool, new_manager
 from harness.runtime.paged_cache import PagedCache
-from impl import KVBlockManager
 from tests.support.harness_cases import make_requests, poisoned_pool
 
 
@@ -69,8 +68,9 @@ def paged_cache_generate_failures(
         "output_logits": True,
         "return_dict_in_generate": True,
     }
-    pool = poisoned_pool(32, 4, kv_layout(loaded))
-    with torch.no_grad(), PagedCache(KVBlockManager(32, 4), pool, 2) as cache:
+    layout = kv_layout(loaded)
+    pool = poisoned_pool(32, 4, layout)
+    with torch.no_grad(), PagedCache(new_manager(layout, 32, 4), pool, 2) as cache:
         paged = loaded.model.generate(input_ids.to(device), past_key_values=cache, **kwargs)
         dense = loaded.model.generate(input_ids.to(device), **kwargs)
     failures = []

@@ -222,3 +222,23 @@ class EarlyReleaseEngine(Engine):
     def _release(self, running: _Running) -> None:
         if running.request.request_id not in self._stale:
             super()._release(running)
+
+
+class ReportsAHeldBlockAsSkipped(KVBlockManager):
+    """A window released one block early: whenever a window slides, the block each windowed
+    table holds first (still inside its window, still read) is reported free as well.
+
+    The table keeps the block, so nothing is reused; only a pool that poisons what
+    ``take_skipped_blocks`` hands over turns the still-needed block into NaN.
+    """
+
+    def take_skipped_blocks(self) -> list[int]:
+        skipped = super().take_skipped_blocks()
+        if not skipped:
+            return skipped
+        for request_id in self.request_tables:
+            for group, window in enumerate(self.group_windows):
+                table = self.snapshot_request(request_id, group)
+                if window is not None and table.skipped_blocks and table.block_ids:
+                    skipped.append(table.block_ids[0])
+        return skipped
