@@ -134,12 +134,16 @@ def paged_attention_forward(
     step.store.write(layer_idx, plan, key[0].transpose(0, 1), value[0].transpose(0, 1))
     kernel = step.kernel
     if kernel is None:
-        return _gather_attention(module, query, step, scaling, implementation, kwargs), None
+        return _gather_attention(
+            module, query, step, scaling=scaling, implementation=implementation, kwargs=kwargs
+        ), None
     # [T, num_heads, head_dim] in and out; the seam hands the kernel the packed step.
     scale = default_scale(query.shape[-1]) if scaling is None else scaling
     output = kernel.attend(layer_idx, query[0].transpose(0, 1), scale).unsqueeze(0)
     if kernel.agreement is not None:
-        gather = _gather_attention(module, query, step, scaling, implementation, kwargs)
+        gather = _gather_attention(
+            module, query, step, scaling=scaling, implementation=implementation, kwargs=kwargs
+        )
         kernel.agreement.record(layer_idx, output, gather)
     return output, None
 
@@ -148,6 +152,7 @@ def _gather_attention(
     module: Any,  # Any: the transformers attention module
     query: torch.Tensor,  # [1, num_heads, T, head_dim]
     step: StepMetadata,
+    *,
     scaling: float | None,
     implementation: str,
     # Any: the attention kwargs transformers passed through (sliding_window, softcap).
