@@ -210,6 +210,29 @@ def test_python_m_harness_passes_on_a_saved_directory_of_each_windowed_architect
     assert result["model"] == "m"
 
 
+@pytest.mark.parametrize("scheduling", [["--speculate", "3"], ["--max-batch-tokens", "8"]])
+def test_speculation_and_chunked_prefill_free_out_of_window_blocks_and_pass_on_gemma2(
+    scheduling: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each forward's tokens are added in one operation, so the window rule sees the right
+    # L0; a rollback poisons the rolled-back slots of every KV cache group's last block.
+    directory = save_model_directory(tiny_model("gemma2", seed=0).model, tmp_path / "m")
+    prompts = tmp_path / "prompts.jsonl"
+    words = "a b c d e f g h i j k l m n o p q r s t u v w x y z"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": words[: 2 * length - 1]}) + "\n" for length in (21, 15))
+    )
+    argv = ["--device", "cpu", "--model", str(directory), "--prompts-file", str(prompts)]
+    argv += ["--block-size", "4", "--max-new-tokens", "12", "--poison-freed", *scheduling]
+    assert main([*argv, "--json"]) == 0
+    totals = json.loads(capsys.readouterr().out)["totals"]
+    assert totals["blocks_freed_by_window"] > 0
+    if scheduling[0] == "--speculate":
+        assert totals["proposed_drafts"] > 0
+    else:
+        assert totals["chunks_per_prompt"] > 1
+
+
 def test_the_engine_and_paged_cache_refuse_a_manager_without_the_models_groups() -> None:
     loaded = tiny_model("gemma2", seed=0)
     layout = kv_layout(loaded)
