@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hypothesis.stateful import invariant
 
-from tests.support.lockstep import AllocatorMachine
+from tests.support.lockstep import AllocatorMachine, WindowedAllocatorMachine
 from tests.support.planted_bugs import WeakHashOnly
 
 
@@ -52,8 +52,13 @@ class CountingWeakHashMachine(CountingAllocatorMachine):
     target_class = WeakHashOnly
 
 
+class CountingWindowedMachine(CountingAllocatorMachine, WindowedAllocatorMachine):
+    """The same on pools shared by KV cache groups with sliding windows."""
+
+
 TestFuzzImplAgreesWithSpec = CountingAllocatorMachine.TestCase
 TestFuzzImplUnderAWeakHashAgreesWithSpec = CountingWeakHashMachine.TestCase
+TestFuzzImplWithWindowsAgreesWithSpec = CountingWindowedMachine.TestCase
 
 
 def _write_tally() -> None:
