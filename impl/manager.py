@@ -38,6 +38,7 @@ from spec import (
     KVBlockUsage,
     ReleasedBlocks,
     SharingCounters,
+    check_group,
     check_group_windows,
     check_request_id,
     check_token_count,
@@ -236,7 +237,7 @@ class KVBlockManager:
         """A copy of one request's table in KV cache group ``group``; ``KeyError`` if the
         request is unknown."""
         if group != 0 or type(group) is not int:
-            self._check_group(group)
+            check_group(group, len(self.group_windows))
         try:
             table = self._tables[request_id]
         except KeyError:
@@ -679,16 +680,6 @@ class KVBlockManager:
     def _blocks_for(self, token_count: int) -> int:
         check_token_count(token_count)
         return -(-token_count // self.block_size)
-
-    def _check_group(self, group: object) -> None:
-        if type(group) is not int:
-            raise TypeError(f"group must be an int, got {type(group).__name__} {group!r}")
-        groups = len(self.group_windows)
-        if not 0 <= group < groups:
-            raise ValueError(
-                f"group must be in [0, {groups}) (the pool has {groups} KV cache groups), "
-                f"got {group}"
-            )
 
     def _more_groups(self) -> range:
         """The groups after group 0, whose lists a table keeps beside ``block_ids``."""

@@ -59,6 +59,7 @@ from typing import TypeVar
 
 from spec.errors import (
     BlockAllocationError,
+    check_group,
     check_group_windows,
     check_pool_shape,
     check_request_id,
@@ -173,22 +174,10 @@ def init(
 # -- queries ----------------------------------------------------------------------------
 
 
-def check_group(state: AllocatorState, group: object) -> int:
-    """Refuse a group index that is not an ``int`` (TypeError) in [0, groups) (ValueError)."""
-    if type(group) is not int:
-        raise TypeError(f"group must be an int, got {type(group).__name__} {group!r}")
-    if not 0 <= group < len(state.group_windows):
-        raise ValueError(
-            f"group must be in [0, {len(state.group_windows)}) "
-            f"(the pool has {len(state.group_windows)} KV cache groups), got {group}"
-        )
-    return group
-
-
 def snapshot_request(state: AllocatorState, request_id: str, group: int = 0) -> RequestBlockTable:
     """The table of ``request_id`` in KV cache group ``group``; ``KeyError`` if it holds no
     blocks here (after ``check_group``)."""
-    table = state.group_tables[check_group(state, group)].get(request_id)
+    table = state.group_tables[check_group(group, len(state.group_windows))].get(request_id)
     if table is None:
         unknown_request(request_id)
     return table

@@ -67,6 +67,19 @@ def check_pool_shape(total_blocks: object, block_size: object) -> None:
             raise ValueError(f"{name} must be at most {limit:,}, got {value:,}")
 
 
+def check_group(group: object, group_count: int) -> int:
+    """Refuse a KV cache group index that is not an ``int`` (TypeError) in
+    [0, group_count) (ValueError); return it."""
+    if type(group) is not int:
+        raise TypeError(f"group must be an int, got {type(group).__name__} {group!r}")
+    if not 0 <= group < group_count:
+        raise ValueError(
+            f"group must be in [0, {group_count}) "
+            f"(the pool has {group_count} KV cache groups), got {group}"
+        )
+    return group
+
+
 def check_group_windows(group_windows: object) -> tuple[int | None, ...]:
     """Refuse KV cache groups that cannot be served; return them as a tuple.
 

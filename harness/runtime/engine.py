@@ -698,9 +698,7 @@ class Engine:
             mask = partial_prefill_mask(new_tokens, table.token_count, device)
             slices.append(RequestSlice(start, len(input_ids), mask))
             running.output.max_blocks = max(running.output.max_blocks, len(table.block_ids))
-        copies = self.manager.take_copies()  # none left by _grow; kept for any other caller
-        if copies:
-            self.store.copy_blocks(copies)
+        self._copy_pending_blocks()  # none left by _grow; kept for any other caller
         # Each request's table in KV cache groups 1.. (sliding windows), as grown.
         group_tables = [
             [self.manager.snapshot_request(table.request_id, group) for table in tables]
