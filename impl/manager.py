@@ -44,6 +44,8 @@ from spec import (
     check_token_count,
     check_token_ids,
     duplicate_request,
+    first_window_token,
+    skipped_blocks_at,
     unknown_request,
     violated_invariants,
 )
@@ -547,12 +549,13 @@ class KVBlockManager:
         block_size = self.block_size
         for group, window in enumerate(self.group_windows):
             skipped = table.skipped_blocks[group]
-            if window is not None and skipped * block_size > max(0, token_count - window + 1):
+            first_read = first_window_token(token_count, window)
+            if skipped * block_size > first_read:
                 raise ValueError(
                     f"cannot truncate request {request_id!r} to {token_count} tokens: group "
                     f"{group} (window {window}) released its first {skipped} blocks "
                     f"({skipped * block_size} tokens), and the next token would read "
-                    f"from token {max(0, token_count - window + 1)}"
+                    f"from token {first_read}"
                 )
         keep = -(-token_count // block_size)
         dropped: list[int] = []
@@ -715,10 +718,7 @@ class KVBlockManager:
     def _skip_target(self, group: int, computed_tokens: int) -> int:
         """``spec.compute_skipped_blocks``: the blocks no query at or past
         ``computed_tokens`` reads in ``group``."""
-        window = self.group_windows[group]
-        if window is None:
-            return 0
-        return max(0, computed_tokens - window + 1) // self.block_size
+        return skipped_blocks_at(self.block_size, computed_tokens, self.group_windows[group])
 
     def _take(self, count: int, group: int = 0) -> list[int]:
         """Take ``count`` blocks for ``group``, one reference each: free queue first, then

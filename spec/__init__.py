@@ -11,7 +11,6 @@ from spec.allocator import (
     allocate_prompt,
     append_token_ids,
     append_tokens,
-    blocks_for_tokens,
     cached_prefix_blocks,
     cached_prefix_tokens,
     compute_skipped_blocks,
@@ -20,7 +19,6 @@ from spec.allocator import (
     init,
     preempt,
     release,
-    slot_index,
     snapshot_request,
     take_copies,
     take_skipped_blocks,
@@ -50,6 +48,7 @@ from spec.records import (
     ReleasedBlocks,
     RequestBlockTable,
 )
+from spec.rules import blocks_for_tokens, first_window_token, skipped_blocks_at, slot_index
 
 __all__ = [
     "INVARIANTS",
@@ -80,12 +79,14 @@ __all__ = [
     "check_token_ids",
     "compute_skipped_blocks",
     "duplicate_request",
+    "first_window_token",
     "fork",
     "free_blocks",
     "init",
     "is_usage_consistent",
     "preempt",
     "release",
+    "skipped_blocks_at",
     "slot_index",
     "snapshot_request",
     "take_copies",

@@ -70,6 +70,7 @@ from spec.errors import (
 )
 from spec.frozen_map import FrozenMap
 from spec.records import KVBlockUsage, RequestBlockTable
+from spec.rules import blocks_for_tokens, first_window_token, skipped_blocks_at
 
 TokenIds = tuple[int, ...]
 T = TypeVar("T")
@@ -119,32 +120,6 @@ class AllocatorState:
         return self.group_caches[0]
 
 
-def blocks_for_tokens(block_size: int, token_count: int) -> int:
-    """The number of blocks that ``token_count`` tokens occupy: ceil(token_count / block_size)."""
-    if block_size < 1:
-        raise ValueError(f"block_size must be at least 1, got {block_size}")
-    check_token_count(token_count)
-    return -(-token_count // block_size)
-
-
-def slot_index(
-    block_size: int, block_ids: Sequence[int], position: int, skipped_blocks: int = 0
-) -> int:
-    """Where token ``position`` of a request lives in the pool: block_id * block_size + offset.
-
-    ``block_ids`` and ``skipped_blocks`` are one group's table: ``block_ids[0]`` holds block
-    index ``skipped_blocks``. A position in a skipped block has no slot (ValueError).
-    """
-    if position < 0:
-        raise ValueError(f"position must be >= 0, got {position}")
-    if position < skipped_blocks * block_size:
-        raise ValueError(
-            f"position {position} lies in the first {skipped_blocks} blocks, "
-            "which the sliding window released"
-        )
-    return block_ids[position // block_size - skipped_blocks] * block_size + position % block_size
-
-
 def init(
     total_blocks: int, block_size: int, group_windows: Sequence[int | None] = (None,)
 ) -> AllocatorState:
@@ -192,10 +167,7 @@ def compute_skipped_blocks(state: AllocatorState, group: int, computed_tokens: i
     """How many leading blocks of a table in ``group`` no query at a position at or past
     ``computed_tokens`` reads: max(0, computed_tokens - W + 1) // block_size, 0 in a full
     group (the window rule of the module docstring)."""
-    window = state.group_windows[group]
-    if window is None:
-        return 0
-    return max(0, computed_tokens - window + 1) // state.block_size
+    return skipped_blocks_at(state.block_size, computed_tokens, state.group_windows[group])
 
 
 def is_hit_cached(state: AllocatorState, group: int, token_ids: TokenIds, hit_tokens: int) -> bool:
@@ -423,12 +395,13 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
         )
     for group, window in enumerate(state.group_windows):
         skipped = state.group_tables[group][request_id].skipped_blocks
-        if window is not None and skipped * state.block_size > max(0, token_count - window + 1):
+        first_read = first_window_token(token_count, window)
+        if skipped * state.block_size > first_read:
             raise ValueError(
                 f"cannot truncate request {request_id!r} to {token_count} tokens: group "
                 f"{group} (window {window}) released its first {skipped} blocks "
                 f"({skipped * state.block_size} tokens), and the next token would read "
-                f"from token {max(0, token_count - window + 1)}"
+                f"from token {first_read}"
             )
     keep = blocks_for_tokens(state.block_size, token_count)
     for group, tables in enumerate(state.group_tables):

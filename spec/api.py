@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from spec import allocator
+from spec import allocator, rules
 from spec.allocator import AllocatorState
 from spec.errors import check_token_ids
 from spec.records import KVBlockUsage, PromptAllocation, ReleasedBlocks, RequestBlockTable
@@ -117,7 +117,7 @@ def snapshot_request(
 
 def can_allocate(state: AllocatorState, token_count: int) -> tuple[AllocatorState, bool]:
     """Whether ``allocate`` would find its blocks: one table's worth per group."""
-    needed = allocator.blocks_for_tokens(state.block_size, token_count)
+    needed = rules.blocks_for_tokens(state.block_size, token_count)
     return state, needed * len(state.group_windows) <= allocator.free_blocks(state)
 
 
@@ -189,7 +189,7 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
 
 def _last_slot(state: AllocatorState, request_id: str) -> int:
     table = allocator.snapshot_request(state, request_id)
-    return allocator.slot_index(
+    return rules.slot_index(
         state.block_size, table.block_ids, table.token_count - 1, table.skipped_blocks
     )
 

@@ -15,8 +15,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from itertools import combinations
 
-from spec.allocator import AllocatorState, blocks_for_tokens, compute_skipped_blocks, usage
+from spec.allocator import AllocatorState, compute_skipped_blocks, usage
 from spec.records import KVBlockUsage, RequestBlockTable
+from spec.rules import blocks_for_tokens, first_window_token
 
 
 def _all_tables(state: AllocatorState) -> Iterator[RequestBlockTable]:
@@ -98,7 +99,9 @@ def is_window_readable(state: AllocatorState) -> bool:
         if window is None:
             continue
         for table in tables.values():
-            if table.skipped_blocks * state.block_size > max(0, table.token_count - window + 1):
+            if table.skipped_blocks * state.block_size > first_window_token(
+                table.token_count, window
+            ):
                 return False
     return True
 

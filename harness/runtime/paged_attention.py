@@ -54,6 +54,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward, use
 from harness.models import UnsupportedModelError
 from harness.runtime.attention_backends import KernelStep, default_scale
 from harness.runtime.kv_pool import KVPlan, KVStore
+from spec import first_window_token
 
 ATTENTION_NAME = "pagedkv"
 EAGER_ATTENTION_NAME = "pagedkv_eager"
@@ -235,9 +236,7 @@ def visible_start(query_count: int, token_count: int, window: int | None) -> int
     For a decode that is the last W keys, what ``DynamicSlidingWindowLayer`` returns; a
     whole prefill reads every key, as ``generate``'s prefill does.
     """
-    if window is None:
-        return 0
-    return max(0, token_count - query_count - window + 1)
+    return first_window_token(token_count - query_count, window)
 
 
 def allowed_keys(request: _RequestAttention, window: int | None) -> torch.Tensor:

@@ -29,7 +29,7 @@ from transformers.cache_utils import (
 
 from harness.runtime.kv_pool import KVPlan, PagedKVPool
 from impl import BlockAllocationError, KVBlockManager
-from spec import blocks_for_tokens, slot_index
+from spec import blocks_for_tokens, first_window_token, slot_index
 
 
 class PagedCache(Cache):
@@ -205,7 +205,7 @@ class _PagedLayer(CacheLayerMixin):
         if self.window is None:
             return self.token_count + query_length, 0
         kept = min(self.token_count, self.window - 1)
-        return kept + query_length, max(self.token_count - self.window + 1, 0)
+        return kept + query_length, first_window_token(self.token_count, self.window)
 
     def get_seq_length(self) -> int:
         """Tokens this layer holds for every row."""
