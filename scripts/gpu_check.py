@@ -16,7 +16,7 @@ and ``gpu_check.log``, nothing else. Stages, most important first; a stage that 
 after ``--deadline-s`` is recorded as skipped:
 1. ``environment``: versions, the GPU, which SDPA backend each of our call shapes gets,
    whether ``torch.nn.attention.varlen.varlen_attn`` takes a ``block_table``;
-2. ``device_tests``: the CUDA tests' cases (``tests/support/device_cases.py``), no pytest;
+2. ``device_tests``: the CUDA tests' cases (``harness/oracle/device_cases.py``), no pytest;
 3. ``checks``: the three checks for float32/bfloat16 x ``Engine``/``BatchInvariantEngine``
    on the bundled SmolLM2 when it loads here, else on a seeded random model of its exact
    shapes (``random_smollm2``), with every tie's margin in ulps;
@@ -65,6 +65,10 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from harness.bench import attention as bench_attention  # noqa: E402
 from harness.bench import decode as bench_decode  # noqa: E402
 from harness.models import LoadedModel, ModelNotFoundError, load_model  # noqa: E402
+from harness.oracle.device_cases import (  # noqa: E402
+    paged_cache_generate_failures,
+    paged_equals_dense_failures,
+)
 from harness.oracle.equivalence import (  # noqa: E402
     EquivalenceReport,
     PoolConfig,
@@ -74,10 +78,6 @@ from harness.oracle.equivalence import (  # noqa: E402
 from harness.prompts import BUILTIN_PROMPTS, render_prompt  # noqa: E402
 from harness.runtime.engine import BatchInvariantEngine, Engine, Request  # noqa: E402
 from harness.runtime.kv_pool import PoisonedKVPool  # noqa: E402
-from tests.support.device_cases import (  # noqa: E402
-    paged_cache_generate_failures,
-    paged_equals_dense_failures,
-)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Json = dict[str, object]  # what a stage reports: JSON-ready values
