@@ -5,7 +5,6 @@ collaborators; each harness test that guards against one shows it catches it.
 """
 
 import functools
-import random
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ from transformers import PreTrainedTokenizerFast
 from harness.models import LoadedModel, kv_layout, tiny_llama
 from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
+from harness.oracle.device_cases import poisoned_pool as layout_poisoned_pool
+from harness.oracle.device_cases import staggered_requests
 from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.engine import (
     NO_PREFIX_CACHING,
@@ -47,18 +48,9 @@ def tiny_model() -> LoadedModel:
 def make_requests(
     count: int, max_new_tokens: int, arrival_gap: int, seed: int = 1
 ) -> list[Request]:
-    """``count`` token-id requests, prompts of 3..40 tokens, one every ``arrival_gap`` steps."""
-    rng = random.Random(seed)
-    vocab = tiny_model().model.config.vocab_size
-    return [
-        Request(
-            f"r{number}",
-            tuple(rng.randrange(vocab) for _ in range(rng.randint(3, 40))),
-            max_new_tokens,
-            arrival_step=number * arrival_gap,
-        )
-        for number in range(count)
-    ]
+    """``count`` token-id requests for the tiny model (``staggered_requests``)."""
+    vocab_size = tiny_model().model.config.vocab_size
+    return staggered_requests(count, vocab_size, max_new_tokens, arrival_gap, seed)
 
 
 def run(
@@ -137,9 +129,7 @@ def poisoned_pool(
     total_blocks: int, block_size: int, layout: KVLayout | None = None
 ) -> PoisonedKVPool:
     """A pool whose every block is NaN until written (the tiny model's layout by default)."""
-    pool = PoisonedKVPool(layout or pool_layout(), total_blocks, block_size)
-    pool.poison(list(range(total_blocks)))
-    return pool
+    return layout_poisoned_pool(layout or pool_layout(), total_blocks, block_size)
 
 
 def dense(request: Request) -> DenseOutput:
