@@ -23,8 +23,9 @@ import torch
 
 from harness.cli.main import DTYPES
 from harness.cli.parsing import OneLineParser, fail
+from harness.kv_layout import KVLayout
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
-from harness.runtime.kv_pool import KVLayout, PagedKVPool
+from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.paged_attention import RequestSlice, StepMetadata, paged_attention_forward
 from impl import RequestBlockTable
 from spec import slot_index

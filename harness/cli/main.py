@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_equivalence(loaded, requests, pool, _progress)
     if args.plot is not None:
         # Imported here: matplotlib costs the other runs a second of start-up for nothing.
-        from harness.bench.plots import plot_pool_over_time  # noqa: PLC0415
+        from harness.figures import plot_pool_over_time  # noqa: PLC0415
 
         plot_pool_over_time(report.usage, total_blocks, args.plot)
         _progress(f"wrote {args.plot}")

@@ -18,6 +18,7 @@ and gathers a row per continuation and the run's totals. It is *not* the command
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from harness.kv_layout import KVLayout
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.checks import (
     CheckResult,
@@ -51,13 +52,7 @@ from harness.runtime.engine import (
     SpeculationCounts,
     UsageSample,
 )
-from harness.runtime.kv_pool import (
-    ContiguousKVBuffers,
-    KVLayout,
-    KVStore,
-    PagedKVPool,
-    new_manager,
-)
+from harness.runtime.kv_pool import ContiguousKVBuffers, KVStore, PagedKVPool, new_manager
 
 Progress = Callable[[str], None]
 

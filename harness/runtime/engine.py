@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from harness.models import check_supported, group_windows
+from harness.models import model_kv_layout
 from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.kv_pool import KVStore
 from harness.runtime.paged_attention import (
@@ -384,12 +384,12 @@ class Engine:
         scheduling: Scheduling = NO_SCHEDULING,
         attention: AttentionBackend = GATHER,
     ) -> None:
-        check_supported(model)
+        model_groups = model_kv_layout(model).group_windows  # refuses what the hook cannot run
         self.attention = attention
-        if manager.group_windows != group_windows(model.config):
+        if manager.group_windows != model_groups:
             raise ValueError(
                 f"the manager's group_windows {manager.group_windows} are not the model's KV "
-                f"cache groups {group_windows(model.config)} (harness.runtime.kv_pool.new_manager)"
+                f"cache groups {model_groups} (harness.runtime.kv_pool.new_manager)"
             )
         self.model = model
         self.manager = manager

@@ -2,14 +2,13 @@
 
 import torch
 
+from harness.kv_layout import KVLayout, kv_cache_groups
 from harness.runtime.kv_pool import (
     ContiguousKVBuffers,
-    KVLayout,
     KVPlan,
     KVStore,
     PagedKVPool,
     PoisonedKVPool,
-    kv_cache_groups,
 )
 from impl import RequestBlockTable
 

@@ -14,6 +14,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast
 
+from harness.kv_layout import KVLayout
 from harness.models import LoadedModel, kv_layout, tiny_llama
 from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
@@ -27,13 +28,7 @@ from harness.runtime.engine import (
     Request,
     _Running,
 )
-from harness.runtime.kv_pool import (
-    ContiguousKVBuffers,
-    KVLayout,
-    KVStore,
-    PagedKVPool,
-    PoisonedKVPool,
-)
+from harness.runtime.kv_pool import ContiguousKVBuffers, KVStore, PagedKVPool, PoisonedKVPool
 from impl import KVBlockManager, ReleasedBlocks, RequestBlockTable
 from spec import slot_index
 
