@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from harness.runtime.engine import UsageSample
+from harness.runtime.results import UsageSample
 
 DPI = 100
 PANEL_WIDTH = 7.0  # inches: 700 pixels per panel

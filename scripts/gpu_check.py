@@ -72,8 +72,9 @@ from harness.oracle.equivalence import (  # noqa: E402
     tight_total_blocks,
 )
 from harness.prompts import BUILTIN_PROMPTS, render_prompt  # noqa: E402
-from harness.runtime.engine import BatchInvariantEngine, Engine, Request  # noqa: E402
+from harness.runtime.engine import BatchInvariantEngine, Engine  # noqa: E402
 from harness.runtime.kv_pool import PoisonedKVPool  # noqa: E402
+from harness.runtime.requests import Request  # noqa: E402
 from tests.support.device_cases import (  # noqa: E402
     paged_cache_generate_failures,
     paged_equals_dense_failures,

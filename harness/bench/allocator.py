@@ -33,6 +33,7 @@ from harness.bench.prefix import (
     run_prefix_trace,
 )
 from harness.cli.parsing import OneLineParser, fail
+from harness.runtime.preemption import append_or_preempt
 from impl import BlockAllocationError, KVBlockManager, RequestBlockTable, SpecBackedManager
 
 PROG = "python -m harness.bench.allocator"
@@ -182,6 +183,13 @@ def replay(
     by_id = {r.request_id: r for r in trace}
     held: dict[str, int] = {}
     append: Callable[[str], object] = getattr(allocator, decode)
+
+    def preempt(victim: str) -> None:
+        """Preempt by recompute: the victim gives its blocks back and waits at the head."""
+        allocator.release(victim)
+        waiting.appendleft((by_id[victim], held[victim]))
+        times.preemptions += 1
+
     while waiting or running:
         times.steps += 1
         # Admit first-come-first-served while the head of the queue fits.
@@ -205,22 +213,11 @@ def replay(
             raise RuntimeError(f"request {waiting[0][0].request_id} can never fit the pool")
         # One decode append per running request.
         start = clock()
-        index = 0
-        while index < len(running):
-            request_id = running[index]
-            try:
-                append(request_id)
-            except BlockAllocationError:
-                # Preempt by recompute: the most recently admitted request gives its blocks back.
-                victim = running.pop()
-                allocator.release(victim)
-                waiting.appendleft((by_id[victim], held[victim]))
-                times.preemptions += 1
-                continue  # retry this request, unless it was the victim itself
-            held[request_id] += 1
-            index += 1
-        times.appends += len(running)
+        append_or_preempt(running, append, preempt)
         times.decode_ns += clock() - start
+        times.appends += len(running)
+        for request_id in running:  # a victim never appended this step: its count is right
+            held[request_id] += 1
         # The step's peak: after its appends, before its releases (not timed).
         used = allocator.total_blocks - allocator.free_blocks
         times.peak_used_blocks = max(times.peak_used_blocks, used)

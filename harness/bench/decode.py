@@ -43,13 +43,15 @@ from harness.cli.parsing import OneLineParser, fail
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
 from harness.oracle.dense import generate_dense_batch
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
+from harness.runtime.allocation import NO_PREFIX_CACHING
 from harness.runtime.attention_backends import (
     ATTENTION_BACKENDS,
     AttentionBackend,
     AttentionBackendError,
 )
-from harness.runtime.engine import NO_PREFIX_CACHING, Engine, Request
+from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool, new_manager
+from harness.runtime.requests import Request
 from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.decode"

@@ -27,7 +27,8 @@ from harness.runtime.attention_backends import (
     LayerAgreement,
     unsupported_by_kernels,
 )
-from harness.runtime.kv_pool import ContiguousKVBuffers, PagedKVPool, PoisonedKVPool
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 from impl import KVBlockManager
 from tests.support.harness_cases import (
     EarlyReleaseEngine,

@@ -3,13 +3,9 @@
 import torch
 
 from harness.kv_layout import KVLayout, kv_cache_groups
-from harness.runtime.kv_pool import (
-    ContiguousKVBuffers,
-    KVPlan,
-    KVStore,
-    PagedKVPool,
-    PoisonedKVPool,
-)
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.runtime.kv_store import KVPlan, KVStore
 from impl import RequestBlockTable
 
 LAYOUT = KVLayout(

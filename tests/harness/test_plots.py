@@ -16,7 +16,7 @@ from harness.bench.fragmentation import sweep_block_sizes
 from harness.bench.kv_memory import measure_kv_memory
 from harness.bench.prefix import PromptRequest
 from harness.cli.main import main as harness_main
-from harness.runtime.engine import UsageSample
+from harness.runtime.results import UsageSample
 
 PANEL = (700, 450)  # pixels of one panel: PANEL_WIDTH x FIGURE_HEIGHT at DPI
 DECODE_DOCUMENT = {

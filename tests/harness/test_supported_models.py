@@ -33,9 +33,10 @@ from harness.models import (
     load_model,
     tiny_llama,
 )
-from harness.runtime.engine import Engine, Request
+from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool, new_manager
 from harness.runtime.paged_attention import check_attention_kwargs
+from harness.runtime.requests import Request
 from impl import KVBlockManager
 from tests.support.harness_cases import save_model_directory, tiny_model
 
