@@ -22,7 +22,6 @@ from pathlib import Path
 
 from matplotlib.axes import Axes
 
-from harness.bench.allocator import make_trace
 from harness.bench.fragmentation import BlockSizePoint, sweep_block_sizes
 from harness.bench.kv_memory import (
     SCHEMES,
@@ -31,6 +30,7 @@ from harness.bench.kv_memory import (
     with_token_ids,
 )
 from harness.bench.prefix import prefix_heavy_trace
+from harness.bench.traces import make_trace
 from harness.cli.parsing import OneLineParser, fail
 from harness.figures import new_figure, save_figure
 
