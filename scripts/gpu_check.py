@@ -82,8 +82,9 @@ from harness.oracle.equivalence import (  # noqa: E402
     tight_total_blocks,
 )
 from harness.prompts import BUILTIN_PROMPTS, render_prompt  # noqa: E402
-from harness.runtime.engine import BatchInvariantEngine, Engine, Request  # noqa: E402
+from harness.runtime.engine import BatchInvariantEngine, Engine  # noqa: E402
 from harness.runtime.kv_pool import PoisonedKVPool  # noqa: E402
+from harness.runtime.requests import Request  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Json = dict[str, object]  # what a stage reports: JSON-ready values

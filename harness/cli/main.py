@@ -44,16 +44,12 @@ from harness.prompts import (
     load_prompts_file,
     render_prompt,
 )
+from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
-from harness.runtime.engine import (
-    NO_PREFIX_CACHING,
-    PREFIX_CACHING,
-    BatchInvariantEngine,
-    Engine,
-    Request,
-    Scheduling,
-)
+from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PagedKVPool
+from harness.runtime.requests import Request
+from harness.runtime.scheduler import Scheduling
 
 PROG = "python -m harness"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -276,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_equivalence(loaded, requests, pool, _progress)
     if args.plot is not None:
         # Imported here: matplotlib costs the other runs a second of start-up for nothing.
-        from harness.bench.plots import plot_pool_over_time  # noqa: PLC0415
+        from harness.figures import plot_pool_over_time  # noqa: PLC0415
 
         plot_pool_over_time(report.usage, total_blocks, args.plot)
         _progress(f"wrote {args.plot}")

@@ -9,11 +9,13 @@ import random
 
 import torch
 
+from harness.kv_layout import KVLayout
 from harness.models import LoadedModel, kv_layout, tiny_model
 from harness.oracle.equivalence import PoolConfig, run_equivalence
-from harness.runtime.engine import BatchInvariantEngine, Engine, Request
-from harness.runtime.kv_pool import KVLayout, PoisonedKVPool, new_manager
+from harness.runtime.engine import BatchInvariantEngine, Engine
+from harness.runtime.kv_pool import PoisonedKVPool, new_manager
 from harness.runtime.paged_cache import PagedCache
+from harness.runtime.requests import Request
 
 
 def tiny_on(device: torch.device, dtype: torch.dtype, architecture: str = "llama") -> LoadedModel:

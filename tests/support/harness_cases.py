@@ -13,28 +13,20 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast
 
+from harness.kv_layout import KVLayout
 from harness.models import LoadedModel, kv_layout, tiny_llama
 from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
 from harness.oracle.device_cases import poisoned_pool as layout_poisoned_pool
 from harness.oracle.device_cases import staggered_requests
+from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.attention_backends import GATHER, AttentionBackend
-from harness.runtime.engine import (
-    NO_PREFIX_CACHING,
-    PREFIX_CACHING,
-    Allocation,
-    Engine,
-    EngineResult,
-    Request,
-    _Running,
-)
-from harness.runtime.kv_pool import (
-    ContiguousKVBuffers,
-    KVLayout,
-    KVStore,
-    PagedKVPool,
-    PoisonedKVPool,
-)
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.engine import Engine
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.runtime.kv_store import KVStore
+from harness.runtime.requests import Request, RunningRequest
+from harness.runtime.results import EngineResult
 from impl import KVBlockManager, ReleasedBlocks, RequestBlockTable
 from spec import slot_index
 
@@ -196,7 +188,7 @@ class EarlyReleaseEngine(Engine):
         super().__init__(model, manager, store, eos_token_id, allocation, attention=attention)
         self._stale: dict[str, RequestBlockTable] = {}
 
-    def _grow(self, running: _Running) -> tuple[list[int], RequestBlockTable]:
+    def _grow(self, running: RunningRequest) -> tuple[list[int], RequestBlockTable]:
         request_id = running.request.request_id
         stale = self._stale.get(request_id)
         if stale is not None:
@@ -209,7 +201,7 @@ class EarlyReleaseEngine(Engine):
             self.store.release(request_id, self.manager.release(request_id))
         return new_slots, table
 
-    def _release(self, running: _Running) -> None:
+    def _release(self, running: RunningRequest) -> None:
         if running.request.request_id not in self._stale:
             super()._release(running)
 
