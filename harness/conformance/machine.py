@@ -28,18 +28,18 @@ from harness.conformance.properties import (
     step_findings,
 )
 from harness.conformance.report import DiscrepancyError, StepRecord
-from harness.conformance.view import Bijection, Contents, to_state
+from harness.conformance.view import Bijection, Contents, duplicate_cached_blocks, to_state
 
-# A handful of ids, so steps often meet the same request.
-REQUEST_IDS = st.sampled_from(["r0", "r1", "r2", "r3", "r4"])
+REQUEST_IDS = ("r0", "r1", "r2", "r3", "r4")
+PICKS = st.integers(0, len(REQUEST_IDS) - 1)
 # Prompts from a 4-token vocabulary, most starting with a shared prefix, so prefix hits and
 # duplicate full blocks are frequent.
 SHARED_PREFIXES = [(), (1, 2, 3, 1, 2, 3, 1, 2), (1, 2, 3, 1, 2, 3, 0, 0, 1), (2,) * 6]
 PROMPTS = st.builds(
     lambda prefix, suffix: prefix + suffix,
     st.sampled_from(SHARED_PREFIXES),
-    st.lists(st.integers(0, 3), max_size=6).map(tuple),
-).filter(bool)
+    st.lists(st.integers(0, 3), min_size=1, max_size=6).map(tuple),
+)
 NEW_TOKEN_IDS = st.lists(st.integers(0, 3), min_size=1, max_size=8).map(tuple)
 TOKEN_COUNTS = st.integers(1, 12)
 
@@ -73,48 +73,66 @@ class ConformanceMachine(RuleBasedStateMachine):
         self._judge([*state_findings(self.state, self._observes_ref_counts)], None)
 
     # -- rules: one per operation the spec names ------------------------------------------
+    # A step names a live request by its rank among the live ones (``pick``), and a new
+    # request gets the first free id of five, so every drawn step is a call the spec
+    # accepts and shrinking deletes steps freely.
 
-    @precondition(lambda self: "allocate_prompt" in self.adapter.supports)
-    @rule(request_id=REQUEST_IDS, token_ids=PROMPTS)
-    def allocate_prompt(self, request_id: str, token_ids: tuple[int, ...]) -> None:
-        self._step("allocate_prompt", request_id, token_ids)
+    @precondition(lambda self: "allocate_prompt" in self.adapter.supports and self._has_room)
+    @rule(token_ids=PROMPTS)
+    def allocate_prompt(self, token_ids: tuple[int, ...]) -> None:
+        self._step("allocate_prompt", self._new_id(), token_ids)
 
-    @precondition(lambda self: "allocate" in self.adapter.supports)
-    @rule(request_id=REQUEST_IDS, token_count=TOKEN_COUNTS)
-    def allocate(self, request_id: str, token_count: int) -> None:
-        self._step("allocate", request_id, token_count)
+    @precondition(lambda self: "allocate" in self.adapter.supports and self._has_room)
+    @rule(token_count=TOKEN_COUNTS)
+    def allocate(self, token_count: int) -> None:
+        self._step("allocate", self._new_id(), token_count)
 
-    @precondition(lambda self: "append_token_ids" in self.adapter.supports)
-    @rule(request_id=REQUEST_IDS, token_ids=NEW_TOKEN_IDS)
-    def append_token_ids(self, request_id: str, token_ids: tuple[int, ...]) -> None:
-        self._step("append_token_ids", request_id, token_ids)
+    @precondition(lambda self: "append_token_ids" in self.adapter.supports and self._live)
+    @rule(pick=PICKS, token_ids=NEW_TOKEN_IDS)
+    def append_token_ids(self, pick: int, token_ids: tuple[int, ...]) -> None:
+        self._step("append_token_ids", self._pick(pick), token_ids)
 
-    @precondition(lambda self: "append_tokens" in self.adapter.supports)
-    @rule(request_id=REQUEST_IDS, token_count=TOKEN_COUNTS)
-    def append_tokens(self, request_id: str, token_count: int) -> None:
-        self._step("append_tokens", request_id, token_count)
+    @precondition(lambda self: "append_tokens" in self.adapter.supports and self._live)
+    @rule(pick=PICKS, token_count=TOKEN_COUNTS)
+    def append_tokens(self, pick: int, token_count: int) -> None:
+        self._step("append_tokens", self._pick(pick), token_count)
 
-    @precondition(lambda self: "fork" in self.adapter.supports)
-    @rule(parent_id=REQUEST_IDS, child_id=REQUEST_IDS)
-    def fork(self, parent_id: str, child_id: str) -> None:
-        self._step("fork", parent_id, child_id)
+    @precondition(lambda self: "fork" in self.adapter.supports and self._live and self._has_room)
+    @rule(pick=PICKS)
+    def fork(self, pick: int) -> None:
+        self._step("fork", self._pick(pick), self._new_id())
 
-    @precondition(lambda self: "release" in self.adapter.supports)
-    @rule(request_id=REQUEST_IDS)
-    def release(self, request_id: str) -> None:
-        self._step("release", request_id)
+    @precondition(lambda self: "release" in self.adapter.supports and self._live)
+    @rule(pick=PICKS)
+    def release(self, pick: int) -> None:
+        self._step("release", self._pick(pick))
 
-    @precondition(lambda self: "preempt" in self.adapter.supports)
-    @rule(request_id=REQUEST_IDS)
-    def preempt(self, request_id: str) -> None:
-        self._step("preempt", request_id)
+    @precondition(lambda self: "preempt" in self.adapter.supports and self._live)
+    @rule(pick=PICKS)
+    def preempt(self, pick: int) -> None:
+        self._step("preempt", self._pick(pick))
 
-    @precondition(lambda self: "truncate" in self.adapter.supports)
-    @rule(request_id=REQUEST_IDS, drop=st.integers(0, 12))
-    def truncate(self, request_id: str, drop: int) -> None:
-        table = self.state.tables.get(request_id)
-        if table is not None:
-            self._step("truncate", request_id, max(0, table.token_count - drop))
+    @precondition(lambda self: "truncate" in self.adapter.supports and self._live)
+    @rule(pick=PICKS, drop=st.integers(0, 12))
+    def truncate(self, pick: int, drop: int) -> None:
+        request_id = self._pick(pick)
+        count = self.state.tables[request_id].token_count
+        self._step("truncate", request_id, max(0, count - drop))
+
+    @property
+    def _live(self) -> list[str]:
+        return sorted(self.state.tables)
+
+    @property
+    def _has_room(self) -> bool:
+        return len(self.state.tables) < len(REQUEST_IDS)
+
+    def _pick(self, pick: int) -> str:
+        live = self._live
+        return live[pick % len(live)]
+
+    def _new_id(self) -> str:
+        return next(r for r in REQUEST_IDS if r not in self.state.tables)
 
     def teardown(self) -> None:
         type(self).tally.cases += 1
@@ -122,11 +140,12 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     # -- one step -------------------------------------------------------------------------
 
-    def _step(self, operation: str, *args: object) -> None:
+    def _step(self, operation: str, *args: object) -> bool:
+        """Apply one step to the target and judge it; whether the target carried it out."""
         before = self.state
         expected = expected_step(before, operation, args)
         if expected is None:
-            return  # a call the spec refuses outright (an unknown id, say): not drawn
+            return False  # a call the spec refuses outright (a wrong kind of append): skip
         cached_before = self._cached_prefixes(self.observation)
         raised: list[Finding] = []
         try:
@@ -142,6 +161,13 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.contents.learn(self.observation, self.token_ids, self.adapter.block_size)
         self.state = self._view(self.observation)
         findings = raised + state_findings(self.state, self._observes_ref_counts)
+        duplicates = duplicate_cached_blocks(self.observation, self.contents)
+        if duplicates:
+            findings.append(
+                Finding(
+                    "one_block_per_prefix", f"blocks {duplicates} cache a cached prefix", "none"
+                )
+            )
         findings += step_findings(
             operation=operation,
             args=args,
@@ -158,6 +184,7 @@ class ConformanceMachine(RuleBasedStateMachine):
         type(self).tally.steps += 1
         self.steps.append(StepRecord(operation, args, outcome, expected))
         self._judge(findings, operation)
+        return outcome.refusal is None
 
     def _judge(self, findings: list[Finding], operation: str | None) -> None:
         tally = type(self).tally

@@ -38,6 +38,12 @@ STATE_PROPERTIES: Mapping[str, Callable[[spec.AllocatorState], bool]] = {
     )
 }
 
+# What the target shows that the spec's state cannot hold, checked on the observation.
+OBSERVATION_PROPERTIES: Mapping[str, str] = {
+    "one_block_per_prefix": "a group caches each prefix in one block: a full block whose "
+    "prefix is cached already is not cached again",
+}
+
 STEP_PROPERTIES: Mapping[str, str] = {
     "refusal_justified": "a step is refused only if the spec's operation, on the target's "
     "state before it, is refused too: fewer free and evictable blocks than it needs",

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from harness.conformance.properties import (
+    OBSERVATION_PROPERTIES,
     STATE_PROPERTIES,
     STEP_PROPERTIES,
     Expected,
@@ -83,7 +84,11 @@ class DiscrepancyError(AssertionError):
         for finding in self.findings:
             reason = self._declared(finding)
             kind = f"declared policy difference ({reason})" if reason else "BUG"
-            statement = STEP_PROPERTIES.get(finding.name) or _state_statement(finding.name)
+            statement = (
+                STEP_PROPERTIES.get(finding.name)
+                or OBSERVATION_PROPERTIES.get(finding.name)
+                or _state_statement(finding.name)
+            )
             lines += [
                 f"property {finding.name}: {kind}",
                 f"  rule:   {statement}",
@@ -128,7 +133,7 @@ class Report:
 
 
 def checked_properties(exact: bool) -> list[str]:
-    names = [*STATE_PROPERTIES, *STEP_PROPERTIES]
+    names = [*STATE_PROPERTIES, *OBSERVATION_PROPERTIES, *STEP_PROPERTIES]
     return names if exact else [n for n in names if n != "exact_state"]
 
 

@@ -87,7 +87,9 @@ def to_state(
 ) -> spec.AllocatorState:
     """The spec state the target is in, in spec ids. Without the target's ref counts, each
     block counts its holders (so ``ref_counts`` then checks nothing); a cached block whose
-    content the kit never saw gets an impossible key, which breaks ``cache_sound``."""
+    content the kit never saw gets an impossible key, which breaks ``cache_sound``. A second
+    cached block for a prefix (``duplicate_cached_blocks``) is left out of the cache, and
+    counted free if it is free: a hit finds the prefix in one block."""
     group_tables = tuple(
         spec.FrozenMap(
             {
@@ -109,20 +111,25 @@ def to_state(
             {bijection.spec_id(b): n for b, n in observation.ref_counts.items() if n}
         )
     caches = []
+    duplicates = set(duplicate_cached_blocks(observation, contents))
     for group in range(len(group_windows)):
         cached = observation.cached_block_ids[group] if observation.cached_block_ids else ()
         cache: dict[TokenIds, int] = {}
-        for block_id in sorted(cached):
+        for block_id in sorted(set(cached) - duplicates):
             prefix = contents.prefix(group, block_id)
             cache[prefix if prefix is not None else ()] = bijection.spec_id(block_id)
         caches.append(spec.FrozenMap(cache))
+    # A second cached block for a prefix cannot be a spec cache entry; free, it is free.
+    cached_free = [b for b in observation.cached_free_block_ids if b not in duplicates]
+    free = [*observation.free_block_ids]
+    free += [b for b in observation.cached_free_block_ids if b in duplicates]
     requests = observation.tables[0].keys() if observation.tables else ()
     return spec.AllocatorState(
         block_size=block_size,
         total_blocks=bijection.total_blocks,
-        free_block_ids=bijection.spec_ids(observation.free_block_ids),
+        free_block_ids=bijection.spec_ids(free),
         group_tables=group_tables,
-        cached_free_block_ids=bijection.spec_ids(observation.cached_free_block_ids),
+        cached_free_block_ids=bijection.spec_ids(cached_free),
         ref_counts=ref_counts,
         token_ids=spec.FrozenMap({r: ids for r, ids in token_ids.items() if r in requests}),
         group_caches=tuple(caches),
@@ -130,6 +137,21 @@ def to_state(
         counters=spec.SharingCounters(),
         group_windows=tuple(group_windows),
     )
+
+
+def duplicate_cached_blocks(observation: Observation, contents: Contents) -> list[int]:
+    """Cached blocks whose prefix an earlier block (by id) of the same group caches too."""
+    duplicates = []
+    for group, cached in enumerate(observation.cached_block_ids):
+        seen: set[TokenIds] = set()
+        for block_id in sorted(cached):
+            prefix = contents.prefix(group, block_id)
+            if prefix is None:
+                continue
+            if prefix in seen:
+                duplicates.append(block_id)
+            seen.add(prefix)
+    return duplicates
 
 
 def _spec_table(
