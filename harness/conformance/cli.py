@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from harness.cli.parsing import EXIT_BAD_INPUT, OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail
 from harness.conformance.report import Report
 from harness.conformance.run import check_target
 from harness.conformance.targets import CONFIGURATIONS, TARGETS, TargetUnavailableError
@@ -88,6 +88,3 @@ def _progress(report: Report, steps: int, started: float) -> None:
         file=sys.stderr,
         flush=True,
     )
-
-
-assert EXIT_BAD_INPUT == 2

@@ -50,7 +50,6 @@ class Tally:
     def __init__(self) -> None:
         self.steps = 0
         self.cases = 0
-        self.checks: Counter[str] = Counter()
         self.declared: Counter[str] = Counter()
         self.on_case: Callable[[], None] = lambda: None
 

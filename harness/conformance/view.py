@@ -27,10 +27,8 @@ class Bijection:
         ordered = sorted(set(pool_block_ids))
         self.to_spec: dict[int, int] = {block_id: index for index, block_id in enumerate(ordered)}
         self.to_target: dict[int, int] = dict(enumerate(ordered))
-
-    @property
-    def total_blocks(self) -> int:
-        return len(self.to_target)
+        # The pool's size, fixed: a stray id must not enlarge the pool it is checked against.
+        self.total_blocks = len(ordered)
 
     def spec_id(self, block_id: int) -> int:
         found = self.to_spec.get(block_id)
