@@ -111,3 +111,23 @@ def test_transformers_sliding_window_group_is_a_ring_buffer_that_never_releases(
     # reused in a ring; the spec keeps blocks 2 and 3 (those the next query reads).
     assert (full, sliding) == (4, 2)
     assert adapter.cache.use_prefix_sharing is False  # no prefix hits with a window layer
+
+
+@needs_vllm
+def test_vllm_hits_the_evictable_copy_of_a_prefix_and_refuses_what_the_held_copy_fits() -> None:
+    manager, hasher = _vllm_manager(groups=1)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    r0 = _admit(manager, hasher, "r0", prompt)  # blocks 1, 2
+    _admit(manager, hasher, "r1", prompt)  # block 1 hit, block 3 a second copy of block 2
+    manager.free(r0)  # block 2: cached, evictable; block 3 holds the same tokens, held
+    _admit(manager, hasher, "r3", [0] * 33)  # 9 blocks: block 2 is all that is left
+    assert manager.block_pool.get_num_free_blocks() == 1
+    from vllm.sampling_params import SamplingParams  # noqa: PLC0415
+    from vllm.v1.request import Request  # noqa: PLC0415
+
+    r2 = Request("r2", [*prompt, 0], SamplingParams(max_tokens=64), None, block_hasher=hasher)
+    blocks, hit, _ = manager.get_computed_blocks(r2)
+    # The 8-token hit takes block 2 (revived: one block) and the 9th token needs one more:
+    # refused. Reusing block 3, held by r1 with the same tokens, would need just one.
+    assert hit == 8 and blocks.get_block_ids() == ([1, 2],)
+    assert manager.allocate_slots(r2, 1, hit, blocks) is None
