@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Long fuzzing of the lockstep state machine on every core: the plain path, always there.
 #
-#   scripts/fuzz.sh [SECONDS] [WORKERS]     (defaults: 3600 s, one worker per core)
+#   scripts/fuzz.sh [--target NAME] [SECONDS] [WORKERS]   (defaults: 3600 s, one worker per core)
+#
+# With --target, the workers fuzz the conformance kit's machine on that target instead
+# (tests/conformance/fuzz_conformance.py; NAME as `python -m harness.conformance --help`).
 #
 # Each worker runs pytest on tests/support/fuzz_targets.py under the `fuzz` Hypothesis profile
 # (many cases, at most 100 steps each, no explain phase) with a fresh random seed, again
@@ -11,6 +14,15 @@
 # Logs and tallies go to .hypothesis/fuzz-logs/. Exits 1 if any worker found a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fuzz_file=tests/support/fuzz_targets.py
+if [ "${1:-}" = "--target" ]; then
+    . .venv/bin/activate
+    python -c 'import sys; from harness.conformance.targets import TARGETS; sys.exit(sys.argv[1] not in TARGETS)' "${2:-}" ||
+        { echo "fuzz: unknown conformance target '${2:-}'" >&2; exit 2; }
+    export PAGEDKV_CONFORMANCE_TARGET=$2
+    fuzz_file=tests/conformance/fuzz_conformance.py
+    shift 2
+fi
 seconds=${1:-3600}
 workers=${2:-$(nproc)}
 logs=.hypothesis/fuzz-logs/$(date -u +%Y%m%dT%H%M%SZ)
@@ -28,7 +40,7 @@ fuzz_worker() {
         # ignored). -k 60 is the last resort should a worker still hang.
         PAGEDKV_FUZZ_TALLY="$logs/tally" HYPOTHESIS_PROFILE=fuzz \
             timeout -s INT -k 60 "$left" \
-            python -m pytest -q -x -p no:cacheprovider tests/support/fuzz_targets.py \
+            python -m pytest -q -x -p no:cacheprovider "$fuzz_file" \
             --hypothesis-seed="$seed" >>"$logs/worker-$worker.log" 2>&1 || status=$?
         # 0: a run finished. 124, or 137 once the hard kill came: the deadline.
         if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$status" -ne 137 ]; then
@@ -54,6 +66,6 @@ cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(dat
     END { printf "fuzz: %d worker(s), %d s, %d process(es), %d test cases, %d steps\n",
           workers, wall, runs, cases, steps }' | tee "$logs/summary.txt"
 if [ "$failed" -ne 0 ]; then
-    echo "fuzz: a failure was found; replay it with HYPOTHESIS_PROFILE=fuzz python -m pytest tests/support/fuzz_targets.py (it is in .hypothesis/fuzz-db)" >&2
+    echo "fuzz: a failure was found; replay it with HYPOTHESIS_PROFILE=fuzz python -m pytest $fuzz_file (it is in .hypothesis/fuzz-db)" >&2
     exit 1
 fi

