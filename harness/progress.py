@@ -33,6 +33,11 @@ class Progress:
         """Bars when stderr is a terminal and ``plain`` is not asked for, else lines."""
         return cls(prefix, sys.stderr, bar=sys.stderr.isatty() and not plain)
 
+    @property
+    def is_bar(self) -> bool:
+        """Whether this draws bars (a terminal) rather than lines."""
+        return self._bar
+
     def __call__(self, message: str) -> None:
         counted = _COUNTED.match(message)
         self._last = message

@@ -32,7 +32,7 @@ from harness.bench.prefix import (
     revival_trace,
     run_prefix_trace,
 )
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from impl import BlockAllocationError, KVBlockManager, RequestBlockTable, SpecBackedManager
 
 PROG = "python -m harness.bench.allocator"
@@ -499,4 +499,4 @@ def print_prefix_tables(request_count: int, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

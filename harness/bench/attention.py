@@ -22,7 +22,7 @@ from functools import partial
 import torch
 
 from harness.cli.main import DTYPES
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.kv_pool import KVLayout, PagedKVPool
 from harness.runtime.paged_attention import RequestSlice, StepMetadata, paged_attention_forward
@@ -218,4 +218,4 @@ def timed(call: Callable[[], object], device: torch.device) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

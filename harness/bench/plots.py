@@ -37,7 +37,7 @@ from harness.bench.kv_memory import (
     with_token_ids,
 )
 from harness.bench.prefix import prefix_heavy_trace
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from harness.runtime.engine import UsageSample
 
 PROG = "python -m harness.bench.plots"
@@ -329,4 +329,4 @@ def _wrote(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

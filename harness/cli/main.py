@@ -21,7 +21,7 @@ import torch
 from harness.check import CheckSettingsError, check_model
 from harness.cli.limits import check_threads
 from harness.cli.output import DEFAULT_PLOT_NAME, plot_target, write_replacing
-from harness.cli.parsing import OneLineParser, UsageError, fail
+from harness.cli.parsing import EXIT_INTERRUPTED, OneLineParser, UsageError, fail
 from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
 from harness.models import (
@@ -47,7 +47,6 @@ PROGRESS_PREFIX = "[harness]"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:

@@ -50,7 +50,7 @@ def check_writable(option: str, path: Path) -> None:
         raise UsageError(f"{option}: cannot write into {str(path.parent)!r}: {error}") from None
 
 
-def write_replacing(path: Path, write: Callable[[Path], None]) -> None:
+def write_replacing(path: Path, write: Callable[[Path], object]) -> None:
     """Run ``write`` on a temporary file beside ``path`` (same extension), then rename it to
     ``path``; on any error or interruption the temporary file is removed and ``path`` is
     left as it was."""
