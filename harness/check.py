@@ -9,6 +9,8 @@ prints nothing (``progress`` gets the stage lines when given).
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from harness.cli.limits import (
     available_bytes,
     check_context,
@@ -48,7 +50,7 @@ Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
 
 
 def check_model(
-    model: Any,  # Any: a transformers PreTrainedModel, untyped at this boundary
+    model: torch.nn.Module,  # a transformers PreTrainedModel
     tokenizer: Any,  # Any: a transformers tokenizer (None when every prompt is token ids)
     prompts: Sequence[Prompt],
     *,
