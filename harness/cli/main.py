@@ -284,6 +284,7 @@ def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> st
     # Imported here: matplotlib costs the other runs a second of start-up for nothing.
     from harness.bench.plots import plot_pool_over_time  # noqa: PLC0415
 
+    progress(f"writing {path}")
     try:
         write_replacing(
             path, lambda file: plot_pool_over_time(report.usage, report.pool.total_blocks, file)
