@@ -6,9 +6,12 @@ they start item N of M) counts a stage; any other message is a plain line. It is
 logger: one stage at a time, no nesting.
 """
 
+import contextlib
+import io
 import re
 import sys
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 _COUNTED = re.compile(r"^(?P<stage>.*?):? (?:\w+ )?(?P<number>\d+)/(?P<total>\d+)$")
@@ -25,6 +28,7 @@ class Progress:
         self._stage: str | None = None
         self._started = 0.0
         self._total = 0
+        self._first_done = 0
         self._last = ""
         self._done = 0
 
@@ -40,17 +44,17 @@ class Progress:
 
     def __call__(self, message: str) -> None:
         counted = _COUNTED.match(message)
+        if not self._bar or counted is None or counted["stage"] != self._stage:
+            self.finish()
         self._last = message
         self._done = 0 if counted is None else int(counted["number"]) - 1
         if not self._bar or counted is None:
-            self.finish()
-            print(f"{self._prefix} {message}", file=self._stream, flush=True)
+            print(self._labelled(message), file=self._stream, flush=True)
             return
-        stage, number = counted["stage"], int(counted["number"])
-        if stage != self._stage:
-            self.finish()
-            self._stage, self._started, self._total = stage, time.monotonic(), int(counted["total"])
-        self._draw(number - 1)
+        if counted["stage"] != self._stage:
+            self._stage, self._total = counted["stage"], int(counted["total"])
+            self._started, self._first_done = time.monotonic(), self._done
+        self._draw(self._done)
 
     def where(self) -> str:
         """Where the work was, for an interruption message: ``in STAGE after N of M
@@ -60,21 +64,75 @@ class Progress:
             return f"while {self._last}" if self._last else "before starting"
         return f"in {counted['stage']} after {self._done} of {counted['total']} {_unit(self._last)}"
 
+    def verbatim(self, line: str) -> None:
+        """Print ``line`` as it is (ending the current bar first)."""
+        self.finish()
+        print(line, file=self._stream, flush=True)
+
     def finish(self) -> None:
-        """End the current bar at its total (a stage's last item is done when the next stage
-        or message starts)."""
+        """End the current bar, its last started item done (it is, once the next stage or
+        message starts)."""
         if self._stage is not None:
-            self._draw(self._total)
+            self._draw(self._done + 1)
             print(file=self._stream, flush=True)
             self._stage = None
 
+    def _labelled(self, text: str) -> str:
+        return f"{self._prefix} {text}" if self._prefix else text
+
     def _draw(self, done: int) -> None:
-        elapsed = time.monotonic() - self._started
-        rate = f"{done / elapsed:.2f}/s" if elapsed > 0 and done else "-/s"
+        elapsed, counted = time.monotonic() - self._started, done - self._first_done
+        rate = f"{counted / elapsed:.2f}/s" if elapsed > 0 and counted else "-/s"
         filled = BAR_WIDTH * done // max(self._total, 1)
         bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-        line = f"{self._prefix} {self._stage} |{bar}| {done}/{self._total} {rate}"
+        line = self._labelled(f"{self._stage} |{bar}| {done}/{self._total} {rate}")
         print(f"\r\x1b[K{line}", end="", file=self._stream, flush=True)
+
+
+@contextlib.contextmanager
+def stderr_as_progress() -> Iterator[None]:
+    """Inside, on a terminal, each ``STAGE ... N/M`` line written to ``sys.stderr`` redraws a
+    bar instead, and every other line passes through as it is: the hook for the benchmarks,
+    whose stages print such lines. Elsewhere (piped) stderr is left alone."""
+    real = sys.stderr
+    if not real.isatty():
+        yield
+        return
+    progress = Progress("", real, bar=True)
+    sys.stderr = _Lines(progress)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stderr = real
+        progress.finish()
+
+
+class _Lines(io.TextIOBase):
+    """A text stream handing each complete line to ``progress``: counted lines as progress,
+    the others verbatim."""
+
+    def __init__(self, progress: Progress) -> None:
+        super().__init__()
+        self._progress = progress
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self._line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._line(self._pending)
+        self._pending = ""
+
+    def _line(self, line: str) -> None:
+        if _COUNTED.match(line.strip()):
+            self._progress(line.strip())
+        else:
+            self._progress.verbatim(line)
 
 
 def _unit(message: str) -> str:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from harness.cli.parsing import EXIT_BAD_INPUT, fail, run_interruptible
+from harness.progress import stderr_as_progress
 
 PROG = "pagedkv"
 
@@ -71,4 +72,10 @@ def _bench(args: list[str]) -> int:
         return fail(f"{PROG} bench", f"unknown benchmark {name!r} (one of: {known})")
     module = importlib.import_module(BENCHMARKS[name][0])
     benchmark: Callable[[list[str]], int] = module.main
-    return run_interruptible(f"{PROG} bench {name}", lambda: benchmark(rest))
+    return run_interruptible(f"{PROG} bench {name}", lambda: _with_bars(benchmark, rest))
+
+
+def _with_bars(benchmark: Callable[[list[str]], int], args: list[str]) -> int:
+    # The benchmarks print their stages ("... round 2/5") on stderr: bars on a terminal.
+    with stderr_as_progress():
+        return benchmark(args)

@@ -1,10 +1,11 @@
 """Progress on stderr: bars with counts and rate on a terminal, lines otherwise."""
 
 import io
+import sys
 
 import pytest
 
-from harness.progress import Progress
+from harness.progress import Progress, stderr_as_progress
 
 
 class _Terminal(io.StringIO):
@@ -79,3 +80,39 @@ def test_bars_only_on_a_terminal_and_never_under_json(monkeypatch: pytest.Monkey
     assert not Progress.for_stderr("[p]", plain=True).is_bar
     monkeypatch.setattr("sys.stderr", io.StringIO())
     assert not Progress.for_stderr("[p]").is_bar
+
+
+def test_benchmark_stage_lines_become_bars_on_a_terminal_and_the_rest_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    with stderr_as_progress():
+        print("  impl: run 1/2", file=sys.stderr)
+        print("  impl: run 2/2", file=sys.stderr)
+        print("python -m harness.bench.x: error: one line", file=sys.stderr)
+    assert sys.stderr is terminal
+    lines = terminal.getvalue().split("\n")
+    assert "\r\x1b[Kimpl |" in lines[0] and lines[0].endswith("/s")
+    assert lines[0].split("\r\x1b[K")[-1].split("| ")[1].startswith("2/2 ")
+    assert lines[1:] == ["python -m harness.bench.x: error: one line", ""]
+
+
+def test_benchmark_stderr_is_left_alone_when_piped(monkeypatch: pytest.MonkeyPatch) -> None:
+    piped = io.StringIO()
+    monkeypatch.setattr("sys.stderr", piped)
+    with stderr_as_progress():
+        print("  impl: run 1/2", file=sys.stderr)
+    assert piped.getvalue() == "  impl: run 1/2\n"
+
+
+def test_stages_taking_turns_end_their_bars_at_what_was_done_not_at_the_total() -> None:
+    stream = io.StringIO()
+    progress = Progress("", stream, bar=True)
+    progress("impl: run 1/3")
+    progress("spec: run 1/3")
+    progress("impl: run 2/3")
+    progress.finish()
+    finals = [line.split("\r\x1b[K")[-1] for line in stream.getvalue().split("\n")[:3]]
+    assert [final.split("| ")[1].split(" ")[0] for final in finals] == ["1/3", "1/3", "2/3"]
+    assert finals[2].startswith("impl |")
