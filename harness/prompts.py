@@ -76,10 +76,15 @@ def check_prompt_text(text: str, where: str) -> None:
 def load_prompts_file(path: Path) -> list[Messages]:
     """Read JSON lines, each ``{"prompt": str}`` or ``{"messages": [{"role", "content"}]}``."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # Split at newlines only: str.splitlines() also splits at U+2028, U+2029 and U+0085,
+        # which a JSON string may hold unescaped. (read_text has made "\r\n" a "\n".)
+        lines = path.read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as error:
         raise PromptsFileError(f"cannot read prompts file {str(path)!r}: {error}") from error
-    prompts = [_parse_line(path, number, line) for number, line in enumerate(lines, 1) if line]
+    # A line of whitespace is skipped as an empty one is: neither holds a prompt.
+    prompts = [
+        _parse_line(path, number, line) for number, line in enumerate(lines, 1) if line.strip()
+    ]
     if not prompts:
         raise PromptsFileError(f"prompts file {str(path)!r} has no prompts")
     return prompts
@@ -101,8 +106,9 @@ def _parse_line(path: Path, number: int, line: str) -> Messages:
     where = f"{path}:{number}"
     try:
         record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise PromptsFileError(f"{where}: not JSON: {error.msg}") from error
+    # Valid JSON that Python's parser still refuses raises other errors than JSONDecodeError.
+    except (ValueError, RecursionError) as error:
+        raise PromptsFileError(f"{where}: not JSON: {_json_reason(error)}") from error
     if isinstance(record, dict) and isinstance(record.get("prompt"), str):
         check_prompt_text(record["prompt"], where)
         return (("user", record["prompt"]),)
@@ -120,3 +126,14 @@ def _parse_line(path: Path, number: int, line: str) -> Messages:
             messages.append((message["role"], message["content"]))
         return tuple(messages)
     raise PromptsFileError(f'{where}: expected {{"prompt": ...}} or {{"messages": [...]}}')
+
+
+def _json_reason(error: ValueError | RecursionError) -> str:
+    """Why ``json.loads`` refused a line: a syntax error, nesting deeper than the parser
+    recurses (``RecursionError``), or an integer of more digits than ``int`` converts
+    (``ValueError``, ``sys.get_int_max_str_digits()``: 4,300)."""
+    if isinstance(error, json.JSONDecodeError):
+        return error.msg
+    if isinstance(error, RecursionError):
+        return f"nested deeper than the JSON parser can read ({error})"
+    return str(error)

@@ -11,12 +11,14 @@ first on ``sys.path``:
     python3 -m pip install --no-index --no-deps --target .site .whl/*.whl   # on the GPU machine
     python3 scripts/gpu_check.py
 
-Results go under ``$OUT`` (or ``out/gpu_check`` when it is unset, created): ``gpu_check.json``
-and ``gpu_check.log``, nothing else. Stages, most important first; a stage that would start
-after ``--deadline-s`` is recorded as skipped:
+Results go under ``--out``, else ``$OUT``, else a new temporary folder (printed first, never
+in the repository): ``gpu_check.json`` (rewritten whole after each stage; ``null`` where a
+figure is NaN) and ``gpu_check.log``, nothing else. Stages, most important first; a stage
+that would start after ``--deadline-s`` is recorded as skipped and fails the run, one named
+by ``--skip`` does not:
 1. ``environment``: versions, the GPU, which SDPA backend each of our call shapes gets,
    whether ``torch.nn.attention.varlen.varlen_attn`` takes a ``block_table``;
-2. ``device_tests``: the CUDA tests' cases (``tests/support/device_cases.py``), no pytest;
+2. ``device_tests``: the CUDA tests' cases (``harness/oracle/device_cases.py``), no pytest;
 3. ``checks``: the three checks for float32/bfloat16 x ``Engine``/``BatchInvariantEngine``
    on the bundled SmolLM2 when it loads here, else on a seeded random model of its exact
    shapes (``random_smollm2``), with every tie's margin in ulps;
@@ -28,7 +30,9 @@ after ``--deadline-s`` is recorded as skipped:
    ``generate`` (``harness.bench.decode``).
 ``--smoke`` runs every stage on CPU with a scaled-down model in about a minute; CI runs it
 (``tests/harness/test_gpu_check.py``), so a GPU run is never lost to a typo.
-Exit 0 when no stage failed, 1 when one did, 2 without a CUDA device (and no --smoke).
+Exit 0 when every stage asked for ran and passed, 1 when one failed or did not run, 2 on bad
+input (one line) or without a CUDA device (and no --smoke), 130 on Ctrl-C (one line; the JSON
+keeps the stages that finished, the interrupted one marked, and says ``"passed": false``).
 """
 
 import os
@@ -52,6 +56,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
@@ -64,7 +69,12 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from harness.bench import attention as bench_attention  # noqa: E402
 from harness.bench import decode as bench_decode  # noqa: E402
+from harness.cli.parsing import OneLineParser, UsageError, fail  # noqa: E402
 from harness.models import LoadedModel, ModelNotFoundError, load_model  # noqa: E402
+from harness.oracle.device_cases import (  # noqa: E402
+    paged_cache_generate_failures,
+    paged_equals_dense_failures,
+)
 from harness.oracle.equivalence import (  # noqa: E402
     EquivalenceReport,
     PoolConfig,
@@ -72,12 +82,9 @@ from harness.oracle.equivalence import (  # noqa: E402
     tight_total_blocks,
 )
 from harness.prompts import BUILTIN_PROMPTS, render_prompt  # noqa: E402
-from harness.runtime.engine import BatchInvariantEngine, Engine, Request  # noqa: E402
+from harness.runtime.engine import BatchInvariantEngine, Engine  # noqa: E402
 from harness.runtime.kv_pool import PoisonedKVPool  # noqa: E402
-from tests.support.device_cases import (  # noqa: E402
-    paged_cache_generate_failures,
-    paged_equals_dense_failures,
-)
+from harness.runtime.requests import Request  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Json = dict[str, object]  # what a stage reports: JSON-ready values
@@ -167,35 +174,58 @@ class Log:
         self.file.flush()
 
 
+PROG = "scripts/gpu_check.py"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The driver's options."""
-    parser = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__)
+    parser = OneLineParser(prog=PROG, description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="every stage on CPU, small")
     parser.add_argument(
-        "--deadline-s", type=float, default=540.0, help="no stage starts after this (540)"
+        "--deadline-s",
+        type=float,
+        default=540.0,
+        help="no stage starts after this many seconds (540); a stage it cuts off fails the run",
     )
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default $OUT)")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        choices=STAGES,
+        default=[],
+        metavar="STAGE",
+        help=f"a stage not to run, not counted as a failure (repeatable; one of {STAGES})",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default $OUT, else a new temporary folder)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the stages in order; write the JSON and the log; 0 when nothing failed."""
+    """Run the stages in order; write the JSON and the log; 0 when every stage asked for
+    ran and passed, 1 when one failed or did not run, 2 on bad input, 130 on Ctrl-C."""
     args = build_parser().parse_args(argv)
-    out = args.out or Path(os.environ.get("OUT") or REPO / "out" / "gpu_check")
-    out.mkdir(parents=True, exist_ok=True)
-    log = Log(out / "gpu_check.log")
+    if not args.deadline_s > 0:  # also refuses nan
+        return fail(PROG, f"--deadline-s must be > 0 seconds, got {args.deadline_s}")
+    if set(args.skip) == set(STAGES):
+        return fail(PROG, "--skip names every stage: nothing would be checked")
+    try:
+        out, chosen = _results_folder(args.out)
+        log = Log(out / "gpu_check.log")
+    except UsageError as error:
+        return fail(PROG, str(error))
+    log(f"gpu_check: results in {out} ({chosen})")
     plan = SMOKE if args.smoke else FULL
     if plan.device.type == "cuda" and not torch.cuda.is_available():
         log("gpu_check: no CUDA device here; use --smoke for the CPU run")
         return 2
     if plan.cpu_threads is not None:
         torch.set_num_threads(plan.cpu_threads)
-    started = time.perf_counter()
-    results: dict[str, object] = {
-        "mode": "smoke" if args.smoke else "gpu",
-        "deadline_s": args.deadline_s,
-        "stages": {},
-    }
+    run = Run(out, {"mode": "smoke" if args.smoke else "gpu", "deadline_s": args.deadline_s})
     stages: dict[str, Callable[[Plan, Log], Json]] = {
         "environment": stage_environment,
         "device_tests": stage_device_tests,
@@ -203,26 +233,99 @@ def main(argv: list[str] | None = None) -> int:
         "kernels": stage_kernels,
         "decode_bench": stage_decode_bench,
     }
-    stage_results: dict[str, object] = {}
-    for name in STAGES:
-        elapsed = time.perf_counter() - started
-        if elapsed > args.deadline_s:
-            stage_results[name] = {"status": "skipped", "why": f"deadline at {elapsed:.0f} s"}
-            log(f"== {name}: skipped (deadline, {elapsed:.0f} s)")
-            continue
-        log(f"== {name} (at {elapsed:.0f} s)")
-        stage_results[name] = _run_stage(stages[name], plan, log)
-        _write(out, results | {"stages": stage_results, "elapsed_s": elapsed})
-    failed = [name for name, r in stage_results.items() if _status(r) in ("failed", "error")]
-    results |= {
-        "stages": stage_results,
-        "elapsed_s": time.perf_counter() - started,
-        "failed_stages": failed,
-        "passed": not failed,
-    }
-    _write(out, results)
+    try:
+        for name in STAGES:
+            elapsed = run.elapsed_s()
+            if name in args.skip:
+                run.record(name, {"status": "skipped", "why": "--skip"})
+                log(f"== {name}: skipped (--skip)")
+            elif elapsed > args.deadline_s:
+                run.record(name, {"status": "skipped", "why": f"deadline at {elapsed:.0f} s"})
+                log(f"== {name}: skipped (deadline, {elapsed:.0f} s): the run fails")
+            else:
+                log(f"== {name} (at {elapsed:.0f} s)")
+                run.current = name
+                run.record(name, _run_stage(stages[name], plan, log))
+    except KeyboardInterrupt:
+        if run.current not in run.stages:  # not when Ctrl-C came just after it was recorded
+            run.record(run.current, {"status": "interrupted"})
+        run.finish(args.skip)
+        log(f"gpu_check: interrupted in stage {run.current}; the stages before it are in {out}")
+        return EXIT_INTERRUPTED
+    failed = run.finish(args.skip)
     log(f"gpu_check: {'PASS' if not failed else 'FAIL ' + ', '.join(failed)}; results in {out}")
     return 0 if not failed else 1
+
+
+def _results_folder(out: Path | None) -> tuple[Path, str]:
+    """The folder to write into, created, and which rule chose it; ``UsageError`` if none can."""
+    if out is not None:
+        chosen = "--out"
+    elif os.environ.get("OUT"):
+        out, chosen = Path(os.environ["OUT"]), "$OUT"
+    else:
+        # Never into the repository: a run must not leave files where git sees them.
+        return Path(tempfile.mkdtemp(prefix="gpu_check-")), "no --out and no $OUT"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{chosen} {str(out)!r} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(
+            f"cannot create the results folder {str(out)!r}: {error.strerror or error}"
+        ) from error
+    return out, chosen
+
+
+class Run:
+    """The results so far, rewritten whole into ``gpu_check.json`` after every stage."""
+
+    def __init__(self, out: Path, header: Json) -> None:
+        self.out = out
+        self.header = header
+        self.stages: dict[str, object] = {}
+        self.current = STAGES[0]  # the stage running (or last run)
+        self.started = time.perf_counter()
+
+    def elapsed_s(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.started
+
+    def record(self, name: str, result: object) -> None:
+        """Keep ``name``'s result and rewrite the JSON (a run cut off keeps what it did)."""
+        self.stages[name] = result
+        self._write({})
+
+    def finish(self, skipped: list[str]) -> list[str]:
+        """Write the verdict: the stages asked for (not ``skipped``) that did not run and
+        pass; returned, so an empty list is a pass."""
+        failed = [
+            name
+            for name in STAGES
+            if name not in skipped and _status(self.stages.get(name)) != "ok"
+        ]
+        self._write({"failed_stages": failed, "passed": not failed})
+        return failed
+
+    def _write(self, verdict: Json) -> None:
+        results = self.header | {"stages": self.stages, "elapsed_s": self.elapsed_s()} | verdict
+        # allow_nan=False: strict parsers refuse NaN; _finite has written null for it.
+        text = json.dumps(_finite(results), indent=2, default=str, allow_nan=False) + "\n"
+        # Written aside, then renamed over: Ctrl-C or the machine's limit never leaves half.
+        partial = self.out / "gpu_check.json.partial"
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(self.out / "gpu_check.json")
+
+
+def _finite(value: object) -> object:
+    """``value`` with every NaN and infinity (invalid JSON) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _run_stage(stage: Callable[[Plan, Log], Json], plan: Plan, log: Log) -> object:
@@ -239,12 +342,7 @@ def _run_stage(stage: Callable[[Plan, Log], Json], plan: Plan, log: Log) -> obje
 
 
 def _status(result: object) -> str:
-    return str(result.get("status")) if isinstance(result, dict) else "error"
-
-
-def _write(out: Path, results: dict[str, object]) -> None:
-    # Rewritten after every stage: a run cut off by the machine's limit keeps what it did.
-    (out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return str(result.get("status")) if isinstance(result, dict) else "not run"
 
 
 # -- stage 1: environment -------------------------------------------------------------------

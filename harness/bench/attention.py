@@ -23,11 +23,13 @@ import torch
 
 from harness.cli.main import DTYPES
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.kv_layout import KVLayout
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
-from harness.runtime.kv_pool import KVLayout, PagedKVPool
-from harness.runtime.paged_attention import RequestSlice, StepMetadata, paged_attention_forward
+from harness.runtime.kv_pool import PagedKVPool
+from harness.runtime.paged_attention import paged_attention_forward
+from harness.runtime.step_batch import RequestSlice, StepMetadata
 from impl import RequestBlockTable
-from spec import slot_index
+from spec import blocks_for_tokens, slot_index
 
 PROG = "python -m harness.bench.attention"
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
@@ -115,7 +117,7 @@ def decode_case(
     device: torch.device, dtype: torch.dtype, batch: int, context: int, block_size: int
 ) -> DecodeCase:
     """A seeded ``DecodeCase`` (the seed is ``batch * context``)."""
-    blocks_each = -(-context // block_size)
+    blocks_each = blocks_for_tokens(block_size, context)
     pool = PagedKVPool(
         KVLayout(1, NUM_KV_HEADS, HEAD_DIM, dtype, device), batch * blocks_each, block_size
     )

@@ -32,29 +32,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
-from transformers import GenerationConfig
-from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+from harness.bench.decode_methods import (
+    hf_cb_config_text,
+    hf_cb_num_blocks,
+    run_dense,
+    run_generate_batch,
+    run_paged,
+)
 from harness.cli.main import DTYPES
 from harness.cli.output import write_replacing
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
-from harness.oracle.dense import generate_dense_batch
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.attention_backends import (
     ATTENTION_BACKENDS,
     AttentionBackend,
     AttentionBackendError,
 )
-from harness.runtime.engine import NO_PREFIX_CACHING, Engine, Request
-from harness.runtime.kv_pool import PagedKVPool, new_manager
-from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.decode"
-HF_CB_MAX_BATCH_TOKENS = 512
 
 Run = Callable[[int], list[list[int]]]  # new_tokens -> each request's tokens
 
@@ -175,7 +174,7 @@ def run_benchmark(
         f"{str(layout.dtype).removeprefix('torch.')}; cpu threads {torch.get_num_threads()}; "
         f"new tokens {settings.max_new_tokens}; block size {settings.block_size}; "
         f"median of {settings.repeats}; paged attention: {settings.attention.name}; "
-        f"hf-cb: {_hf_cb_config_text(settings.block_size)}"
+        f"hf-cb: {hf_cb_config_text(settings.block_size)}"
     )
     print(
         f"{'method':<7} {'batch':>5} {'decode tok/s':>12} {'vs dense':>9} {'e2e tok/s':>9} "
@@ -185,10 +184,10 @@ def run_benchmark(
     for batch_size in settings.batch_sizes:
         batch = prompts[:batch_size]
         peak: list[int] = []
-        runs: dict[str, Run] = {"dense": partial(_run_dense, loaded, batch)}
+        runs: dict[str, Run] = {"dense": partial(run_dense, loaded, batch)}
         if "paged" in settings.methods:
             runs["paged"] = partial(
-                _run_paged,
+                run_paged,
                 loaded,
                 batch,
                 block_size=settings.block_size,
@@ -197,15 +196,14 @@ def run_benchmark(
             )
         if "hf-cb" in settings.methods:
             runs["hf-cb"] = partial(
-                _run_generate_batch, loaded, batch, block_size=settings.block_size
+                run_generate_batch, loaded, batch, block_size=settings.block_size
             )
         rates, tokens = _measure(runs, batch_size, settings, device)
         new_tokens = settings.max_new_tokens
         kv_tokens = {
             "dense": batch_size * (max(map(len, batch)) + new_tokens),
             "paged": max(peak, default=0) * settings.block_size,
-            "hf-cb": _hf_cb_num_blocks(batch, new_tokens, settings.block_size)
-            * settings.block_size,
+            "hf-cb": hf_cb_num_blocks(batch, new_tokens, settings.block_size) * settings.block_size,
         }
         compare_to = tokens.get("paged", tokens["dense"])
         for method, method_rates in rates.items():
@@ -359,82 +357,6 @@ def _timed(run: Run, new_tokens: int, device: torch.device) -> float:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _run_dense(
-    loaded: LoadedModel, batch: list[tuple[int, ...]], new_tokens: int
-) -> list[list[int]]:
-    pad = loaded.eos_token_id if loaded.eos_token_id is not None else 0
-    return generate_dense_batch(loaded.model, batch, new_tokens, pad)
-
-
-def _run_paged(
-    loaded: LoadedModel,
-    batch: list[tuple[int, ...]],
-    new_tokens: int,
-    *,
-    block_size: int,
-    peak: list[int],
-    attention: AttentionBackend,
-) -> list[list[int]]:
-    layout = kv_layout(loaded)
-    total_blocks = len(layout.group_windows) * sum(
-        blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch
-    )
-    manager = new_manager(layout, total_blocks, block_size)
-    pool = PagedKVPool(layout, total_blocks, block_size)
-    requests = [Request(f"r{i}", prompt, new_tokens) for i, prompt in enumerate(batch)]
-    # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
-    engine = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING, attention=attention)
-    result = engine.run(requests)
-    peak.append(result.peak_used_blocks)
-    return [result.outputs[request.request_id].token_ids for request in requests]
-
-
-def _hf_cb_num_blocks(batch: list[tuple[int, ...]], new_tokens: int, block_size: int) -> int:
-    """The pool the paged engine gets for ``batch``, so both hold every request at once."""
-    return sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in batch)
-
-
-def _hf_cb_config(total_blocks: int, block_size: int) -> ContinuousBatchingConfig:
-    """An explicitly sized config: without one HF sizes its cache from free memory (on CPU
-    60% of RAM per call: 12.6 GB RSS and 27 s for a batch-1 run), which would measure the
-    sizing, not the batching.
-    """
-    return ContinuousBatchingConfig(
-        page_size=block_size,
-        num_blocks=total_blocks,  # HF's name for the pool's block count
-        max_batch_tokens=HF_CB_MAX_BATCH_TOKENS,
-        allow_block_sharing=False,  # the engine runs without prefix caching here too
-        auto_switch_to_flash=False,  # the same SDPA attention as the other two methods
-    )
-
-
-def _hf_cb_config_text(block_size: int) -> str:
-    return (
-        f"page_size {block_size}, num_blocks = the paged pool's, max_batch_tokens "
-        f"{HF_CB_MAX_BATCH_TOKENS}, no block sharing, no switch to flash"
-    )
-
-
-def _run_generate_batch(
-    loaded: LoadedModel, batch: list[tuple[int, ...]], new_tokens: int, *, block_size: int
-) -> list[list[int]]:
-    config = GenerationConfig(
-        max_new_tokens=new_tokens,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=loaded.eos_token_id if loaded.eos_token_id is not None else 0,
-    )
-    cb_config = _hf_cb_config(_hf_cb_num_blocks(batch, new_tokens, block_size), block_size)
-    model: Any = loaded.model  # Any: a transformers causal LM
-    outputs = model.generate_batch(
-        [list(p) for p in batch], generation_config=config, continuous_batching_config=cb_config
-    )
-    if len(outputs) != len(batch):
-        raise RuntimeError(f"generate_batch returned {len(outputs)} of {len(batch)} requests")
-    # Ordered as the inputs (generate_batch reorders its results so).
-    return [list(output.generated_tokens) for output in outputs.values()]
 
 
 def _print_row(row: Row) -> None:

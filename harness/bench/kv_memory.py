@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.bench.allocator import TraceRequest
 from harness.bench.prefix import VOCABULARY, PromptRequest
+from harness.bench.traces import TraceRequest
 from impl import KVBlockManager
 from spec import blocks_for_tokens
 

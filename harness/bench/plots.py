@@ -10,8 +10,8 @@ Writes, under ``--out`` (default ``docs/img``):
 - ``decode_tok_s.png`` with ``--decode-json PATH`` (what ``python -m harness.bench.decode
   --json PATH`` writes): decode tokens/s against batch size, one line per method.
 The fourth figure, the pool over a main-command run, is ``python -m harness --plot FILE``
-(``plot_pool_over_time``). Matplotlib draws with the Agg backend: no display is needed.
-Every figure has a fixed size in pixels (``FIGURE_HEIGHT`` high, ``PANEL_WIDTH`` per panel).
+(``harness.figures.plot_pool_over_time``). Every figure has the fixed size in pixels of
+``harness.figures``.
 """
 
 import json
@@ -20,15 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # before pyplot: draw to files, never to a display
-
-import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 
-from harness.bench.allocator import make_trace
 from harness.bench.fragmentation import BlockSizePoint, sweep_block_sizes
 from harness.bench.kv_memory import (
     SCHEMES,
@@ -37,13 +30,11 @@ from harness.bench.kv_memory import (
     with_token_ids,
 )
 from harness.bench.prefix import prefix_heavy_trace
+from harness.bench.traces import make_trace
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
-from harness.runtime.engine import UsageSample
+from harness.figures import new_figure, save_figure
 
 PROG = "python -m harness.bench.plots"
-DPI = 100
-PANEL_WIDTH = 7.0  # inches: 700 pixels per panel
-FIGURE_HEIGHT = 4.5  # inches: 450 pixels
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ARTICLE_REQUEST_TOKENS = (9, 17, 33, 5, 41, 12)
 ARTICLE_BLOCK_SIZE = 16
@@ -61,26 +52,12 @@ class DecodeRow:
     decode_tok_s: float
 
 
-def _figure(panels: int) -> tuple[Figure, list[Axes]]:
-    figure, axes = plt.subplots(
-        1, panels, figsize=(PANEL_WIDTH * panels, FIGURE_HEIGHT), dpi=DPI, squeeze=False
-    )
-    return figure, list(axes[0])
-
-
-def _save(figure: Figure, path: Path) -> None:
-    # NOTE: no bbox_inches="tight": it would change the pixel size the tests expect.
-    figure.tight_layout()
-    figure.savefig(path, dpi=DPI)
-    plt.close(figure)
-
-
 def plot_fragmentation(
     points: Sequence[BlockSizePoint], article: Sequence[BlockSizePoint], path: Path
 ) -> None:
     """Utilization and waste per request against block size: the trace, and the article's
     example (its ``ARTICLE_BLOCK_SIZE`` point marked)."""
-    figure, (utilization, waste) = _figure(2)
+    figure, (utilization, waste) = new_figure(2)
     panels: tuple[tuple[Axes, Callable[[BlockSizePoint], float], str], ...] = (
         (utilization, _utilization_percent, "block utilization (%)"),
         (waste, _waste_per_request, "wasted token slots per request"),
@@ -125,7 +102,7 @@ def plot_fragmentation(
     utilization.set_title("tokens held / token slots reserved")
     waste.set_title("internal fragmentation: empty slots in last blocks")
     utilization.legend(loc="lower left", fontsize=8)
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def _utilization_percent(point: BlockSizePoint) -> float:
@@ -139,7 +116,7 @@ def _waste_per_request(point: BlockSizePoint) -> float:
 def plot_kv_memory(series: Sequence[KVMemorySeries], path: Path) -> None:
     """The share of reserved memory holding tokens per scheme (bars, one colour per trace,
     the paper's figures as reference), then each trace's reserved memory per step."""
-    figure, axes = _figure(1 + len(series))
+    figure, axes = new_figure(1 + len(series))
     bars = axes[0]
     width = 0.8 / len(series)
     for index, one in enumerate(series):
@@ -184,40 +161,7 @@ def plot_kv_memory(series: Sequence[KVMemorySeries], path: Path) -> None:
         axes_one.set_title(f"{one.trace_name}, block size {one.block_size}")
         axes_one.grid(alpha=0.3)
         axes_one.legend(fontsize=7, loc="lower center")
-    _save(figure, path)
-
-
-def preemption_steps(usage: Sequence[UsageSample]) -> list[int]:
-    """The indices of the samples whose step preempted (the manager's counter grew)."""
-    before = [0, *(sample.preemptions for sample in usage)]
-    return [i for i, sample in enumerate(usage) if sample.preemptions > before[i]]
-
-
-def plot_pool_over_time(usage: Sequence[UsageSample], total_blocks: int, path: Path) -> None:
-    """The pool after each step: blocks used, cached free, free (stacked), preemptions marked."""
-    figure, (axes,) = _figure(1)
-    steps = range(len(usage))
-    used = [sample.used_blocks for sample in usage]
-    cached = [sample.cached_free_blocks for sample in usage]
-    free = [total_blocks - u - c for u, c in zip(used, cached, strict=True)]
-    axes.stackplot(
-        steps,
-        used,
-        cached,
-        free,
-        labels=["used", "cached free", "free"],
-        colors=["tab:blue", "tab:cyan", "whitesmoke"],
-        step="post",
-    )
-    for index, step in enumerate(preemption_steps(usage)):
-        axes.axvline(step, color="red", linewidth=1, label="preemption" if index == 0 else None)
-    axes.set_xlim(0, max(1, len(usage) - 1))
-    axes.set_ylim(0, total_blocks)
-    axes.set_xlabel("engine step (one sample per forward step)")
-    axes.set_ylabel("blocks")
-    axes.set_title(f"the pool over the run: {total_blocks} blocks")
-    axes.legend(loc="upper right", fontsize=8)
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def load_decode_rows(document: object) -> tuple[str, list[DecodeRow]]:
@@ -244,7 +188,7 @@ def load_decode_rows(document: object) -> tuple[str, list[DecodeRow]]:
 def plot_decode(document: object, path: Path) -> None:
     """Decode tokens/s against batch size, one line per method."""
     caption, rows = load_decode_rows(document)
-    figure, (axes,) = _figure(1)
+    figure, (axes,) = new_figure(1)
     methods = list(dict.fromkeys(row.method for row in rows))
     for method in methods:
         mine = sorted((r.batch_size, r.decode_tok_s) for r in rows if r.method == method)
@@ -257,7 +201,7 @@ def plot_decode(document: object, path: Path) -> None:
     axes.set_title(f"decode throughput\n{caption}", fontsize=9)
     axes.grid(alpha=0.3)
     axes.legend()
-    _save(figure, path)
+    save_figure(figure, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

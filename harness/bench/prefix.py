@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from harness.runtime.preemption import append_or_preempt
 from impl import BlockAllocationError, KVBlockManager, default_block_hash
 
 SYSTEM_PROMPT_TOKENS = 1024
@@ -100,6 +101,16 @@ def replay_prompts(
     remaining: dict[str, int] = {}
     tokens_of: dict[str, list[int]] = {}
     by_id = {request.request_id: request for request in trace}
+    token_of: dict[str, int] = {}  # each running request's token this step
+
+    def append(request_id: str) -> int:
+        return manager.append_token_slot(request_id, token_of[request_id])
+
+    def preempt(victim: str) -> None:
+        manager.preempt(victim)
+        waiting.appendleft((by_id[victim], tuple(tokens_of[victim])))
+        stats.preemptions += 1
+
     while waiting or running:
         while waiting and len(running) < max_running:
             request, token_ids = waiting[0]
@@ -118,19 +129,9 @@ def replay_prompts(
         if not running:
             raise RuntimeError(f"request {waiting[0][0].request_id} can never fit the pool")
         new_tokens = [rng.randrange(VOCABULARY) for _ in running]
+        token_of.update(zip(running, new_tokens, strict=True))
         start = clock()
-        index = 0
-        while index < len(running):
-            request_id = running[index]
-            try:
-                manager.append_token_slot(request_id, new_tokens[index])
-            except BlockAllocationError:
-                victim = running.pop()
-                manager.preempt(victim)
-                waiting.appendleft((by_id[victim], tuple(tokens_of[victim])))
-                stats.preemptions += 1
-                continue
-            index += 1
+        append_or_preempt(running, append, preempt)
         stats.decode_ns += clock() - start
         stats.appends += len(running)
         still_running = []

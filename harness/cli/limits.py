@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from harness.cli.parsing import UsageError
-from harness.runtime.engine import Request
-from harness.runtime.kv_pool import KVLayout
+from harness.kv_layout import KVLayout
+from harness.runtime.requests import Request
 
 # NOTE: half, not all: the rest holds a prefill's activations (a context-long prompt's
 # attention and MLP intermediates), the dense reference's own cache (one request's K/V),

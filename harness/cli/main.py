@@ -282,7 +282,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> str | None:
     """Draw the pool over the batched run to ``path``; the one-line error if it fails."""
     # Imported here: matplotlib costs the other runs a second of start-up for nothing.
-    from harness.bench.plots import plot_pool_over_time  # noqa: PLC0415
+    from harness.figures import plot_pool_over_time  # noqa: PLC0415
 
     progress(f"writing {path}")
     try:

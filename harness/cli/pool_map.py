@@ -10,7 +10,7 @@ import os
 import shutil
 from typing import TextIO
 
-from harness.runtime.engine import PoolEvent
+from harness.runtime.events import PoolEvent
 from impl import KVBlockManager
 from impl.block_map import extend_labels, render_block_map, snapshot_pool
 

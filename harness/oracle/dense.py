@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from harness.runtime.engine import continuation_first_tokens
+from harness.runtime.sampling import continuation_first_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ and gathers a row per continuation and the run's totals. It is *not* the command
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from harness.kv_layout import KVLayout
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.checks import (
     CheckResult,
@@ -30,34 +31,21 @@ from harness.oracle.checks import (
     tie_rule,
 )
 from harness.oracle.dense import DenseOutput, generate_dense, generate_dense_continuation
+from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.attention_backends import (
     GATHER,
     AttentionBackend,
     LayerAgreement,
     PagedKernel,
 )
-from harness.runtime.engine import (
-    NO_PREFIX_CACHING,
-    NO_SCHEDULING,
-    PREFIX_CACHING,
-    Allocation,
-    BatchInvariantEngine,
-    Engine,
-    EngineResult,
-    PoolObserver,
-    Request,
-    RequestOutput,
-    Scheduling,
-    SpeculationCounts,
-    UsageSample,
-)
-from harness.runtime.kv_pool import (
-    ContiguousKVBuffers,
-    KVLayout,
-    KVStore,
-    PagedKVPool,
-    new_manager,
-)
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.engine import BatchInvariantEngine, Engine
+from harness.runtime.events import PoolObserver, ignore_pool_events
+from harness.runtime.kv_pool import PagedKVPool, new_manager
+from harness.runtime.kv_store import KVStore
+from harness.runtime.requests import Request, RequestOutput
+from harness.runtime.results import EngineResult, SpeculationCounts, UsageSample
+from harness.runtime.scheduler import NO_SCHEDULING, Scheduling
 
 Progress = Callable[[str], None]
 
@@ -89,7 +77,7 @@ def tight_total_blocks(requests: Sequence[Request], block_size: int, group_count
     """The main job's pool: about a quarter of what all requests need at once (so blocks
     are freed and reused, and requests are preempted), but at least the largest one; with
     ``group_count`` KV cache groups each may need its blocks once per group."""
-    needs = [request.blocks_needed(block_size) * group_count for request in requests]
+    needs = [request.blocks_needed(block_size, group_count) for request in requests]
     return max(*needs, -(-sum(needs) // 4))
 
 
@@ -203,7 +191,7 @@ def run_equivalence(
     def run_packed(
         store: KVStore,
         allocation: Allocation,
-        observer: PoolObserver | None = None,
+        observer: PoolObserver = ignore_pool_events,
         attention: AttentionBackend = pool.attention,
     ) -> EngineResult:
         """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
@@ -223,10 +211,13 @@ def run_equivalence(
     progress(f"paged, continuous batching ({pool.attention.name}): {len(requests)} requests")
     agreement = LayerAgreement()
     batched = run_packed(
-        paged_pool, pool.allocation, pool.observer, measured(pool.attention, agreement)
+        paged_pool,
+        pool.allocation,
+        pool.observer or ignore_pool_events,  # the CLI gives None without --pool-map
+        measured(pool.attention, agreement),
     )
     gate_paged = batched
-    if pool.allocation is not NO_PREFIX_CACHING:
+    if pool.allocation.prefix_caching:
         progress(f"paged, same batching without prefix caching (gate): {len(requests)} requests")
         gate_paged = run_packed(paged_pool, NO_PREFIX_CACHING)
     progress(f"contiguous buffers, same schedule (gate): {len(requests)} requests")

@@ -22,14 +22,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from harness.kv_layout import KVLayout
 from harness.runtime.flex_paged import flex_attention_paged, flex_block_mask
-from harness.runtime.kv_pool import (
-    FinitePoisonedKVPool,
-    KVLayout,
-    KVPlan,
-    KVStore,
-    PoisonedKVPool,
-)
+from harness.runtime.kv_pool import FinitePoisonedKVPool, PoisonedKVPool
+from harness.runtime.kv_store import KVPlan, KVStore
 from harness.runtime.step_tensors import StepTensors, build_step_tensors
 from harness.runtime.varlen_emulator import varlen_attention_emulated
 from harness.runtime.varlen_kernel import varlen_attention, varlen_limits

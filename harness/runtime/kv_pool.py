@@ -1,10 +1,10 @@
-"""Where K/V tensors live: the paged pool, and the contiguous buffers the allocator gate uses.
+"""The paged KV pool: where K/V tensors live, addressed by the manager's block tables.
 
-``PagedKVPool`` is the real thing: per layer one K and one V tensor of shape
+``PagedKVPool`` holds per layer one K and one V tensor of shape
 ``[total_blocks, block_size, num_kv_heads, head_dim]`` (with sliding windows, per layer of
-a KV cache group, shared by the groups: ``kv_cache_groups``). Token ``t`` of a request lives
-in row ``slot = block_ids[t // block_size - skipped_blocks] * block_size + t % block_size``
-of the flat view ``[total_blocks * block_size, num_kv_heads, head_dim]``, through the table
+a KV cache group, shared by the groups: ``harness.kv_layout.kv_cache_groups``). Token ``t``
+of a request lives in row ``spec.slot_index(block_size, block_ids, t, skipped_blocks)`` of
+the flat view ``[total_blocks * block_size, num_kv_heads, head_dim]``, through the table
 of its layer's group; the slots come from ``impl.KVBlockManager`` and nothing else.
 Layout, block-major then token then head:
 - a block is one contiguous chunk of memory, so releasing or poisoning a block is one
@@ -14,198 +14,25 @@ Layout, block-major then token then head:
 - ``[num_kv_heads, head_dim]`` last matches the ``[tokens, heads, dim]`` rows the model's
   projections produce, so a write needs no transpose.
 
-``ContiguousKVBuffers`` keeps each request's K/V in its own ``[max_tokens, ...]`` buffer,
-indexed by position: no block ids at all. The allocator gate runs the same engine on both
-and demands bit-identical logits.
-
+The poisoned pools fill what is released with a poison, so a read of it shows. The
+paging-free twin the allocator gate compares with is ``harness.runtime.contiguous_kv``.
 Neither decides *when* a request gets memory: that is the engine's job (with the manager).
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import accumulate
-from typing import Protocol
 
 import torch
 
+from harness.kv_layout import KVLayout
+from harness.runtime.kv_store import GroupPlan, KVPlan, sdpa_layout
 from impl import KVBlockManager, RequestBlockTable
-
-
-@dataclass(frozen=True, slots=True)
-class KVLayout:
-    """The K/V shape of a model: layers, KV heads, head dim, dtype and device.
-
-    ``layer_windows[l]`` is layer ``l``'s sliding window in tokens (its query at position
-    ``q`` reads keys ``q - W + 1 .. q``), or ``None`` for full attention; empty when no
-    layer has a window.
-    """
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    device: torch.device
-    layer_windows: tuple[int | None, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.layer_windows and len(self.layer_windows) != self.num_layers:
-            raise ValueError(
-                f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers"
-            )
-
-    def window(self, layer_idx: int) -> int | None:
-        """Layer ``layer_idx``'s sliding window, or ``None`` for full attention."""
-        return self.layer_windows[layer_idx] if self.layer_windows else None
-
-    @property
-    def bytes_per_token(self) -> int:
-        """K and V of one token over all layers, in bytes."""
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
-
-    @property
-    def group_windows(self) -> tuple[int | None, ...]:
-        """The window of each KV cache group (``impl.KVBlockManager``'s ``group_windows``)."""
-        return tuple(window for window, _ in kv_cache_groups(self.layer_windows, self.num_layers))
-
-    @property
-    def group_layers(self) -> tuple[tuple[int, ...], ...]:
-        """The layers of each KV cache group, in group order."""
-        return tuple(layers for _, layers in kv_cache_groups(self.layer_windows, self.num_layers))
-
-    @property
-    def layers_per_block(self) -> int:
-        """How many layers' K/V one block holds: the largest group's."""
-        return max(len(layers) for layers in self.group_layers)
-
-    @property
-    def bytes_per_block_token(self) -> int:
-        """K and V of one token in one block (the layers of one group), in bytes; with one
-        group of every layer, ``bytes_per_token``."""
-        return self.bytes_per_token // self.num_layers * self.layers_per_block
-
-
-def kv_cache_groups(
-    layer_windows: tuple[int | None, ...], num_layers: int
-) -> tuple[tuple[int | None, tuple[int, ...]], ...]:
-    """The KV cache groups of a model: ``(window, layers)`` each, full attention first, then
-    windows from narrowest; every group as large as the fewest layers of one window (the
-    last group of a window may be smaller). No windows (``()``): one group of every layer.
-
-    Equal groups let one block hold one layer of each slot for any group (vLLM's hybrid
-    allocator groups the same way): Gemma 2's 1:1 layers give ``(None, W)`` of one layer
-    each, Gemma 3's 5:1 give one full group and five windowed ones.
-    """
-    windows = layer_windows or (None,) * num_layers
-    order = sorted(set(windows), key=lambda window: -1 if window is None else window)
-    by_window = {window: [i for i, w in enumerate(windows) if w == window] for window in order}
-    size = min(len(layers) for layers in by_window.values())
-    return tuple(
-        (window, tuple(layers[start : start + size]))
-        for window, layers in by_window.items()
-        for start in range(0, len(layers), size)
-    )
+from spec import slot_index
 
 
 def new_manager(layout: KVLayout, total_blocks: int, block_size: int) -> KVBlockManager:
     """A manager for a pool of ``layout``: one KV cache group per group of its layers."""
     return KVBlockManager(total_blocks, block_size, group_windows=layout.group_windows)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupPlan:
-    """One KV cache group's part of a step's plan.
-
-    ``write_index`` holds the rows of every new token of the step in packed order.
-    ``read_index`` says what a read gathers and ``read_starts`` where each request's rows
-    begin in the gathered rows; they hold its positions ``first_positions[i]`` ..
-    ``token_counts[i] - 1`` (a sliding window skipped the blocks before). What an index
-    means is the store's.
-    """
-
-    write_index: torch.Tensor  # [step_tokens] int64
-    read_index: torch.Tensor  # int64, the store's rows or blocks to gather
-    read_starts: tuple[int, ...]
-    first_positions: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class KVPlan:
-    """Where one forward step's K/V go and come from (shared by all layers).
-
-    The step packs ``len(request_ids)`` requests, each feeding ``new_token_counts[i]`` new
-    tokens and holding ``token_counts[i]`` after them; ``groups[g]`` is KV cache group
-    ``g``'s part (one group unless the model has sliding windows).
-    """
-
-    request_ids: tuple[str, ...]
-    new_token_counts: tuple[int, ...]
-    token_counts: tuple[int, ...]
-    groups: tuple[GroupPlan, ...]
-
-    @property
-    def write_index(self) -> torch.Tensor:
-        """Group 0's write rows, ``[step_tokens]`` int64."""
-        return self.groups[0].write_index
-
-    @property
-    def read_index(self) -> torch.Tensor:
-        """What group 0's read gathers."""
-        return self.groups[0].read_index
-
-    @property
-    def read_starts(self) -> tuple[int, ...]:
-        """Where each request's rows begin in group 0's gathered rows."""
-        return self.groups[0].read_starts
-
-
-class KVStore(Protocol):
-    """What the attention hook needs from K/V memory: plan once per step, write, read.
-
-    ``plan`` takes each request's table after this step's tokens and the slots of those
-    tokens (KV cache group 0), and with several groups each request's table in groups
-    1.. (``group_tables[g - 1][i]``). The engine also tells it about the lifecycle:
-    ``release`` (with the blocks that became free and hold no cached prefix: a shared or
-    cached block keeps valid K/V), ``release_out_of_window`` (blocks a sliding window made
-    free, likewise), ``fork``, the copy-on-write ``copy_blocks`` and the rollback
-    ``truncate``.
-    """
-
-    def plan(
-        self,
-        tables: Sequence[RequestBlockTable],
-        new_slots: Sequence[list[int]],
-        group_tables: Sequence[Sequence[RequestBlockTable]] = (),
-    ) -> KVPlan:
-        """The step's plan, built once and used by every layer."""
-        ...
-
-    def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store the step's new ``key``/``value`` rows ``[step_tokens, num_kv_heads, head_dim]``."""
-        ...
-
-    def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each request's K and V in SDPA's layout, ``[1, num_kv_heads, tokens, head_dim]``
-        (strided views are fine), in plan order: its positions ``first_positions`` on."""
-        ...
-
-    def first_positions(self, layer_idx: int, plan: KVPlan) -> tuple[int, ...]:
-        """The position of the first row ``read`` returns for each request in this layer."""
-        ...
-
-    def release(self, request_id: str, block_ids: list[int]) -> None: ...
-
-    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
-        """A request was rolled back (rejected drafts): ``block_ids`` became free and
-        uncached, and its kept last block's ``slots`` past the new length will be written
-        again; nobody may read either."""
-        ...
-
-    def release_out_of_window(self, block_ids: list[int]) -> None: ...
-
-    def fork(self, parent_id: str, child_id: str) -> None: ...
-
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None: ...
 
 
 class PagedKVPool:
@@ -293,10 +120,8 @@ class PagedKVPool:
         self, tables: Sequence[RequestBlockTable], new_token_counts: tuple[int, ...]
     ) -> list[int]:
         """The slots of each request's last ``new_token_counts[i]`` tokens in its table."""
-        block_size = self.block_size
         return [
-            table.block_ids[position // block_size - table.skipped_blocks] * block_size
-            + position % block_size
+            slot_index(self.block_size, table.block_ids, position, table.skipped_blocks)
             for table, count in zip(tables, new_token_counts, strict=True)
             for position in range(table.token_count - count, table.token_count)
         ]
@@ -329,8 +154,8 @@ class PagedKVPool:
         token_count - first_position, head_dim]``: views of one gather."""
         group, index = self._places[layer_idx]
         group_plan = plan.groups[group]
-        keys = _sdpa_layout(self.keys[index].index_select(0, group_plan.read_index))
-        values = _sdpa_layout(self.values[index].index_select(0, group_plan.read_index))
+        keys = sdpa_layout(self.keys[index].index_select(0, group_plan.read_index))
+        values = sdpa_layout(self.values[index].index_select(0, group_plan.read_index))
         return [
             (keys[:, :, start : start + count - first], values[:, :, start : start + count - first])
             for start, count, first in zip(
@@ -438,142 +263,6 @@ class FinitePoisonedKVPool(PoisonedKVPool):
         return torch.finfo(self.layout.dtype).max
 
 
-class ContiguousKVBuffers:
-    """Each request's K/V in its own buffer, by position: the gate's paging-free twin.
-
-    Request ``r`` owns one row of a per-layer ``[rows, row_tokens, num_kv_heads, head_dim]``
-    tensor (``row_tokens``: ``max_tokens`` rounded up to ``block_size``); token ``t`` lives
-    at position ``t`` of its row. No block id from the manager is used. A kernel backend
-    reads the same memory as pages (``pages``): the row of ``r`` is the run of pages
-    ``block_ids_of(r)``, in order, so the kernel reads contiguous buffers through a table
-    that is an ``arange``.
-    """
-
-    __slots__ = ("_free_rows", "_keys", "_rows", "_values", "block_size", "layout", "row_tokens")
-
-    def __init__(self, layout: KVLayout, max_tokens: int, block_size: int = 1) -> None:
-        if max_tokens < 1 or block_size < 1:
-            raise ValueError(
-                f"max_tokens and block_size must be >= 1, got {max_tokens}, {block_size}"
-            )
-        self.layout = layout
-        self.block_size = block_size
-        self.row_tokens = -(-max_tokens // block_size) * block_size
-        shape = (0, self.row_tokens, layout.num_kv_heads, layout.head_dim)
-        # _keys[l], _values[l]: [rows, row_tokens, num_kv_heads, head_dim]
-        self._keys = [
-            torch.zeros(shape, dtype=layout.dtype, device=layout.device)
-            for _ in range(layout.num_layers)
-        ]
-        self._values = [torch.zeros_like(k) for k in self._keys]
-        self._rows: dict[str, int] = {}  # request_id -> its row
-        self._free_rows: list[int] = []
-
-    def plan(
-        self,
-        tables: Sequence[RequestBlockTable],
-        new_slots: Sequence[list[int]],
-        group_tables: Sequence[Sequence[RequestBlockTable]] = (),
-    ) -> KVPlan:
-        """Rows are positions in each request's own buffer; block tables are not used (nor
-        windows: every position is kept)."""
-        device = self.layout.device
-        rows: list[int] = []
-        for table, slots in zip(tables, new_slots, strict=True):
-            if table.request_id not in self._rows:
-                self._rows[table.request_id] = self._take_row()
-            base = self._rows[table.request_id] * self.row_tokens
-            rows.extend(range(base + table.token_count - len(slots), base + table.token_count))
-        everything = GroupPlan(
-            write_index=torch.tensor(rows, dtype=torch.int64, device=device),
-            read_index=torch.empty(0, dtype=torch.int64, device=device),
-            read_starts=(0,) * len(tables),
-            first_positions=(0,) * len(tables),
-        )
-        return KVPlan(
-            request_ids=tuple(table.request_id for table in tables),
-            new_token_counts=tuple(len(slots) for slots in new_slots),
-            token_counts=tuple(table.token_count for table in tables),
-            groups=(everything,),
-        )
-
-    def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store each request's new tokens at their positions in its own buffer."""
-        flat = (-1, self.layout.num_kv_heads, self.layout.head_dim)
-        self._keys[layer_idx].view(flat).index_copy_(0, plan.write_index, key)
-        self._values[layer_idx].view(flat).index_copy_(0, plan.write_index, value)
-
-    def read(self, layer_idx: int, plan: KVPlan) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The first ``token_count`` rows of each request's buffer, in SDPA's layout."""
-        keys, values = self._keys[layer_idx], self._values[layer_idx]
-        read = []
-        for request_id, count in zip(plan.request_ids, plan.token_counts, strict=True):
-            row = self._rows[request_id]
-            read.append((_sdpa_layout(keys[row, :count]), _sdpa_layout(values[row, :count])))
-        return read
-
-    def pages(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``layer_idx``'s buffers as pages ``[pages, block_size, num_kv_heads, head_dim]``
-        (views, no copy)."""
-        shape = (-1, self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
-        return self._keys[layer_idx].view(shape), self._values[layer_idx].view(shape)
-
-    def block_ids_of(self, table: RequestBlockTable) -> list[int]:
-        """The pages of ``table``'s request that hold its ``token_count`` tokens, in order."""
-        first = self._rows[table.request_id] * (self.row_tokens // self.block_size)
-        return list(range(first, first + -(-table.token_count // self.block_size)))
-
-    def first_positions(self, layer_idx: int, plan: KVPlan) -> tuple[int, ...]:
-        """Every request's buffer starts at position 0."""
-        return plan.groups[0].first_positions
-
-    def release(self, request_id: str, block_ids: list[int]) -> None:
-        """Give back a finished request's row (its block ids mean nothing here)."""
-        self._free_rows.append(self._rows.pop(request_id))
-
-    def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
-        """Nothing to do: rows past a request's length are never read, and are rewritten."""
-
-    def release_out_of_window(self, block_ids: list[int]) -> None:
-        """Nothing to drop: buffers keep every position."""
-
-    def fork(self, parent_id: str, child_id: str) -> None:
-        """The child starts with a copy of the parent's buffers: nothing is shared here."""
-        parent, child = self._rows[parent_id], self._take_row()
-        self._rows[child_id] = child
-        for keys, values in zip(self._keys, self._values, strict=True):
-            keys[child] = keys[parent]
-            values[child] = values[parent]
-
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Nothing to copy: no two requests share a buffer."""
-
-    def _take_row(self) -> int:
-        """A zeroed row for a new request: a freed one, else one more (the tensors grow).
-
-        NOTE: growing doubles the rows, copying every layer (a handful of times per run);
-        a zeroed row keeps what a fresh per-request buffer had.
-        """
-        if not self._free_rows:
-            rows = self._keys[0].shape[0]
-            grown = max(1, 2 * rows)
-            self._keys = [_grown(keys, grown) for keys in self._keys]
-            self._values = [_grown(values, grown) for values in self._values]
-            self._free_rows.extend(range(grown - 1, rows - 1, -1))
-        row = self._free_rows.pop()
-        for keys, values in zip(self._keys, self._values, strict=True):
-            keys[row].zero_()
-            values[row].zero_()
-        return row
-
-
-def _grown(buffers: torch.Tensor, rows: int) -> torch.Tensor:
-    """``buffers`` ``[old_rows, ...]`` copied into a zeroed ``[rows, ...]`` tensor."""
-    grown = torch.zeros((rows, *buffers.shape[1:]), dtype=buffers.dtype, device=buffers.device)
-    grown[: buffers.shape[0]] = buffers
-    return grown
-
-
 def _fill(tensors: list[torch.Tensor], rows: list[int], value: float) -> None:
     """``value`` into ``rows`` (indices along dim 0) of every tensor."""
     if not rows:
@@ -581,13 +270,3 @@ def _fill(tensors: list[torch.Tensor], rows: list[int], value: float) -> None:
     index = torch.tensor(rows, dtype=torch.int64, device=tensors[0].device)
     for tensor in tensors:
         tensor.index_fill_(0, index, value)
-
-
-def _sdpa_layout(rows: torch.Tensor) -> torch.Tensor:
-    """``[..., num_kv_heads, head_dim]`` rows as a ``[1, num_kv_heads, tokens, head_dim]`` view.
-
-    NOTE: a strided view, not a copy: SDPA gives the same bits on it as on HF's contiguous
-    cache (check 2 measures it), and a ``.contiguous()`` cost two copies per request per
-    layer.
-    """
-    return rows.flatten(0, -3).transpose(0, 1).unsqueeze(0)

@@ -52,53 +52,13 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward, use_gqa_in_sdpa
 
 from harness.models import UnsupportedModelError
-from harness.runtime.attention_backends import KernelStep, default_scale
-from harness.runtime.kv_pool import KVPlan, KVStore
+from harness.runtime.attention_backends import default_scale
+from harness.runtime.step_batch import StepMetadata
 from spec import first_window_token
 
 ATTENTION_NAME = "pagedkv"
 EAGER_ATTENTION_NAME = "pagedkv_eager"
 STEP_KWARG = "pagedkv_step"
-
-
-@dataclass(frozen=True, slots=True)
-class RequestSlice:
-    """One request's part of a packed step: its query rows ``[query_start, query_end)``.
-
-    ``mask`` is the partial-prefill mask (``partial_prefill_mask``), ``None`` otherwise.
-    """
-
-    query_start: int
-    query_end: int
-    mask: torch.Tensor | None = None  # [1, 1, query_count, token_count] bool, True = attend
-
-
-def partial_prefill_mask(
-    query_count: int, token_count: int, device: torch.device
-) -> torch.Tensor | None:
-    """The causal mask for the last ``query_count`` of ``token_count`` tokens, or ``None``.
-
-    ``None`` when no mask is needed: a whole prefill (SDPA's ``is_causal``) or one query.
-    """
-    if query_count <= 1 or query_count == token_count:
-        return None
-    # allowed[i, j]: query i sits at position token_count - query_count + i and sees key j <= it
-    allowed = torch.ones(query_count, token_count, dtype=torch.bool, device=device)
-    return allowed.tril(diagonal=token_count - query_count)[None, None]
-
-
-@dataclass(frozen=True, slots=True)
-class StepMetadata:
-    """Everything attention needs for one forward: the store, its plan, each request's slice.
-
-    ``slices[i]`` is the request ``plan.request_ids[i]``; ``kernel``: the kernel backend's
-    call for the step, ``None`` for gather.
-    """
-
-    store: KVStore
-    plan: KVPlan
-    slices: tuple[RequestSlice, ...]
-    kernel: KernelStep | None = None
 
 
 def paged_attention_forward(

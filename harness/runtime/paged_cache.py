@@ -27,7 +27,8 @@ from transformers.cache_utils import (
     LinearAttentionCacheLayerMixin,
 )
 
-from harness.runtime.kv_pool import KVPlan, PagedKVPool
+from harness.runtime.kv_pool import PagedKVPool
+from harness.runtime.kv_store import KVPlan
 from impl import BlockAllocationError, KVBlockManager
 from spec import blocks_for_tokens, first_window_token, slot_index
 
@@ -92,10 +93,9 @@ class PagedCache(Cache):
                 continue
             else:
                 table = manager.append_tokens(request_id, new_tokens)
-            first = table.skipped_blocks * block_size  # the first position the table holds
             new_slots.append(
                 [
-                    slot_index(block_size, table.block_ids, position - first)
+                    slot_index(block_size, table.block_ids, position, table.skipped_blocks)
                     for position in range(self.token_count, table.token_count)
                 ]
             )

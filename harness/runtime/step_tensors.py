@@ -18,6 +18,8 @@ from itertools import accumulate
 
 import torch
 
+from spec import blocks_for_tokens
+
 # The block id in every padding entry of ``block_table``: never a valid block, so a kernel
 # that addressed one would fault (an index of -1) instead of reading a real block.
 PAD_BLOCK_ID = -1
@@ -62,7 +64,7 @@ def build_step_tensors(
     for index, (ids, tokens, new) in enumerate(
         zip(block_ids, token_counts, new_token_counts, strict=True)
     ):
-        if len(ids) != -(-tokens // block_size) or not 1 <= new <= tokens:
+        if len(ids) != blocks_for_tokens(block_size, tokens) or not 1 <= new <= tokens:
             raise ValueError(
                 f"request {index} of the step: {len(ids)} blocks of {block_size} for "
                 f"{tokens} tokens, {new} of them new"

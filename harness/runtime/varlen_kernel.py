@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from harness.runtime.kv_pool import KVLayout
+from harness.kv_layout import KVLayout
 from harness.runtime.step_tensors import StepTensors
 
 VARLEN_DTYPES = (torch.float16, torch.bfloat16)

@@ -23,13 +23,15 @@ from harness.cli.main import main
 from harness.models import check_supported, kv_layout, tiny_model
 from harness.oracle.checks import TokenTrace, check_alone
 from harness.oracle.dense import generate_dense
+from harness.oracle.device_cases import paged_cache_generate_failures
 from harness.oracle.equivalence import PoolConfig, run_equivalence
-from harness.runtime.engine import NO_PREFIX_CACHING, BatchInvariantEngine, Engine, Request
+from harness.runtime.allocation import NO_PREFIX_CACHING
+from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool, new_manager
 from harness.runtime.paged_attention import sliding_window_mask, visible_start
 from harness.runtime.paged_cache import PagedCache
+from harness.runtime.requests import Request
 from impl import KVBlockManager
-from tests.support.device_cases import paged_cache_generate_failures
 from tests.support.harness_cases import ReportsAHeldBlockAsSkipped, save_model_directory
 
 ARCHITECTURES = ["qwen2", "qwen3", "phi3", "mistral", "gemma2", "gemma3"]

@@ -15,6 +15,7 @@ from transformers import MistralConfig
 
 from harness.bench.decode import main as decode_main
 from harness.cli.main import main
+from harness.kv_layout import KVLayout
 from harness.oracle.checks import check_gate
 from harness.runtime.attention_backends import (
     FLEX,
@@ -26,12 +27,8 @@ from harness.runtime.attention_backends import (
     LayerAgreement,
     unsupported_by_kernels,
 )
-from harness.runtime.kv_pool import (
-    ContiguousKVBuffers,
-    KVLayout,
-    PagedKVPool,
-    PoisonedKVPool,
-)
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 from impl import KVBlockManager
 from tests.support.harness_cases import (
     EarlyReleaseEngine,

@@ -9,6 +9,7 @@ import pytest
 from harness.bench import allocator as bench_allocator
 from harness.bench import decode as bench_decode
 from harness.bench import speculation as bench_speculation
+from harness.bench import window_table as bench_window_table
 
 
 def test_the_decode_benchmark_prints_a_row_per_method_and_batch_size(
@@ -110,7 +111,7 @@ def test_the_allocator_benchmark_prints_the_sliding_window_table(
         long_max_running=16,
         window_total_blocks=16384,
     )
-    bench_allocator.print_window_table(args, requests=20, long_requests=2)
+    bench_window_table.print_window_table(args, requests=20, long_requests=2)
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()]
     long_rows = {row[1]: row for row in rows if row[0] == "| long-context"}
     assert list(long_rows) == ["full", "Mistral-like", "full x2", "Gemma-like"]

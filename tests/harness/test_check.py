@@ -9,7 +9,7 @@ import harness
 import harness.oracle.equivalence
 from harness.check import CheckSettingsError, prompt_ids
 from harness.cli.parsing import UsageError
-from harness.runtime.kv_pool import KVLayout
+from harness.kv_layout import KVLayout
 from impl import KVBlockManager
 from tests.support.harness_cases import SwappedBlockManager, save_model_directory, tiny_model
 

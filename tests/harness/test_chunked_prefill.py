@@ -13,19 +13,13 @@ import pytest
 import torch
 
 from harness.oracle.checks import TokenTrace, check_batch, check_gate, tie_rule
-from harness.runtime.engine import (
-    NO_PREFIX_CACHING,
-    PREFIX_CACHING,
-    Allocation,
-    BatchInvariantEngine,
-    Engine,
-    EngineResult,
-    PoolEvent,
-    Request,
-    Scheduling,
-    _Running,
-)
-from harness.runtime.kv_pool import ContiguousKVBuffers
+from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.engine import BatchInvariantEngine, Engine
+from harness.runtime.events import PoolEvent
+from harness.runtime.requests import Request, RunningRequest
+from harness.runtime.results import EngineResult
+from harness.runtime.scheduler import Scheduler, Scheduling
 from impl import KVBlockManager, PromptAllocation, RequestBlockTable
 from tests.support.harness_cases import (
     dense,
@@ -67,7 +61,7 @@ class PreemptRecorder(Engine):
 
     mid_prefill: ClassVar[list[bool]] = []
 
-    def _preempt(self, running: _Running) -> None:
+    def _preempt(self, running: RunningRequest) -> None:
         self.mid_prefill.append(running.prefill and running.computed > 0)
         super()._preempt(running)
 
@@ -78,7 +72,7 @@ class BudgetRecorder(Engine):
     fed: ClassVar[list[int]] = []
 
     def _forward(
-        self, group: list[_Running], grown: dict[str, tuple[list[int], RequestBlockTable]]
+        self, group: list[RunningRequest], grown: dict[str, tuple[list[int], RequestBlockTable]]
     ) -> torch.Tensor:
         self.fed.append(sum(len(r.pending_ids) for r in group))
         return super()._forward(group, grown)
@@ -226,22 +220,28 @@ def test_the_gate_stays_bitwise_with_chunked_prefill() -> None:
 # -- planted bugs ------------------------------------------------------------------------
 
 
-class RecountsHitEngine(Engine):
+class RecountsHitScheduler(Scheduler):
     """Planted bug: a prefix hit is counted as computed twice, so the chunk after the
     first starts past tokens nobody fed."""
 
-    def _admit(self, waiting: _Running, budget: int) -> bool:
-        admitted = super()._admit(waiting, budget)
+    def admit(self, waiting: RunningRequest, budget: int) -> bool:
+        admitted = super().admit(waiting, budget)
         if admitted:
             waiting.computed *= 2
         return admitted
+
+
+class RecountsHitEngine(Engine):
+    """The engine with ``RecountsHitScheduler``."""
+
+    scheduler_type = RecountsHitScheduler
 
 
 class SkipsAChunkEngine(Engine):
     """Planted bug: after the first chunk, the next one is allocated and counted as
     computed but never fed (its slots hold whatever the pool had: NaN here)."""
 
-    def _chunk_done(self, running: _Running) -> None:
+    def _chunk_done(self, running: RunningRequest) -> None:
         super()._chunk_done(running)
         start = running.computed
         skipped = min(len(running.pending_ids), len(running.prefill_ids) - start - 1)

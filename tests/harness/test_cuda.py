@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from harness.oracle.device_cases import paged_cache_generate_failures, paged_equals_dense_failures
 from harness.runtime.engine import BatchInvariantEngine, Engine
-from tests.support.device_cases import paged_cache_generate_failures, paged_equals_dense_failures
 
 pytestmark = [
     pytest.mark.cuda,

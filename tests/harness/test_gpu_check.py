@@ -1,18 +1,27 @@
-"""The GPU check's smoke run: every stage of ``scripts/gpu_check.py`` on CPU, small.
+"""``scripts/gpu_check.py``: its smoke run, and why it cannot pass by doing nothing.
 
-It is here so that a typo in the driver shows in CI, not on a GPU machine whose time is
-counted. It takes about a minute on an idle 2-core machine.
+The smoke run is every stage on CPU, small: it is here so that a typo in the driver shows
+in CI, not on a GPU machine whose time is counted (about a minute on an idle 2-core
+machine). The other tests skip the slow stages (or replace one by a stub that raises), so
+each takes well under a second after the import: a run passes only if every stage it was
+asked for ran and passed (a stage the deadline cut off fails it, one skipped with
+``--skip`` does not), and bad input is one line.
 """
 
 import importlib.util
 import json
+import math
+import tempfile
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _driver() -> ModuleType:
+@pytest.fixture(scope="module")
+def driver() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -20,8 +29,9 @@ def _driver() -> ModuleType:
     return module
 
 
-def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(tmp_path: Path) -> None:
-    driver = _driver()
+def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(
+    driver: ModuleType, tmp_path: Path
+) -> None:
     assert driver.main(["--smoke", "--out", str(tmp_path / "out")]) == 0
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
         "gpu_check.json",
@@ -41,3 +51,150 @@ def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(tmp_pa
     ]
     bench_methods = {row["method"] for row in results["stages"]["decode_bench"]["rows"]}
     assert bench_methods == {"dense", "paged", "hf-cb"}
+
+
+def _only_environment(driver: ModuleType) -> list[str]:
+    """Options that skip every stage but the first (versions and the device: fast)."""
+    return [option for name in driver.STAGES[1:] for option in ("--skip", name)]
+
+
+def _results(out: Path) -> dict[str, object]:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON")
+
+    results: dict[str, object] = json.loads(
+        (out / "gpu_check.json").read_text(), parse_constant=refuse
+    )
+    return results
+
+
+def _statuses(results: dict[str, object]) -> dict[str, object]:
+    stages = results["stages"]
+    assert isinstance(stages, dict)
+    return {name: stage["status"] for name, stage in stages.items()}
+
+
+@pytest.mark.parametrize("deadline", ["-1", "0", "nan"])
+def test_a_deadline_that_is_not_positive_is_bad_input(
+    driver: ModuleType, tmp_path: Path, deadline: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert driver.main(["--smoke", "--deadline-s", deadline, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"scripts/gpu_check.py: error: --deadline-s must be > 0 seconds, got {float(deadline)}"
+    ]
+    assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_stages_the_deadline_cut_off_fail_the_run(driver: ModuleType, tmp_path: Path) -> None:
+    assert driver.main(["--smoke", "--deadline-s", "1e-9", "--out", str(tmp_path)]) == 1
+    results = _results(tmp_path)
+    assert set(_statuses(results).values()) == {"skipped"}
+    assert results["failed_stages"] == list(driver.STAGES)
+    assert results["passed"] is False
+
+
+def test_stages_skipped_on_request_do_not_fail_the_run(driver: ModuleType, tmp_path: Path) -> None:
+    assert driver.main(["--smoke", "--out", str(tmp_path), *_only_environment(driver)]) == 0
+    results = _results(tmp_path)
+    assert _statuses(results) == {"environment": "ok"} | dict.fromkeys(driver.STAGES[1:], "skipped")
+    assert results["passed"] is True and results["failed_stages"] == []
+
+
+def test_skipping_every_stage_is_bad_input(
+    driver: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = [option for name in driver.STAGES for option in ("--skip", name)]
+    assert driver.main(["--smoke", "--out", str(tmp_path), *options]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "scripts/gpu_check.py: error: --skip names every stage: nothing would be checked"
+    ]
+
+
+def test_the_json_says_null_where_a_figure_is_not_finite(
+    driver: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def environment(plan: object, log: object) -> dict[str, object]:
+        return {"status": "ok", "max_abs_diff": math.nan, "times": [math.inf, 1.5]}
+
+    monkeypatch.setattr(driver, "stage_environment", environment)
+    assert driver.main(["--smoke", "--out", str(tmp_path), *_only_environment(driver)]) == 0
+    stage = _results(tmp_path)["stages"]
+    assert isinstance(stage, dict)
+    assert stage["environment"]["max_abs_diff"] is None
+    assert stage["environment"]["times"] == [None, 1.5]
+
+
+def test_a_stage_that_raises_fails_the_run(
+    driver: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def environment(plan: object, log: object) -> dict[str, object]:
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(driver, "stage_environment", environment)
+    assert driver.main(["--smoke", "--out", str(tmp_path), *_only_environment(driver)]) == 1
+    assert _results(tmp_path)["failed_stages"] == ["environment"]
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("file", "--out '{out}' is a file, not a folder"),
+        ("/dev/null/gpu", "cannot create the results folder '{out}': Not a directory"),
+    ],
+)
+def test_an_out_that_cannot_be_a_folder_is_one_line_and_exit_2(
+    driver: ModuleType, tmp_path: Path, out: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    path = tmp_path / out  # "/dev/null/gpu" stays absolute
+    assert driver.main(["--smoke", "--out", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"scripts/gpu_check.py: error: {message.format(out=path)}"
+    ]
+
+
+def test_without_out_or_the_out_variable_it_writes_to_a_new_temporary_folder(
+    driver: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert driver.main(["--smoke", *_only_environment(driver)]) == 0
+    (folder,) = tmp_path.iterdir()
+    assert folder.name.startswith("gpu_check-")
+    assert sorted(path.name for path in folder.iterdir()) == ["gpu_check.json", "gpu_check.log"]
+    assert f"results in {folder}" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_ctrl_c_in_a_stage_is_one_line_exit_130_and_no_half_written_file(
+    driver: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def environment(plan: object, log: object) -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "stage_environment", environment)
+    assert driver.main(["--smoke", "--out", str(tmp_path), *_only_environment(driver)]) == 130
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert captured.out.splitlines()[-1] == (
+        f"gpu_check: interrupted in stage environment; the stages before it are in {tmp_path}"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.log"]
+    results = _results(tmp_path)
+    assert results["passed"] is False
+    assert _statuses(results)["environment"] == "interrupted"
+
+
+def test_an_unknown_option_is_one_line_and_exit_2(
+    driver: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as raised:
+        driver.main(["--smoke", "--bogus", "5"])
+    assert raised.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("scripts/gpu_check.py: error: unrecognized arguments: --bogus")

@@ -1,6 +1,5 @@
 """The KV memory comparison: every scheme's slots and stored tokens, step by step, by hand."""
 
-from harness.bench.allocator import TraceRequest
 from harness.bench.kv_memory import (
     CONTIGUOUS_FINAL,
     CONTIGUOUS_MAX,
@@ -10,6 +9,7 @@ from harness.bench.kv_memory import (
     with_token_ids,
 )
 from harness.bench.prefix import PromptRequest
+from harness.bench.traces import TraceRequest
 
 
 def test_two_requests_sharing_a_block_cost_each_scheme_what_it_reserves() -> None:

@@ -2,15 +2,10 @@
 
 import torch
 
-from harness.runtime.kv_pool import (
-    ContiguousKVBuffers,
-    KVLayout,
-    KVPlan,
-    KVStore,
-    PagedKVPool,
-    PoisonedKVPool,
-    kv_cache_groups,
-)
+from harness.kv_layout import KVLayout, kv_cache_groups
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.runtime.kv_store import KVPlan, KVStore
 from impl import RequestBlockTable
 
 LAYOUT = KVLayout(

@@ -11,8 +11,8 @@ from harness.cli.limits import (
     kv_bytes,
 )
 from harness.cli.parsing import UsageError
-from harness.runtime.engine import Request
-from harness.runtime.kv_pool import KVLayout
+from harness.kv_layout import KVLayout
+from harness.runtime.requests import Request
 
 # 2 layers x 2 (K, V) x 2 heads x 16 x 4 bytes = 512 bytes a token
 LAYOUT = KVLayout(2, 2, 16, torch.float32, torch.device("cpu"))

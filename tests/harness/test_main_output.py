@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from matplotlib.figure import Figure
 
-import harness.bench.plots
+import harness.figures
 import harness.oracle.equivalence
 from harness.cli.main import main
 from harness.cli.output import PLOT_FORMATS, write_replacing
@@ -97,7 +97,7 @@ def test_a_plot_that_fails_at_the_end_still_prints_the_report_then_one_line(
         path.write_bytes(b"half a png")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(harness.bench.plots, "plot_pool_over_time", disk_full)
+    monkeypatch.setattr(harness.figures, "plot_pool_over_time", disk_full)
     assert main([*argv, "--plot", str(tmp_path / "pool.png")]) == 2
     captured = capsys.readouterr()
     assert captured.out.strip().endswith("RESULT: PASS")

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from harness import figures
 from harness.bench import plots
 from harness.bench.fragmentation import sweep_block_sizes
 from harness.bench.kv_memory import measure_kv_memory
 from harness.bench.prefix import PromptRequest
 from harness.cli.main import main as harness_main
-from harness.runtime.engine import UsageSample
+from harness.runtime.results import UsageSample
 
 PANEL = (700, 450)  # pixels of one panel: PANEL_WIDTH x FIGURE_HEIGHT at DPI
 DECODE_DOCUMENT = {
@@ -87,9 +88,9 @@ def test_the_pool_plot_marks_preemptions_from_the_counter(tmp_path: Path) -> Non
         UsageSample(4, 2, 14, 16, 4, cached_free_blocks=0, preemptions=1),
         UsageSample(2, 1, 7, 8, 2, cached_free_blocks=2, preemptions=1),
     ]
-    assert plots.preemption_steps(usage) == [1]
+    assert figures.preemption_steps(usage) == [1]
     path = tmp_path / "pool.png"
-    plots.plot_pool_over_time(usage, 6, path)
+    figures.plot_pool_over_time(usage, 6, path)
     assert png_size(path) == PANEL
 
 

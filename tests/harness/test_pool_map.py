@@ -9,7 +9,10 @@ import pytest
 
 from harness.cli.main import main as harness_main
 from harness.cli.pool_map import PoolMapPrinter, wants_color
-from harness.runtime.engine import Engine, EngineResult, PoolEvent, PoolObserver, Request
+from harness.runtime.engine import Engine
+from harness.runtime.events import PoolEvent, PoolObserver
+from harness.runtime.requests import Request
+from harness.runtime.results import EngineResult
 from impl import KVBlockManager
 from impl.block_map import LEGEND
 from tests.support.harness_cases import poisoned_pool, tiny_model

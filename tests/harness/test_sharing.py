@@ -18,18 +18,13 @@ from harness.oracle.checks import (
     tie_rule,
 )
 from harness.oracle.dense import generate_dense_continuation
-from harness.runtime.engine import (
-    NO_PREFIX_CACHING,
-    BatchInvariantEngine,
-    Engine,
-    EngineResult,
-    Request,
-    SamplingParams,
-    _Running,
-    continuation_first_tokens,
-)
+from harness.runtime.allocation import NO_PREFIX_CACHING
+from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool
-from harness.runtime.paged_attention import partial_prefill_mask
+from harness.runtime.requests import Request, RunningRequest, SamplingParams
+from harness.runtime.results import EngineResult
+from harness.runtime.sampling import continuation_first_tokens
+from harness.runtime.step_batch import partial_prefill_mask
 from impl import KVBlockManager
 from spec import blocks_for_tokens
 from tests.support.harness_cases import (
@@ -96,7 +91,7 @@ def test_requests_sharing_a_prefix_compute_fewer_prefill_tokens_and_emit_generat
 class ReversedPackingEngine(Engine):
     """Packs the step's requests last admitted first."""
 
-    def _forward_groups(self, running: list[_Running]) -> list[list[_Running]]:
+    def _forward_groups(self, running: list[RunningRequest]) -> list[list[RunningRequest]]:
         return [running[::-1]] if running else []
 
 

@@ -13,19 +13,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.runtime.engine import (
-    NO_PREFIX_CACHING,
-    PREFIX_CACHING,
-    Allocation,
-    BatchInvariantEngine,
-    Engine,
-    EngineResult,
-    Request,
-    SamplingParams,
-    Scheduling,
-    _Running,
-)
-from harness.runtime.kv_pool import ContiguousKVBuffers
+from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.engine import BatchInvariantEngine, Engine
+from harness.runtime.requests import Request, RunningRequest, SamplingParams
+from harness.runtime.results import EngineResult
+from harness.runtime.scheduler import Scheduler, Scheduling
 from harness.runtime.speculation import MAX_NGRAM, accepted_tokens, propose_drafts
 from impl import KVBlockManager
 from spec import blocks_for_tokens
@@ -113,16 +106,16 @@ def repeating_requests(count: int, max_new_tokens: int, seed: int = 7) -> list[R
     return requests
 
 
-class GuessingEngine(Engine):
-    """The engine with drafts from a known greedy run instead of prompt lookup: the true
+class GuessingScheduler(Scheduler):
+    """The scheduler with drafts from a known greedy run instead of prompt lookup: the true
     next tokens, one of them wrong where a seeded draw puts it (or none), so that whole
     runs of drafts are accepted and partial ones rejected on a model that never repeats
     its context (the tiny model's random weights do not)."""
 
     reference: ClassVar[dict[str, list[int]]] = {}
 
-    def _drafts(self, running: _Running, budget: int) -> list[int]:
-        count = self._draft_count(running, budget)
+    def drafts(self, running: RunningRequest, budget: int) -> list[int]:
+        count = self.draft_count(running, budget)
         request_id = running.request.request_id
         done = len(running.output.token_ids)
         drafts = list(self.reference[request_id][done : done + count])
@@ -133,12 +126,9 @@ class GuessingEngine(Engine):
 
 
 def guessing(engine_type: type[Engine], reference: EngineResult) -> type[Engine]:
-    """``engine_type`` drafting from ``reference``'s tokens (``GuessingEngine``)."""
-    return type(
-        f"Guessing{engine_type.__name__}",
-        (GuessingEngine, engine_type),
-        {"reference": token_ids(reference)},
-    )
+    """``engine_type`` drafting from ``reference``'s tokens (``GuessingScheduler``)."""
+    scheduler = type("Guessing", (GuessingScheduler,), {"reference": token_ids(reference)})
+    return type(f"Guessing{engine_type.__name__}", (engine_type,), {"scheduler_type": scheduler})
 
 
 def run_engine(
@@ -312,14 +302,14 @@ def test_a_pool_sized_for_the_requests_never_needs_room_for_drafts_beyond_max_to
 class NoRollbackEngine(Engine):
     """Planted bug: rejected drafts stay in the table (no truncate)."""
 
-    def _roll_back(self, running: _Running, fed_end: int) -> None:
+    def _roll_back(self, running: RunningRequest, fed_end: int) -> None:
         running.computed = fed_end
 
 
 class RollsBackOneShortEngine(Engine):
     """Planted bug: the rollback keeps one rejected draft (truncate one token short)."""
 
-    def _roll_back(self, running: _Running, fed_end: int) -> None:
+    def _roll_back(self, running: RunningRequest, fed_end: int) -> None:
         running.computed += 1
         super()._roll_back(running, fed_end)
 

@@ -22,7 +22,8 @@ from transformers import (
     MistralForCausalLM,
 )
 
-import harness.runtime.engine
+import harness.models
+from harness.kv_layout import KVLayout
 from harness.models import (
     LoadedModel,
     UnsupportedModelError,
@@ -32,9 +33,10 @@ from harness.models import (
     load_model,
     tiny_llama,
 )
-from harness.runtime.engine import Engine, Request
-from harness.runtime.kv_pool import KVLayout, PagedKVPool, new_manager
+from harness.runtime.engine import Engine
+from harness.runtime.kv_pool import PagedKVPool, new_manager
 from harness.runtime.paged_attention import check_attention_kwargs
+from harness.runtime.requests import Request
 from impl import KVBlockManager
 from tests.support.harness_cases import save_model_directory, tiny_model
 
@@ -194,7 +196,7 @@ def _run_unchecked(
     prompt_tokens: int,
 ) -> None:
     """Run one request through the engine with ``check_supported`` planted out."""
-    monkeypatch.setattr(harness.runtime.engine, "check_supported", lambda model: None)
+    monkeypatch.setattr(harness.models, "check_supported", lambda model: None)
     windows = layer_windows(model.config)
     layout = KVLayout(
         2, 2, 8, torch.float32, torch.device("cpu"), layer_windows=windows if any(windows) else ()

@@ -5,7 +5,6 @@ collaborators; each harness test that guards against one shows it catches it.
 """
 
 import functools
-import random
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +13,20 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast
 
+from harness.kv_layout import KVLayout
 from harness.models import LoadedModel, kv_layout, tiny_llama
 from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
+from harness.oracle.device_cases import poisoned_pool as layout_poisoned_pool
+from harness.oracle.device_cases import staggered_requests
+from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.attention_backends import GATHER, AttentionBackend
-from harness.runtime.engine import (
-    NO_PREFIX_CACHING,
-    PREFIX_CACHING,
-    Allocation,
-    Engine,
-    EngineResult,
-    Request,
-    _Running,
-)
-from harness.runtime.kv_pool import (
-    ContiguousKVBuffers,
-    KVLayout,
-    KVStore,
-    PagedKVPool,
-    PoisonedKVPool,
-)
+from harness.runtime.contiguous_kv import ContiguousKVBuffers
+from harness.runtime.engine import Engine
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.runtime.kv_store import KVStore
+from harness.runtime.requests import Request, RunningRequest
+from harness.runtime.results import EngineResult
 from impl import KVBlockManager, ReleasedBlocks, RequestBlockTable
 from spec import slot_index
 
@@ -47,18 +40,9 @@ def tiny_model() -> LoadedModel:
 def make_requests(
     count: int, max_new_tokens: int, arrival_gap: int, seed: int = 1
 ) -> list[Request]:
-    """``count`` token-id requests, prompts of 3..40 tokens, one every ``arrival_gap`` steps."""
-    rng = random.Random(seed)
-    vocab = tiny_model().model.config.vocab_size
-    return [
-        Request(
-            f"r{number}",
-            tuple(rng.randrange(vocab) for _ in range(rng.randint(3, 40))),
-            max_new_tokens,
-            arrival_step=number * arrival_gap,
-        )
-        for number in range(count)
-    ]
+    """``count`` token-id requests for the tiny model (``staggered_requests``)."""
+    vocab_size = tiny_model().model.config.vocab_size
+    return staggered_requests(count, vocab_size, max_new_tokens, arrival_gap, seed)
 
 
 def run(
@@ -137,9 +121,7 @@ def poisoned_pool(
     total_blocks: int, block_size: int, layout: KVLayout | None = None
 ) -> PoisonedKVPool:
     """A pool whose every block is NaN until written (the tiny model's layout by default)."""
-    pool = PoisonedKVPool(layout or pool_layout(), total_blocks, block_size)
-    pool.poison(list(range(total_blocks)))
-    return pool
+    return layout_poisoned_pool(layout or pool_layout(), total_blocks, block_size)
 
 
 def dense(request: Request) -> DenseOutput:
@@ -206,7 +188,7 @@ class EarlyReleaseEngine(Engine):
         super().__init__(model, manager, store, eos_token_id, allocation, attention=attention)
         self._stale: dict[str, RequestBlockTable] = {}
 
-    def _grow(self, running: _Running) -> tuple[list[int], RequestBlockTable]:
+    def _grow(self, running: RunningRequest) -> tuple[list[int], RequestBlockTable]:
         request_id = running.request.request_id
         stale = self._stale.get(request_id)
         if stale is not None:
@@ -219,7 +201,7 @@ class EarlyReleaseEngine(Engine):
             self.store.release(request_id, self.manager.release(request_id))
         return new_slots, table
 
-    def _release(self, running: _Running) -> None:
+    def _release(self, running: RunningRequest) -> None:
         if running.request.request_id not in self._stale:
             super()._release(running)
 

@@ -9,7 +9,7 @@ import random
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from harness.runtime.paged_attention import partial_prefill_mask
+from harness.runtime.step_batch import partial_prefill_mask
 from harness.runtime.step_tensors import StepTensors, build_step_tensors
 from harness.runtime.varlen_emulator import varlen_attention_emulated
 from spec import blocks_for_tokens, slot_index

@@ -1,18 +1,21 @@
 """The tiny-model equivalence on a given device and dtype, as plain functions.
 
 ``tests/harness/test_cuda.py`` asserts them on CUDA; ``scripts/gpu_check.py`` runs them on
-a bare GPU machine (no pytest there) and, with ``--smoke``, on CPU. Each returns the
-failures it found, so an empty list is a pass.
+a bare GPU machine (no pytest there, and no ``tests`` package to import) and, with
+``--smoke``, on CPU. Each returns the failures it found, so an empty list is a pass.
 """
+
+import random
 
 import torch
 
+from harness.kv_layout import KVLayout
 from harness.models import LoadedModel, kv_layout, tiny_model
 from harness.oracle.equivalence import PoolConfig, run_equivalence
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool, new_manager
 from harness.runtime.paged_cache import PagedCache
-from tests.support.harness_cases import make_requests, poisoned_pool
+from harness.runtime.requests import Request
 
 
 def tiny_on(device: torch.device, dtype: torch.dtype, architecture: str = "llama") -> LoadedModel:
@@ -23,6 +26,30 @@ def tiny_on(device: torch.device, dtype: torch.dtype, architecture: str = "llama
     return loaded
 
 
+def staggered_requests(
+    count: int, vocab_size: int, max_new_tokens: int, arrival_gap: int, seed: int = 1
+) -> list[Request]:
+    """``count`` seeded token-id requests, prompts of 3..40 tokens, one every
+    ``arrival_gap`` steps."""
+    rng = random.Random(seed)
+    return [
+        Request(
+            f"r{number}",
+            tuple(rng.randrange(vocab_size) for _ in range(rng.randint(3, 40))),
+            max_new_tokens,
+            arrival_step=number * arrival_gap,
+        )
+        for number in range(count)
+    ]
+
+
+def poisoned_pool(layout: KVLayout, total_blocks: int, block_size: int) -> PoisonedKVPool:
+    """A pool of ``layout`` whose every block is NaN until written."""
+    pool = PoisonedKVPool(layout, total_blocks, block_size)
+    pool.poison(list(range(total_blocks)))
+    return pool
+
+
 def paged_equals_dense_failures(
     device: torch.device, dtype: torch.dtype, engine_type: type[Engine], count: int = 6
 ) -> list[str]:
@@ -30,11 +57,13 @@ def paged_equals_dense_failures(
 
     The batch-invariant engine must also take no tie.
     """
-    requests = make_requests(count, max_new_tokens=10, arrival_gap=1)
+    loaded = tiny_on(device, dtype)
+    vocab_size = loaded.model.config.vocab_size
+    requests = staggered_requests(count, vocab_size, max_new_tokens=10, arrival_gap=1)
     pool = PoolConfig(
         total_blocks=24, block_size=4, engine_type=engine_type, pool_type=PoisonedKVPool
     )
-    report = run_equivalence(tiny_on(device, dtype), requests, pool, lambda _: None)
+    report = run_equivalence(loaded, requests, pool, lambda _: None)
     failures = [
         check.detail
         for row in report.rows
@@ -69,7 +98,7 @@ def paged_cache_generate_failures(
         "return_dict_in_generate": True,
     }
     layout = kv_layout(loaded)
-    pool = poisoned_pool(32, 4, layout)
+    pool = poisoned_pool(layout, 32, 4)
     with torch.no_grad(), PagedCache(new_manager(layout, 32, 4), pool, 2) as cache:
         paged = loaded.model.generate(input_ids.to(device), past_key_values=cache, **kwargs)
         dense = loaded.model.generate(input_ids.to(device), **kwargs)

@@ -1,0 +1,31 @@
+"""What an observer of the pool hears from the engine: an event, and the manager after it.
+
+An engine always has an observer; by default ``ignore_pool_events``.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from impl import KVBlockManager
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEvent:
+    """A moment an observer of the pool is told of: the end of a step (after the forward,
+    before finished requests release), or a preemption, fork or release just done.
+
+    ``request_ids``: none for a step, the parent then the child for a fork, else the one.
+    """
+
+    kind: Literal["step", "preempt", "fork", "release"]
+    step: int
+    request_ids: tuple[str, ...] = ()
+
+
+# Called with each event and the manager after it; it must only read the manager.
+PoolObserver = Callable[[PoolEvent, KVBlockManager], None]
+
+
+def ignore_pool_events(event: PoolEvent, manager: KVBlockManager) -> None:
+    """The default observer: hears every event and does nothing."""

@@ -1,0 +1,141 @@
+"""What a run reports: per-request outputs, the pool after each step, sharing, speculation.
+
+``usage_sample`` reads the manager after a step; the rest are records the engine fills.
+"""
+
+from dataclasses import dataclass, field
+
+from harness.runtime.requests import RequestOutput
+from impl import KVBlockManager
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSample:
+    """The pool after one step: blocks in use, tokens held/reserved, blocks named by tables.
+
+    ``table_blocks`` counts a block once per table that holds it, so it exceeds
+    ``used_blocks`` by exactly the blocks sharing saves at that step. ``cached_free_blocks``
+    are free blocks still holding a cached prefix; ``preemptions`` counts the manager's
+    preemptions so far (the steps where it grows are the steps that preempted).
+    ``skipped_table_blocks`` counts the blocks sliding windows released from the running
+    requests' tables, over all groups (once per table, like ``table_blocks``): what
+    keeping every block would hold on top of ``used_blocks``.
+    """
+
+    used_blocks: int
+    request_count: int
+    allocated_tokens: int
+    reserved_tokens: int
+    table_blocks: int
+    cached_free_blocks: int = 0
+    preemptions: int = 0
+    skipped_table_blocks: int = 0
+
+
+@dataclass(slots=True)
+class SpeculationCounts:
+    """Drafts proposed and accepted, and the tokens decodes emitted per decode forward.
+
+    A decode forward is one request's part of one step's forward (its pending token, plus
+    its drafts when it speculates); without speculation each emits exactly one token.
+    """
+
+    proposed_drafts: int = 0
+    accepted_drafts: int = 0
+    decode_forwards: int = 0
+    decode_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed drafts (0.0 when none was proposed)."""
+        return self.accepted_drafts / self.proposed_drafts if self.proposed_drafts else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens emitted per decode forward (1.0 without speculation)."""
+        return self.decode_tokens / self.decode_forwards if self.decode_forwards else 0.0
+
+
+@dataclass(slots=True)
+class EngineResult:
+    """A whole run: per-request outputs, which requests shared each forward, and pool usage.
+
+    ``prefill_tokens`` counts the prompt tokens fed to forwards (a prefix hit's cached
+    tokens are not; a preempted request's recompute is); the last four count what the
+    manager counted over the run (``blocks_freed_by_window``: table entries sliding
+    windows released).
+    """
+
+    outputs: dict[str, RequestOutput]
+    schedule: list[tuple[str, ...]]
+    usage: list[UsageSample]
+    elapsed_s: float
+    prefill_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    cow_copies: int = 0
+    preemptions: int = 0
+    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
+    blocks_freed_by_window: int = 0
+
+    @property
+    def generated_tokens(self) -> int:
+        """All tokens sampled in the run."""
+        return sum(len(output.token_ids) for output in self.outputs.values())
+
+    @property
+    def peak_used_blocks(self) -> int:
+        """The most blocks in use after any step."""
+        return max((sample.used_blocks for sample in self.usage), default=0)
+
+    @property
+    def peak_requests(self) -> int:
+        """The most requests holding blocks after any step."""
+        return max((sample.request_count for sample in self.usage), default=0)
+
+    @property
+    def block_utilization(self) -> float:
+        """Tokens held / token slots reserved, summed over all steps (1.0 = no waste).
+
+        Tokens are counted per table, slots per block in use: with shared blocks (prefix
+        hits, forks) it can exceed 1.
+        """
+        reserved = sum(sample.reserved_tokens for sample in self.usage)
+        allocated = sum(sample.allocated_tokens for sample in self.usage)
+        return allocated / reserved if reserved else 1.0
+
+    @property
+    def blocks_saved_by_sharing(self) -> int:
+        """The most, after any step, by which the blocks all tables name exceed those in use."""
+        return max((s.table_blocks - s.used_blocks for s in self.usage), default=0)
+
+    @property
+    def peak_blocks_saved_by_window(self) -> int:
+        """The most blocks, after any step, that keeping every block would have held on
+        top of those in use: the running tables' entries sliding windows released."""
+        return max((s.skipped_table_blocks for s in self.usage), default=0)
+
+
+def usage_sample(manager: KVBlockManager) -> UsageSample:
+    """The pool now: ``manager``'s usage, and the blocks its tables name or skipped over
+    every KV cache group."""
+    usage = manager.usage()
+    table_blocks = sum(len(table.block_ids) for table in manager.request_tables.values())
+    skipped = 0
+    for group in range(1, len(manager.group_windows)):
+        for request_id in manager.request_tables:
+            table = manager.snapshot_request(request_id, group)
+            table_blocks += len(table.block_ids)
+            skipped += table.skipped_blocks
+    skipped += sum(table.skipped_blocks for table in manager.request_tables.values())
+    # NOTE: the cached free queue is copied to count it (O(cached free blocks)), like the
+    # tables above; the manager has no O(1) count of it.
+    return UsageSample(
+        usage.used_blocks,
+        usage.request_count,
+        usage.allocated_tokens,
+        usage.reserved_tokens,
+        table_blocks,
+        cached_free_blocks=len(manager.cached_free_block_ids),
+        preemptions=usage.preemptions,
+        skipped_table_blocks=skipped,
+    )

@@ -1,0 +1,161 @@
+"""What each engine step feeds: admission, the token budget, prefill chunks and drafts.
+
+The scheduler decides *what* a step feeds and *who* gets in; the manager decides *which*
+blocks; the engine (``harness.runtime.engine``) runs the step. Admission is
+first-come-first-served while the head's prompt (or its first chunk) can be allocated
+now; when a running request's append later finds the pool dry, the most recently
+admitted is preempted (``harness.runtime.preemption``).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from harness.runtime.allocation import Allocation
+from harness.runtime.requests import Request, RunningRequest
+from harness.runtime.speculation import propose_drafts
+from impl import KVBlockManager
+from spec import BlockAllocationError
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """What one engine step may feed beyond a whole prompt or one token per request.
+
+    ``speculate = k >= 1``: each greedy decode verifies up to ``k`` prompt-lookup drafts
+    in its forward (``harness.runtime.speculation``); sampled requests never speculate.
+    ``max_batch_tokens = N``: at most ``N`` tokens per step, decodes (and their drafts)
+    first, then prefill chunks; ``None``: no budget, every prompt in one forward.
+    """
+
+    speculate: int = 0
+    max_batch_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.speculate < 0:
+            raise ValueError(f"speculate must be >= 0 drafts, got {self.speculate}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+
+
+NO_SCHEDULING = Scheduling()
+
+
+class Scheduler:
+    """Chooses each step's tokens and admissions for one manager under one ``Scheduling``."""
+
+    __slots__ = ("allocation", "manager", "scheduling")
+
+    def __init__(
+        self, manager: KVBlockManager, allocation: Allocation, scheduling: Scheduling
+    ) -> None:
+        self.manager = manager
+        self.allocation = allocation
+        self.scheduling = scheduling
+
+    def check_fit(self, requests: list[Request]) -> None:
+        """Refuse, before anything runs, a request whose continuations alone outgrow the pool."""
+        block_size = self.manager.block_size
+        for request in requests:
+            if request.num_continuations < 1:
+                raise ValueError(
+                    f"request {request.request_id!r} asks for {request.num_continuations} "
+                    "continuations; at least 1"
+                )
+            if request.num_continuations > 1 and request.sampling.temperature > 0:
+                raise ValueError(
+                    f"request {request.request_id!r}: several continuations are greedy with "
+                    "distinct first tokens; sampling is not supported with them"
+                )
+            needed = request.blocks_needed(block_size, len(self.manager.group_windows))
+            if needed > self.manager.total_blocks:
+                raise ValueError(
+                    f"request {request.request_id!r} needs up to {needed} blocks "
+                    f"({request.max_tokens} tokens, {request.num_continuations} continuations) "
+                    f"but the pool has {self.manager.total_blocks}"
+                )
+
+    def admit(self, waiting: RunningRequest, budget: int) -> bool:
+        """Allocate the blocks of ``waiting``'s prompt, or of its first chunk of at most
+        ``budget`` tokens, if the pool has them now.
+
+        The prefix hit is over the whole prompt, so a chunk never feeds cached tokens:
+        ``allocate(prompt[:hit + chunk])`` finds the same hit (it never covers the last
+        token of what it is given, and the chunk has at least one).
+
+        NOTE: no headroom is kept back for running requests: when a decode append later
+        finds the pool dry, the most recently admitted request is preempted and recomputed.
+        A refused allocation changes nothing in the manager.
+        """
+        request = waiting.request
+        # A preempted request comes back with its generated tokens as part of its prompt.
+        token_ids = request.prompt_ids + tuple(waiting.output.token_ids)
+        hit = self.allocation.cached_tokens(self.manager, token_ids)
+        end = min(len(token_ids), hit + budget)
+        try:
+            cached_tokens = self.allocation.allocate(
+                self.manager, request.request_id, token_ids[:end]
+            )
+        except BlockAllocationError:
+            return False
+        # Our own bug if it fails: the cut prompt must hit exactly the whole prompt's blocks.
+        assert cached_tokens == hit, f"hit {cached_tokens} of a chunk, {hit} of the prompt"
+        waiting.prefill_ids = token_ids
+        waiting.computed = hit
+        waiting.pending_ids = list(token_ids[hit:end])
+        waiting.prefill = True
+        return True
+
+    def schedule(self, running: list[RunningRequest]) -> list[RunningRequest]:
+        """Choose every running request's tokens for this step (its ``pending_ids``);
+        returns those that feed any, in running order.
+
+        Decodes first (each its token and up to ``speculate`` drafts), then the next chunk
+        of each unfinished prefill, while ``max_batch_tokens`` lasts; a request left
+        without budget waits for the next step.
+        """
+        budget = self.budget()
+        chosen: set[str] = set()
+        for current in running:
+            if not current.prefill and budget >= 1:
+                token_id = current.output.token_ids[-1]
+                current.pending_ids = [token_id, *self.drafts(current, budget - 1)]
+                budget -= len(current.pending_ids)
+                chosen.add(current.request.request_id)
+        for current in running:
+            if current.prefill and budget >= 1:
+                current.pending_ids = self.next_chunk(current, budget)
+                budget -= len(current.pending_ids)
+                chosen.add(current.request.request_id)
+        return [r for r in running if r.request.request_id in chosen]
+
+    def budget(self) -> int:
+        """The step's token budget (without one: more than any step can feed)."""
+        limit = self.scheduling.max_batch_tokens
+        return limit if limit is not None else 1 << 62
+
+    def budget_left(self, running: list[RunningRequest], grown: Mapping[str, object]) -> int:
+        """What the step's budget has left after the tokens already scheduled."""
+        fed = sum(len(r.pending_ids) for r in running if r.request.request_id in grown)
+        return self.budget() - fed
+
+    def drafts(self, running: RunningRequest, budget: int) -> list[int]:
+        """Prompt-lookup drafts for a decode (see ``draft_count``)."""
+        count = self.draft_count(running, budget)
+        if count < 1:
+            return []
+        output = running.output
+        return propose_drafts(running.request.prompt_ids + tuple(output.token_ids), count)
+
+    def draft_count(self, running: RunningRequest, budget: int) -> int:
+        """How many drafts a decode may verify: at most ``speculate`` and ``budget``, one
+        fewer than the tokens it may still emit (the verify adds its own token), and none
+        for a sampled request (acceptance here is greedy's)."""
+        if running.generator is not None:
+            return 0
+        room = running.request.max_new_tokens - len(running.output.token_ids) - 1
+        return min(self.scheduling.speculate, budget, room)
+
+    def next_chunk(self, running: RunningRequest, budget: int) -> list[int]:
+        """The next at most ``budget`` tokens of an unfinished prefill."""
+        start = running.computed
+        return list(running.prefill_ids[start : start + budget])
