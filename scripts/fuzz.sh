@@ -37,9 +37,11 @@ fuzz_worker() {
         status=0
         # SIGINT, not SIGTERM, at the deadline: pytest then stops cleanly and the tally
         # is written (fuzz_targets.py re-enables SIGINT, which a background job inherits
-        # ignored). -k 60 is the last resort should a worker still hang.
+        # ignored). -k 60 is the last resort should a worker still hang. --foreground keeps
+        # pytest in the script's process group, so stopping that group stops every worker
+        # (`pagedkv fuzz` does on Ctrl-C).
         PAGEDKV_FUZZ_TALLY="$logs/tally" HYPOTHESIS_PROFILE=fuzz \
-            timeout -s INT -k 60 "$left" \
+            timeout --foreground -s INT -k 60 "$left" \
             python -m pytest -q -x -p no:cacheprovider "$fuzz_file" \
             --hypothesis-seed="$seed" >>"$logs/worker-$worker.log" 2>&1 || status=$?
         # 0: a run finished. 124, or 137 once the hard kill came: the deadline.

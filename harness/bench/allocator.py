@@ -26,7 +26,7 @@ from harness.bench.prefix import (
 from harness.bench.replay import RunTimes, timed_runs
 from harness.bench.traces import TraceRequest, make_trace
 from harness.bench.window_table import print_window_table
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from impl import KVBlockManager, SpecBackedManager
 from spec import blocks_for_tokens
 
@@ -199,4 +199,4 @@ def print_prefix_tables(request_count: int, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

@@ -22,7 +22,7 @@ from functools import partial
 import torch
 
 from harness.cli.main import DTYPES
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from harness.kv_layout import KVLayout
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.kv_pool import PagedKVPool
@@ -220,4 +220,4 @@ def timed(call: Callable[[], object], device: torch.device) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

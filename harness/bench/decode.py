@@ -43,7 +43,8 @@ from harness.bench.decode_methods import (
     run_paged,
 )
 from harness.cli.main import DTYPES
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.output import write_replacing
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.attention_backends import (
@@ -126,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = run_benchmark(loaded, _prompts(loaded, max(batch_sizes), args.seed), settings)
     if args.json is not None:
-        args.json.write_text(json.dumps(as_json(rows, loaded, args.machine), indent=2) + "\n")
+        document = json.dumps(as_json(rows, loaded, args.machine), indent=2) + "\n"
+        # Whole or not at all: Ctrl-C or a full disk leaves no half-written JSON.
+        write_replacing(args.json, lambda file: file.write_text(document))
     return 0
 
 
@@ -367,4 +370,4 @@ def _print_row(row: Row) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from impl import BlockAllocationError, KVBlockManager
 from impl.block_map import render_block_map, snapshot_pool
 from spec import blocks_for_tokens
@@ -161,4 +161,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

@@ -31,7 +31,7 @@ from harness.bench.kv_memory import (
 )
 from harness.bench.prefix import prefix_heavy_trace
 from harness.bench.traces import make_trace
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from harness.figures import new_figure, save_figure
 
 PROG = "python -m harness.bench.plots"
@@ -273,4 +273,4 @@ def _wrote(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

@@ -26,7 +26,7 @@ import torch
 
 from harness.bench.decode import Rates
 from harness.cli.main import DTYPES
-from harness.cli.parsing import OneLineParser, fail
+from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
 from harness.prompts import BUILTIN_PROMPTS, Messages, render_prompt
 from harness.runtime.allocation import NO_PREFIX_CACHING
@@ -212,4 +212,4 @@ def _run(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_interruptible(PROG, main))

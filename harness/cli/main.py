@@ -5,7 +5,9 @@ every prompt a common prefix, ``--n`` continuations per prompt (fork, copy-on-wr
 preemption when the pool is too small for the batch.
 
 Exit codes: 0 when every request and every continuation passes all three checks, 1 when
-any check fails, 2 on bad input (a one-line error, no traceback).
+any check fails, 2 on bad input (a one-line error, no traceback), 130 when interrupted
+(Ctrl-C: one line, no output file left behind). The checks themselves are
+``harness.check_model``; this module is the options, the output files and the report.
 """
 
 import argparse
@@ -16,25 +18,20 @@ from pathlib import Path
 
 import torch
 
-from harness.cli.limits import (
-    available_bytes,
-    check_context,
-    check_memory,
-    check_options,
-    check_threads,
-    model_context,
-)
-from harness.cli.parsing import OneLineParser, UsageError, fail
+from harness.check import CheckSettingsError, check_model
+from harness.cli.limits import check_threads
+from harness.cli.output import DEFAULT_PLOT_NAME, plot_target, write_replacing
+from harness.cli.parsing import EXIT_INTERRUPTED, OneLineParser, UsageError, fail
 from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
 from harness.models import (
     ModelLoadError,
     ModelNotFoundError,
     UnsupportedModelError,
-    kv_layout,
     load_model,
 )
-from harness.oracle.equivalence import PoolConfig, run_equivalence, tight_total_blocks
+from harness.oracle.equivalence import EquivalenceReport
+from harness.progress import Progress
 from harness.prompts import (
     BUILTIN_PROMPTS,
     Messages,
@@ -42,24 +39,20 @@ from harness.prompts import (
     PromptTextError,
     check_prompt_text,
     load_prompts_file,
-    render_prompt,
 )
-from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
-from harness.runtime.engine import BatchInvariantEngine, Engine
-from harness.runtime.kv_pool import PagedKVPool
-from harness.runtime.requests import Request
-from harness.runtime.scheduler import Scheduling
 
 PROG = "python -m harness"
+PROGRESS_PREFIX = "[harness]"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EXIT_OK = 0
 EXIT_FAILED = 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command's options."""
     parser = OneLineParser(
-        prog=PROG,
+        prog=prog,
         description=(
             "Generate with the model twice, with HF's dense cache and with a paged KV pool whose "
             "block tables come from impl.KVBlockManager, and check per request: (1) the "
@@ -70,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
             "emits generate's tokens, or diverges only at a reported near-tie. With --n, "
             "every continuation is checked against generate forced to its first token."
         ),
-        epilog="Exit status: 0 all checks pass, 1 a check failed, 2 bad input.",
+        epilog="Exit status: 0 all checks pass, 1 a check failed, 2 bad input, 130 interrupted.",
     )
     parser.add_argument(
         "--model",
@@ -188,34 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE.png",
         help="draw the pool over the continuous-batching run (blocks used, cached free, free "
-        "per step; preemptions marked) to FILE.png",
+        "per step; preemptions marked) to FILE.png (any matplotlib format; a directory gets "
+        f"{DEFAULT_PLOT_NAME}, a name without extension .png)",
     )
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Run the equivalence and print the table; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
+    progress = Progress.for_stderr(PROGRESS_PREFIX, plain=args.json)
+    try:
+        return _run(args, prog, progress)
+    except KeyboardInterrupt:
+        progress.finish()
+        print(f"{prog}: interrupted {progress.where()}; nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     try:
         device, dtype = _device_and_dtype(args.device, args.dtype)
-        if args.block_size < 1:
-            raise UsageError(f"--block-size must be >= 1, got {args.block_size}")
-        if args.max_new_tokens < 1:
-            raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        if args.arrival_gap < 0:
-            raise UsageError(f"--arrival-gap must be >= 0, got {args.arrival_gap}")
-        if args.n < 1:
-            raise UsageError(f"--n must be >= 1, got {args.n}")
-        if args.speculate is not None and args.speculate < 1:
-            raise UsageError(f"--speculate must be >= 1 draft token, got {args.speculate}")
-        if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
-            raise UsageError(
-                f"--max-batch-tokens must be >= 1 token per step, got {args.max_batch_tokens}"
-            )
-        if args.pool_map is not None and args.pool_map < 1:
-            raise UsageError(f"--pool-map must be >= 1, got {args.pool_map}")
-        if args.plot is not None and not args.plot.parent.is_dir():
-            raise UsageError(f"--plot: no directory {str(args.plot.parent)!r} to write into")
+        _check_flags(args)
+        plot = None if args.plot is None else plot_target("--plot", args.plot)
         if args.threads is not None:
             check_threads(args.threads)
             torch.set_num_threads(args.threads)
@@ -225,32 +213,32 @@ def main(argv: list[str] | None = None) -> int:
             BUILTIN_PROMPTS if args.prompts_file is None else load_prompts_file(args.prompts_file),
             args.system_prompt,
         )
-        _progress("loading model")
+        progress("loading model")
         loaded = load_model(args.model, device, dtype)
         if loaded.tokenizer is None:
             raise UsageError(f"model {loaded.name} has no tokenizer")
-        check_options(loaded.model, args.block_size, args.max_new_tokens, args.n)
-        attention = ATTENTION_BACKENDS[args.attention]
-        attention.check(loaded.model, kv_layout(loaded), args.block_size)
-        requests = [
-            Request(
-                f"r{number:02d}",
-                render_prompt(loaded.tokenizer, messages),
-                args.max_new_tokens,
-                arrival_step=number * args.arrival_gap,
-                num_continuations=args.n,
-            )
-            for number, messages in enumerate(prompts)
-        ]
-        check_context(requests, model_context(loaded.model))
-        group_count = len(kv_layout(loaded).group_windows)
-        total_blocks = _total_blocks(requests, args.block_size, args.total_blocks, group_count)
-        # Before any pool (or the manager's free list) is built.
-        check_memory(
-            requests, total_blocks, args.block_size, kv_layout(loaded), available_bytes(device)
+        report = check_model(
+            loaded.model,
+            loaded.tokenizer,
+            [[{"role": role, "content": content} for role, content in m] for m in prompts],
+            max_new_tokens=args.max_new_tokens,
+            block_size=args.block_size,
+            total_blocks=args.total_blocks,
+            attention=args.attention,
+            prefix_cache=not args.no_prefix_cache,
+            poison_freed=args.poison_freed,
+            n=args.n,
+            arrival_gap=args.arrival_gap,
+            batch_invariant=args.batch_invariant,
+            speculate=args.speculate,
+            max_batch_tokens=args.max_batch_tokens,
+            name=loaded.name,
+            observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
+            progress=progress,
         )
     except (
         UsageError,
+        CheckSettingsError,
         PromptsFileError,
         PromptTextError,
         ModelNotFoundError,
@@ -258,30 +246,53 @@ def main(argv: list[str] | None = None) -> int:
         UnsupportedModelError,
         AttentionBackendError,
     ) as error:
-        return fail(PROG, str(error))
-    pool = PoolConfig(
-        total_blocks=total_blocks,
-        block_size=args.block_size,
-        engine_type=BatchInvariantEngine if args.batch_invariant else Engine,
-        pool_type=attention.poisoned_pool_type if args.poison_freed else PagedKVPool,
-        allocation=NO_PREFIX_CACHING if args.no_prefix_cache else PREFIX_CACHING,
-        observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
-        scheduling=Scheduling(args.speculate or 0, args.max_batch_tokens),
-        attention=attention,
-    )
-    report = run_equivalence(loaded, requests, pool, _progress)
-    if args.plot is not None:
-        # Imported here: matplotlib costs the other runs a second of start-up for nothing.
-        from harness.figures import plot_pool_over_time  # noqa: PLC0415
-
-        plot_pool_over_time(report.usage, total_blocks, args.plot)
-        _progress(f"wrote {args.plot}")
-    _progress("done")
+        progress.finish()
+        return fail(prog, str(error))
+    plot_error = None if plot is None else _write_plot(report, plot, progress)
+    progress("done")
+    progress.finish()
     if args.json:
-        print(json.dumps(as_json(report, loaded, pool, args), indent=2))
+        print(json.dumps(as_json(report, device, args), indent=2))
     else:
-        print_table(report, loaded, pool)
-    return 0 if report.passed else EXIT_FAILED
+        print_table(report)
+    if not report.passed:
+        return EXIT_FAILED
+    return EXIT_OK if plot_error is None else fail(prog, plot_error)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse the flags no model can take, before the model loads."""
+    for flag, value, least in (
+        ("--block-size", args.block_size, 1),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--arrival-gap", args.arrival_gap, 0),
+        ("--n", args.n, 1),
+        ("--pool-map", args.pool_map, 1),
+    ):
+        if value is not None and value < least:
+            raise UsageError(f"{flag} must be >= {least}, got {value}")
+    if args.speculate is not None and args.speculate < 1:
+        raise UsageError(f"--speculate must be >= 1 draft token, got {args.speculate}")
+    if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
+        raise UsageError(
+            f"--max-batch-tokens must be >= 1 token per step, got {args.max_batch_tokens}"
+        )
+
+
+def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> str | None:
+    """Draw the pool over the batched run to ``path``; the one-line error if it fails."""
+    # Imported here: matplotlib costs the other runs a second of start-up for nothing.
+    from harness.figures import plot_pool_over_time  # noqa: PLC0415
+
+    progress(f"writing {path}")
+    try:
+        write_replacing(
+            path, lambda file: plot_pool_over_time(report.usage, report.pool.total_blocks, file)
+        )
+    except (OSError, ValueError) as error:
+        return f"--plot: cannot write {str(path)!r}: {error}"
+    progress(f"wrote {path}")
+    return None
 
 
 def _device_and_dtype(
@@ -303,25 +314,3 @@ def _with_system_prompt(prompts: Sequence[Messages], system_prompt: str | None) 
     if system_prompt is None:
         return list(prompts)
     return [(("system", system_prompt), *messages) for messages in prompts]
-
-
-def _total_blocks(
-    requests: list[Request], block_size: int, requested: int | None, group_count: int
-) -> int:
-    if requested is None:
-        return tight_total_blocks(requests, block_size, group_count)
-    needs = [request.blocks_needed(block_size) * group_count for request in requests]
-    if requested < max(needs):
-        longest = max(range(len(requests)), key=lambda index: needs[index])
-        raise UsageError(
-            f"--total-blocks {requested} cannot hold even one request: "
-            f"{requests[longest].request_id} "
-            f"needs {needs[longest]} blocks of {block_size} tokens "
-            f"({requests[longest].max_tokens} tokens, {requests[longest].num_continuations} "
-            "continuations)"
-        )
-    return requested
-
-
-def _progress(message: str) -> None:
-    print(f"[harness] {message}", file=sys.stderr, flush=True)

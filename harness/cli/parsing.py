@@ -2,9 +2,11 @@
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 
 
 class UsageError(Exception):
@@ -22,3 +24,12 @@ def fail(prog: str, message: str) -> int:
     """Print one error line for ``prog`` and return the bad-input exit code."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def run_interruptible(prog: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status, or one line and 130 when Ctrl-C stops it (no traceback)."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -6,9 +6,10 @@ One name per check everywhere: ``gate``, ``alone`` and ``batch`` in the table, t
 
 import argparse
 
-from harness.models import LoadedModel
+import torch
+
 from harness.oracle.checks import CheckResult
-from harness.oracle.equivalence import EquivalenceReport, PoolConfig
+from harness.oracle.equivalence import EquivalenceReport
 
 
 def _mark(passed: bool, tie: bool = False) -> str:
@@ -17,9 +18,11 @@ def _mark(passed: bool, tie: bool = False) -> str:
     return "tie" if tie else "ok"
 
 
-def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig) -> None:
+def print_table(report: EquivalenceReport) -> None:
+    """The table of requests, the run's totals, then ``report.summary()``."""
+    pool = report.pool
     print(
-        f"model {loaded.name}; pool {pool.total_blocks} blocks x {pool.block_size} tokens; "
+        f"model {report.model_name}; pool {pool.total_blocks} blocks x {pool.block_size} tokens; "
         f"{pool.engine_type.__name__}, {pool.pool_type.__name__}, "
         f"{type(pool.allocation).__name__}; attention {report.attention}"
     )
@@ -36,19 +39,8 @@ def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig
             f"{_mark(row.batch.passed, row.batch.tie):>5} {row.max_logprob_delta:>11.3g} "
             f"{row.max_blocks:>6}"
         )
-    for row in report.rows:
-        for name, check in (("gate", row.gate), ("alone", row.alone), ("batch", row.batch)):
-            if not check.passed or check.tie:
-                print(f"  {name}: {check.detail}")
-    identical = sum(1 for row in report.rows if row.passed)
-    ties = sum(1 for row in report.rows if row.batch.tie)
     mib = 1024 * 1024
     print()
-    print(
-        f"requests and continuations passing all three checks: {identical}/{len(report.rows)} "
-        f"(ties: {ties}; tie rule: {report.tie_rule.describe()})"
-    )
-    print(f"paged and contiguous schedules identical: {report.schedules_equal}")
     if report.attention_agreement:
         worst = max(report.attention_agreement, key=report.attention_agreement.__getitem__)
         print(
@@ -90,12 +82,15 @@ def print_table(report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig
         f"{report.dense_tokens_per_s:.1f} tok/s; paged continuous batching "
         f"{report.paged_tokens_per_s:.1f} tok/s"
     )
-    print("RESULT: PASS" if report.passed else "RESULT: FAIL")
+    print(report.summary())
 
 
 def as_json(
-    report: EquivalenceReport, loaded: LoadedModel, pool: PoolConfig, args: argparse.Namespace
+    report: EquivalenceReport, device: torch.device, args: argparse.Namespace
 ) -> dict[str, object]:
+    """The report as JSON-ready data; ``args``: the main command's options."""
+    pool = report.pool
+
     def check(result: CheckResult) -> dict[str, object]:
         return {
             "passed": result.passed,
@@ -105,9 +100,9 @@ def as_json(
         }
 
     return {
-        "model": loaded.name,
-        "device": str(next(loaded.model.parameters()).device),
-        "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
+        "model": report.model_name,
+        "device": str(device),
+        "dtype": report.tie_rule.dtype_name,
         "total_blocks": pool.total_blocks,
         "block_size": pool.block_size,
         "batch_invariant": bool(args.batch_invariant),

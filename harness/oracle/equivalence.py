@@ -121,6 +121,8 @@ class EquivalenceReport:
     cow_copies: int
     preemptions: int
     blocks_saved_by_sharing: int
+    model_name: str
+    pool: PoolConfig
     blocks_freed_by_window: int = 0
     peak_blocks_saved_by_window: int = 0
     usage: list[UsageSample] = field(default_factory=list)
@@ -134,6 +136,36 @@ class EquivalenceReport:
     def passed(self) -> bool:
         """Every request passed every check."""
         return self.schedules_equal and all(row.passed for row in self.rows)
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per failed check of a request (its step, tokens and margin), and one if
+        the paged and contiguous runs were scheduled differently; empty when all passed."""
+        lines = [
+            f"{name}: {check.detail}"
+            for row in self.rows
+            for name, check in (("gate", row.gate), ("alone", row.alone), ("batch", row.batch))
+            if not check.passed
+        ]
+        if not self.schedules_equal:
+            lines.append("gate: the paged and contiguous runs were scheduled differently")
+        return lines
+
+    def summary(self) -> str:
+        """The verdict in a few lines: the failures and near-ties, the count passing, PASS or
+        FAIL (the main command prints it under its table)."""
+        ties = [row.batch.detail for row in self.rows if row.batch.tie]
+        passing = sum(1 for row in self.rows if row.passed)
+        return "\n".join(
+            [
+                *(f"  {line}" for line in self.failures),
+                *(f"  batch: {detail}" for detail in ties),
+                f"requests and continuations passing all three checks: {passing}/"
+                f"{len(self.rows)} (ties: {len(ties)}; tie rule: {self.tie_rule.describe()})",
+                f"paged and contiguous schedules identical: {self.schedules_equal}",
+                "RESULT: PASS" if self.passed else "RESULT: FAIL",
+            ]
+        )
 
 
 def run_equivalence(
@@ -201,6 +233,7 @@ def run_equivalence(
         gate=(gate_paged, contiguous),
         layout=layout,
         pool=pool,
+        model_name=loaded.name,
     )
     return replace(report, attention_agreement=agreement.max_abs_diff)
 
@@ -248,6 +281,7 @@ def _report(
     gate: tuple[EngineResult, EngineResult],
     layout: KVLayout,
     pool: PoolConfig,
+    model_name: str,
 ) -> EquivalenceReport:
     rule = tie_rule(layout.dtype)
     gate_paged, contiguous = gate
@@ -295,6 +329,8 @@ def _report(
         cow_copies=batched.cow_copies,
         preemptions=batched.preemptions,
         blocks_saved_by_sharing=batched.blocks_saved_by_sharing,
+        model_name=model_name,
+        pool=pool,
         blocks_freed_by_window=batched.blocks_freed_by_window,
         peak_blocks_saved_by_window=batched.peak_blocks_saved_by_window,
         usage=batched.usage,

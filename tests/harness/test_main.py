@@ -41,7 +41,7 @@ def test_help_explains_the_checks_and_exit_codes(capsys: pytest.CaptureFixture[s
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert "allocator gate" in out
-    assert "Exit status: 0 all checks pass, 1 a check failed, 2 bad input." in out
+    assert "Exit status: 0 all checks pass, 1 a check failed, 2 bad input, 130" in out
 
 
 def test_an_unknown_device_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,96 @@
+"""The wheel as a user gets it: built from the source, installed into a fresh venv, and a
+user's file type-checked against it with ``mypy --strict --disallow-any-expr`` (so the
+packages are typed, and no ``Any`` comes out of the public API).
+
+Nothing is downloaded: the wheel builds with the dev venv's setuptools (no build isolation),
+installs with ``--no-deps``, and the fresh venv reads torch and transformers from the dev
+venv's site-packages through a ``.pth`` line (which runs none of that directory's own
+``.pth`` files, so the editable install of the repository stays out of sight). mypy runs
+from a directory outside the repository, so the source folders are not on its path.
+"""
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+USER_FILE = ROOT / "tests" / "support" / "wheel_user.py"
+# torch's own analysis is most of a cold run (~1 min on 2 cores); kept between runs here.
+MYPY_CACHE = ROOT / ".mypy_cache" / "wheel-user"
+
+
+def _run(*command: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(part) for part in command],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def user_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel of this source installed; its python."""
+    base = tmp_path_factory.mktemp("wheel")
+    source = base / "source"
+    source.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", source)
+    shutil.copy(ROOT / "README.md", source)
+    for package in ("spec", "impl", "harness"):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    built = _run(
+        sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
+        "-w", base / "wheels", cwd=source,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (base / "wheels").glob("pagedkv-*.whl")
+    venv.create(base / "user", with_pip=False)
+    python = base / "user" / "bin" / "python"
+    site = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=base)
+    dev_site = sysconfig.get_paths()["purelib"]
+    (Path(site.stdout.strip()) / "dev-site-packages.pth").write_text(dev_site + "\n")
+    installed = _run(
+        sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
+        wheel, cwd=base,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    return python
+
+
+def test_the_wheel_ships_every_package_typed_and_the_console_script(user_python: Path) -> None:
+    probe = (
+        "import importlib.metadata as m, pathlib, harness, impl, spec; "
+        "print(all((pathlib.Path(p.__file__).parent / 'py.typed').is_file() "
+        "for p in (harness, impl, spec))); "
+        "print(harness.__file__); "
+        "print([e.value for e in m.entry_points(group='console_scripts', name='pagedkv')])"
+    )
+    done = _run(user_python, "-c", probe, cwd=user_python.parents[2])
+    typed, location, scripts = done.stdout.splitlines()
+    assert typed == "True"
+    assert location.startswith(str(user_python.parents[1]))  # the wheel's copy, not the repo's
+    assert scripts == "['harness.cli.pagedkv:main']"
+    help_text = _run(user_python.parent / "pagedkv", "--help", cwd=user_python.parents[2])
+    assert help_text.returncode == 0 and "pagedkv check" in help_text.stdout
+
+
+def test_a_user_file_is_mypy_strict_clean_against_the_installed_wheel(
+    user_python: Path, tmp_path: Path
+) -> None:
+    shutil.copy(USER_FILE, tmp_path / "user_code.py")
+    checked = _run(
+        sys.executable, "-m", "mypy", "--strict", "--disallow-any-expr", "--warn-unreachable",
+        "--python-executable", user_python, "--cache-dir", MYPY_CACHE, "user_code.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "Success: no issues found in 1 source file" in checked.stdout
