@@ -152,7 +152,7 @@ def _total_blocks(
 ) -> int:
     if requested is None:
         return tight_total_blocks(requests, block_size, group_count)
-    needs = [request.blocks_needed(block_size) * group_count for request in requests]
+    needs = [request.blocks_needed(block_size, group_count) for request in requests]
     if requested < max(needs):
         longest = max(range(len(requests)), key=lambda index: needs[index])
         raise UsageError(

@@ -24,7 +24,8 @@ def print_table(report: EquivalenceReport) -> None:
     print(
         f"model {report.model_name}; pool {pool.total_blocks} blocks x {pool.block_size} tokens; "
         f"{pool.engine_type.__name__}, {pool.pool_type.__name__}, "
-        f"{type(pool.allocation).__name__}; attention {report.attention}"
+        f"prefix caching {'on' if pool.allocation.prefix_caching else 'off'}; "
+        f"attention {report.attention}"
     )
     header = (
         f"{'request':<8} {'prompt':>6} {'gen':>4} {'gate':>5} {'alone':>5} {'batch':>5} "
@@ -54,7 +55,8 @@ def print_table(report: EquivalenceReport) -> None:
         f"{report.peak_requests} concurrent requests {report.contiguous_bytes / mib:.1f} MiB"
     )
     print(
-        "block utilization (tokens held / slots reserved, over steps): "
+        "block utilization (tokens per table / slots reserved, over steps; a shared token counts "
+        "in every table holding it, so sharing can exceed 1): "
         f"{report.block_utilization:.3f}"
     )
     print(
