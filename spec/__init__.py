@@ -30,13 +30,16 @@ from spec.errors import (
     MAX_TOKEN_ID,
     MAX_TOTAL_BLOCKS,
     BlockAllocationError,
+    allocated_by_count,
     check_group,
     check_group_windows,
     check_pool_shape,
     check_request_id,
     check_token_count,
     check_token_ids,
+    check_truncate,
     duplicate_request,
+    tracks_token_ids,
     unknown_request,
 )
 from spec.frozen_map import FrozenMap
@@ -48,7 +51,14 @@ from spec.records import (
     ReleasedBlocks,
     RequestBlockTable,
 )
-from spec.rules import blocks_for_tokens, first_window_token, skipped_blocks_at, slot_index
+from spec.rules import (
+    blocks_for_request,
+    blocks_for_tokens,
+    first_window_token,
+    next_skip_token_count,
+    skipped_blocks_at,
+    slot_index,
+)
 
 __all__ = [
     "INVARIANTS",
@@ -66,8 +76,10 @@ __all__ = [
     "SharingCounters",
     "allocate",
     "allocate_prompt",
+    "allocated_by_count",
     "append_token_ids",
     "append_tokens",
+    "blocks_for_request",
     "blocks_for_tokens",
     "cached_prefix_blocks",
     "cached_prefix_tokens",
@@ -77,6 +89,7 @@ __all__ = [
     "check_request_id",
     "check_token_count",
     "check_token_ids",
+    "check_truncate",
     "compute_skipped_blocks",
     "duplicate_request",
     "first_window_token",
@@ -84,6 +97,7 @@ __all__ = [
     "free_blocks",
     "init",
     "is_usage_consistent",
+    "next_skip_token_count",
     "preempt",
     "release",
     "skipped_blocks_at",
@@ -91,6 +105,7 @@ __all__ = [
     "snapshot_request",
     "take_copies",
     "take_skipped_blocks",
+    "tracks_token_ids",
     "truncate",
     "unknown_request",
     "usage",

@@ -117,8 +117,8 @@ def snapshot_request(
 
 def can_allocate(state: AllocatorState, token_count: int) -> tuple[AllocatorState, bool]:
     """Whether ``allocate`` would find its blocks: one table's worth per group."""
-    needed = rules.blocks_for_tokens(state.block_size, token_count)
-    return state, needed * len(state.group_windows) <= allocator.free_blocks(state)
+    needed = rules.blocks_for_request(state.block_size, token_count, len(state.group_windows))
+    return state, needed <= allocator.free_blocks(state)
 
 
 def ref_count(state: AllocatorState, block_id: int) -> tuple[AllocatorState, int]:
