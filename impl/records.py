@@ -9,8 +9,6 @@ frozen, hashable twins of these (``spec.RequestBlockTable``, ``spec.PromptAlloca
 
 from dataclasses import dataclass, field
 
-import spec
-
 
 @dataclass(slots=True)
 class RequestBlockTable:
@@ -34,17 +32,3 @@ class PromptAllocation:
 
     table: RequestBlockTable
     cached_tokens: int
-
-
-def as_article(value: object) -> object:
-    """``value`` with spec tables (and prompt allocations) turned into these records; any
-    other value as it is. The one place the tests map spec results onto impl's."""
-    if isinstance(value, spec.RequestBlockTable):
-        return RequestBlockTable(
-            value.request_id, list(value.block_ids), value.token_count, value.skipped_blocks
-        )
-    if isinstance(value, spec.PromptAllocation):
-        table = as_article(value.table)
-        assert isinstance(table, RequestBlockTable)
-        return PromptAllocation(table, value.cached_tokens)
-    return value

@@ -1,5 +1,6 @@
 """``SpecBackedManager``: ``KVBlockManager``'s API with the spec behind it, for tests and
-benchmarks.
+the spec row of the allocator benchmark; not part of ``impl``'s public API (import it from
+``impl.spec_backed``). ``as_article`` is the one place spec's records map onto impl's.
 
 Each method threads an immutable spec state through ``spec.api``'s function of the same
 name and hands back the records impl hands out; it decides nothing itself. So a scenario
@@ -10,10 +11,25 @@ times exactly what the specification does. Slow on purpose: O(pool) per call.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from impl.records import PromptAllocation, RequestBlockTable, as_article
+import spec
+from impl.records import PromptAllocation, RequestBlockTable
 from spec import AllocatorState, KVBlockUsage, ReleasedBlocks
 from spec import init as spec_init
 from spec.api import OPERATIONS
+
+
+def as_article(value: object) -> object:
+    """``value`` with spec tables (and prompt allocations) turned into these records; any
+    other value as it is. The one place the tests map spec results onto impl's."""
+    if isinstance(value, spec.RequestBlockTable):
+        return RequestBlockTable(
+            value.request_id, list(value.block_ids), value.token_count, value.skipped_blocks
+        )
+    if isinstance(value, spec.PromptAllocation):
+        table = as_article(value.table)
+        assert isinstance(table, RequestBlockTable)
+        return PromptAllocation(table, value.cached_tokens)
+    return value
 
 
 class SpecBackedManager:

@@ -7,7 +7,7 @@ new state. ``OPERATIONS`` maps each method name to its function; the state machi
 bounded checker, the scenario tests and the spec-side benchmark all drive spec through it
 and impl by the same name, so an operation is written down once.
 
-``impl.records.as_article`` turns a result into the record impl hands out (the article's
+``impl.spec_backed.as_article`` turns a result into the record impl hands out (the article's
 mutable table, with a ``list`` of block ids), so the two compare with ``==``.
 """
 

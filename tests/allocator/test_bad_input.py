@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from impl import KVBlockManager, SpecBackedManager
+from impl import KVBlockManager
+from impl.spec_backed import SpecBackedManager
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
 
 Manager = KVBlockManager | SpecBackedManager

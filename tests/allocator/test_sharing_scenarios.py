@@ -10,8 +10,8 @@ from impl import (
     KVBlockManager,
     PromptAllocation,
     RequestBlockTable,
-    SpecBackedManager,
 )
+from impl.spec_backed import SpecBackedManager
 from spec import KVBlockUsage, ReleasedBlocks
 from spec.invariants import violated_invariants
 

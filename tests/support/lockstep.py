@@ -27,7 +27,8 @@ from hypothesis.stateful import (
 )
 
 import spec
-from impl import KVBlockManager, PromptAllocation, as_article
+from impl import KVBlockManager, PromptAllocation
+from impl.spec_backed import as_article
 from spec import AllocatorState
 from spec.api import OPERATIONS
 from spec.invariants import is_window_tight

@@ -6,16 +6,9 @@ plants one kind of bug met in real allocators.
 
 from collections.abc import Sequence
 
-from impl import (
-    BlockAllocationError,
-    BlockKey,
-    KVBlockManager,
-    PrefixCache,
-    ReleasedBlocks,
-    RequestBlockTable,
-)
+from impl import BlockAllocationError, KVBlockManager, ReleasedBlocks, RequestBlockTable
 from impl.groups import KVCacheGroups, SlidingWindowGroup
-from impl.prefix_cache import BlockHash
+from impl.prefix_cache import BlockHash, BlockKey, PrefixCache
 from impl.tables import Table
 from spec import blocks_for_tokens, check_request_id, duplicate_request
 
