@@ -19,7 +19,7 @@ copies to make; for windows, the blocks to poison), and harness/ decides what li
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import ClassVar
 
 from impl import checking
@@ -39,6 +39,7 @@ from spec import (
     allocated_by_count,
     blocks_for_request,
     blocks_for_tokens,
+    check_block_id,
     check_group,
     check_group_windows,
     check_pool_shape,
@@ -58,15 +59,18 @@ class KVBlockManager:
     """A pool of ``total_blocks`` blocks of ``block_size`` tokens, lent to requests.
 
     A dataclass, as in the article: a subclass may define ``__post_init__``, call
-    ``super().__post_init__()`` and add attributes of its own. ``group_windows`` lists the
+    ``super().__post_init__()`` and add attributes of its own. Only the article's two
+    parameters are positional; ``block_hash`` (the prefix cache's hash of a parent hash
+    and a block's token ids) and ``group_windows`` are keyword-only. ``group_windows`` lists the
     KV cache groups that share the pool (``None``: full attention; W: a sliding window of
     W tokens); the default is one full-attention group, the allocator without groups.
     """
 
     total_blocks: int
     block_size: int = 16
+    _: KW_ONLY
     block_hash: BlockHash = field(default=default_block_hash, repr=False)
-    group_windows: tuple[int | None, ...] = field(default=(None,), kw_only=True)
+    group_windows: tuple[int | None, ...] = (None,)
 
     # The parts a subclass may swap for its own (the planted bugs of the tests do).
     prefix_cache_class: ClassVar[type[PrefixCache]] = PrefixCache
@@ -74,6 +78,11 @@ class KVBlockManager:
 
     def __post_init__(self) -> None:
         check_pool_shape(self.total_blocks, self.block_size)
+        if not callable(self.block_hash):
+            raise TypeError(
+                f"block_hash must be callable, got {type(self.block_hash).__name__} "
+                f"{self.block_hash!r}"
+            )
         self.group_windows = check_group_windows(self.group_windows)
         self.blocks: Sequence[KVBlock] = Blocks(self.total_blocks, self.block_size)
         self._counters = UsageCounters(len(self.group_windows))
@@ -131,7 +140,9 @@ class KVBlockManager:
         return self._table(request_id).snapshot(request_id, group)
 
     def ref_count(self, block_id: int) -> int:
-        """How many tables hold ``block_id``."""
+        """How many tables hold ``block_id``; an id outside the pool is refused."""
+        if type(block_id) is not int or not 0 <= block_id < self.total_blocks:
+            check_block_id(block_id, self.total_blocks)
         return self._pool.ref_counts[block_id]
 
     def usage(self) -> KVBlockUsage:
@@ -183,6 +194,8 @@ class KVBlockManager:
         available = pool.free_blocks - revived
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
+        # Every block is hashed before anything changes: a hash that raises changes nothing.
+        self._groups.caches[0].extend_keys(ids, keys, self.block_size)
         for group, hits in enumerate(group_hits):
             pool.revive(hits, group)
         held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
@@ -227,9 +240,15 @@ class KVBlockManager:
             allocated_by_count(request_id)
         token_ids = tuple(token_ids)
         check_token_ids(token_ids)
+        assert table.keys is not None, "a table with token ids has keys"
         first_index = table.token_count // self.block_size
+        # Hashed before anything changes: a hash that raises changes nothing.
+        new_keys = self._groups.caches[0].next_keys(
+            table.token_ids, table.keys, token_ids, self.block_size
+        )
         self._groups.grow(request_id, table, len(token_ids))
         table.token_ids.extend(token_ids)
+        table.keys.extend(new_keys)
         self._groups.cache_full_blocks(table, first_index)
         return table.snapshot(request_id)
 
@@ -271,6 +290,13 @@ class KVBlockManager:
         block_size = self.block_size
         offset = position % block_size
         block_ids = table.group_block_ids[0]
+        keys = table.keys
+        assert keys is not None, "a table with token ids has keys"
+        new_keys = None
+        if offset == block_size - 1:
+            # The token fills its block: hashed before anything changes, so that a hash
+            # that raises changes nothing.
+            new_keys = self._groups.caches[0].next_keys(token_ids, keys, (token_id,), block_size)
         # NOTE: the fast case of ``KVCacheGroups.grow`` inlined for one group (a call is a
         # sixth of this path): the token lands in the request's own last block.
         if (
@@ -284,7 +310,8 @@ class KVBlockManager:
         else:
             self._groups.grow(request_id, table, 1)  # opens a block or copies a shared one
         token_ids.append(token_id)
-        if offset == block_size - 1:
+        if new_keys is not None:
+            keys.extend(new_keys)
             self._groups.cache_full_blocks(table, position // block_size)
         return block_ids[-1] * block_size + offset
 

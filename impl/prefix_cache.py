@@ -109,12 +109,28 @@ class PrefixCache:
 
     def extend_keys(self, token_ids: Sequence[int], keys: list[BlockKey], block_size: int) -> None:
         """Append to ``keys`` the key of every full block of ``token_ids`` it lacks."""
-        for index in range(len(keys), len(token_ids) // block_size):
-            parent = keys[-1] if keys else None
-            start = index * block_size
-            chunk = tuple(token_ids[start : start + block_size])
+        keys.extend(self.next_keys(token_ids, keys, (), block_size))
+
+    def next_keys(
+        self,
+        token_ids: Sequence[int],
+        keys: Sequence[BlockKey],
+        new_token_ids: Sequence[int],
+        block_size: int,
+    ) -> list[BlockKey]:
+        """The keys ``extend_keys`` would add once ``new_token_ids`` follow ``token_ids``
+        (whose full blocks ``keys`` covers), made now so that nothing changes if the hash
+        raises; O(block_size + new tokens)."""
+        start = len(keys) * block_size
+        tail = [*token_ids[start:], *new_token_ids]
+        new_keys: list[BlockKey] = []
+        parent = keys[-1] if keys else None
+        for offset in range(0, len(tail) - block_size + 1, block_size):
+            chunk = tuple(tail[offset : offset + block_size])
             parent_hash = ROOT_HASH if parent is None else parent.hash_value
-            keys.append(BlockKey(parent, chunk, self.block_hash(parent_hash, chunk)))
+            parent = BlockKey(parent, chunk, self.block_hash(parent_hash, chunk))
+            new_keys.append(parent)
+        return new_keys
 
     def insert(self, key: BlockKey, block_id: int) -> None:
         """Cache ``block_id`` under ``key``, unless a block holds that prefix already."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from spec import allocator, rules
 from spec.allocator import AllocatorState
-from spec.errors import check_token_ids
+from spec.errors import check_block_id, check_token_ids
 from spec.records import KVBlockUsage, PromptAllocation, ReleasedBlocks, RequestBlockTable
 
 # Any: each step takes its own method's arguments; the table is checked by the tests
@@ -122,7 +122,9 @@ def can_allocate(state: AllocatorState, token_count: int) -> tuple[AllocatorStat
 
 
 def ref_count(state: AllocatorState, block_id: int) -> tuple[AllocatorState, int]:
-    return state, state.ref_counts.get(block_id, 0)
+    """How many tables hold ``block_id``; an id outside the pool is refused
+    (``check_block_id``)."""
+    return state, state.ref_counts.get(check_block_id(block_id, state.total_blocks), 0)
 
 
 def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:

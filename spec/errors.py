@@ -80,6 +80,19 @@ def check_group(group: object, group_count: int) -> int:
     return group
 
 
+def check_block_id(block_id: object, total_blocks: int) -> int:
+    """Refuse a block id that is not an ``int`` (TypeError) in [0, total_blocks)
+    (ValueError); return it."""
+    if type(block_id) is not int:
+        raise TypeError(f"block_id must be an int, got {type(block_id).__name__} {block_id!r}")
+    if not 0 <= block_id < total_blocks:
+        raise ValueError(
+            f"block_id must be in [0, {total_blocks}) "
+            f"(the pool has {total_blocks} blocks), got {block_id}"
+        )
+    return block_id
+
+
 def check_group_windows(group_windows: object) -> tuple[int | None, ...]:
     """Refuse KV cache groups that cannot be served; return them as a tuple.
 

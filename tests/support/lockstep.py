@@ -232,10 +232,10 @@ class AllocatorMachine(RuleBasedStateMachine):
     def can_allocate(self, token_count: int) -> None:
         self._step("can_allocate", token_count)
 
-    @rule(block_id=st.integers(0, 11))
+    @rule(block_id=st.integers(-3, 11))
     def ref_count(self, block_id: int) -> None:
-        if block_id < self.model.total_blocks:
-            self._step("ref_count", block_id)
+        # Ids outside the pool too: both must refuse them alike.
+        self._step("ref_count", block_id)
 
     # -- chunked prefill and speculative decoding -------------------------------------
 
