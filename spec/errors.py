@@ -70,27 +70,23 @@ def check_pool_shape(total_blocks: object, block_size: object) -> None:
 def check_group(group: object, group_count: int) -> int:
     """Refuse a KV cache group index that is not an ``int`` (TypeError) in
     [0, group_count) (ValueError); return it."""
-    if type(group) is not int:
-        raise TypeError(f"group must be an int, got {type(group).__name__} {group!r}")
-    if not 0 <= group < group_count:
-        raise ValueError(
-            f"group must be in [0, {group_count}) "
-            f"(the pool has {group_count} KV cache groups), got {group}"
-        )
-    return group
+    return _check_index("group", group, group_count, "KV cache groups")
 
 
 def check_block_id(block_id: object, total_blocks: int) -> int:
     """Refuse a block id that is not an ``int`` (TypeError) in [0, total_blocks)
     (ValueError); return it."""
-    if type(block_id) is not int:
-        raise TypeError(f"block_id must be an int, got {type(block_id).__name__} {block_id!r}")
-    if not 0 <= block_id < total_blocks:
+    return _check_index("block_id", block_id, total_blocks, "blocks")
+
+
+def _check_index(name: str, value: object, count: int, things: str) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not 0 <= value < count:
         raise ValueError(
-            f"block_id must be in [0, {total_blocks}) "
-            f"(the pool has {total_blocks} blocks), got {block_id}"
+            f"{name} must be in [0, {count}) (the pool has {count} {things}), got {value}"
         )
-    return block_id
+    return value
 
 
 def check_group_windows(group_windows: object) -> tuple[int | None, ...]:
