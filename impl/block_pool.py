@@ -159,6 +159,17 @@ class BlockPool:
         self.pending_copies.append((source, destination))
         self.counters.cow_copies += 1
 
+    def reset_caches(self) -> int:
+        """Forget every cached prefix in every group: the cached free blocks join the tail
+        of the free queue in their queue order, held blocks lose their keys. Returns how
+        many cached blocks were dropped. O(pool)."""
+        dropped = sum(cache.cached_blocks for cache in self.caches)
+        for cache in self.caches:
+            cache.clear()
+        self.free.extend(self.cached_free)
+        self.cached_free.clear()
+        return dropped
+
     def take_copies(self) -> list[tuple[int, int]]:
         copies = self.pending_copies
         self.pending_copies = []

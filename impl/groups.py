@@ -23,6 +23,7 @@ from spec import (
     ReleasedBlocks,
     blocks_for_tokens,
     skipped_blocks_at,
+    slot_index,
 )
 from spec.rules import next_skip_token_count
 
@@ -197,11 +198,14 @@ class KVCacheGroups:
         tokens past it. Reports the dropped blocks as ``release`` reports a table's."""
         block_size = self.block_size
         keep = blocks_for_tokens(block_size, token_count)
+        held_before = table.token_count
         dropped: list[int] = []
         freed: list[int] = []
         cached: list[int] = []
+        stale: list[tuple[int, ...]] = []
         for group, held in enumerate(table.group_block_ids):
-            kept = keep - table.skipped_blocks[group]
+            skipped = table.skipped_blocks[group]
+            kept = keep - skipped
             group_dropped = held[kept:]
             group_freed, group_cached = self.pool.release(reversed(group_dropped), group)
             dropped += group_dropped
@@ -211,11 +215,19 @@ class KVCacheGroups:
             cache = self.caches[group]
             if token_count % block_size and cache.block_keys[held[-1]] is not None:
                 cache.evict(held[-1])
+            stale_end = min(held_before, keep * block_size)
+            if token_count % block_size == 0 or self.pool.ref_counts[held[-1]] > 1:
+                stale_end = token_count  # nothing of a block another table holds is stale
+            stale.append(
+                tuple(
+                    slot_index(block_size, held, p, skipped) for p in range(token_count, stale_end)
+                )
+            )
         table.token_count = token_count
         if table.token_ids is not None and table.keys is not None:
             del table.token_ids[token_count:]
             del table.keys[token_count // block_size :]
-        return ReleasedBlocks(tuple(dropped), tuple(freed), tuple(cached))
+        return ReleasedBlocks(tuple(dropped), tuple(freed), tuple(cached), tuple(stale))
 
     def match(self, token_ids: tuple[int, ...]) -> tuple[int, list[list[int]], list[BlockKey]]:
         """The hit rule of ``spec.allocator``: the cached tokens, each group's hit blocks

@@ -26,7 +26,7 @@ from impl import checking
 from impl.block_pool import BlockPool
 from impl.groups import KVCacheGroups
 from impl.prefix_cache import BlockHash, PrefixCache, default_block_hash
-from impl.records import PromptAllocation, RequestBlockTable
+from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable
 from impl.tables import Blocks, RequestTables, Table
 from impl.usage import UsageCounters
 from spec import (
@@ -42,6 +42,7 @@ from spec import (
     check_block_id,
     check_group,
     check_group_windows,
+    check_new_tokens,
     check_pool_shape,
     check_request_id,
     check_token_count,
@@ -49,6 +50,7 @@ from spec import (
     check_truncate,
     duplicate_request,
     first_window_token,
+    slot_index,
     tracks_token_ids,
     unknown_request,
 )
@@ -74,6 +76,7 @@ class KVBlockManager:
 
     # The parts a subclass may swap for its own (the planted bugs of the tests do).
     prefix_cache_class: ClassVar[type[PrefixCache]] = PrefixCache
+    block_pool_class: ClassVar[type[BlockPool]] = BlockPool
     groups_class: ClassVar[type[KVCacheGroups]] = KVCacheGroups
 
     def __post_init__(self) -> None:
@@ -89,7 +92,7 @@ class KVBlockManager:
         caches = [
             self.prefix_cache_class(self.total_blocks, self.block_hash) for _ in self.group_windows
         ]
-        self._pool = BlockPool(self.total_blocks, caches, self._counters)
+        self._pool = self.block_pool_class(self.total_blocks, caches, self._counters)
         self._groups = self.groups_class(
             self.block_size, self.group_windows, self._pool, self.block_hash
         )
@@ -138,6 +141,19 @@ class KVBlockManager:
         if group != 0 or type(group) is not int:
             check_group(group, len(self.group_windows))
         return self._table(request_id).snapshot(request_id, group)
+
+    def snapshot_groups(self, request_id: str) -> tuple[RequestBlockTable, ...]:
+        """A copy of the request's table in every KV cache group, group 0's first."""
+        table = self._table(request_id)
+        return tuple(table.snapshot(request_id, g) for g in range(len(table.group_block_ids)))
+
+    def new_token_slots(self, request_id: str, token_count: int) -> AppendedSlots:
+        """Every group's table and the slots of the request's last ``token_count`` tokens
+        (e.g. the first chunk ``allocate_prompt`` gave, past its hit); changes nothing."""
+        check_token_count(token_count)
+        table = self._table(request_id)
+        check_new_tokens(request_id, token_count, table.token_count)
+        return self._appended_slots(request_id, table, token_count)
 
     def ref_count(self, block_id: int) -> int:
         """How many tables hold ``block_id``; an id outside the pool is refused."""
@@ -230,15 +246,34 @@ class KVBlockManager:
         self._groups.grow(request_id, table, token_count)
         return table.snapshot(request_id)
 
+    def append_slots(self, request_id: str, token_count: int) -> AppendedSlots:
+        """``append_tokens``, returning what the step needs: every group's table and the
+        new tokens' slots in each (O(blocks + tokens added))."""
+        check_token_count(token_count)
+        table = self._table(request_id)
+        if table.token_ids is not None:
+            tracks_token_ids(request_id)
+        self._groups.grow(request_id, table, token_count)
+        return self._appended_slots(request_id, table, token_count)
+
+    def append_token_id_slots(self, request_id: str, token_ids: Sequence[int]) -> AppendedSlots:
+        """``append_token_ids``, returning what the step needs: every group's table and the
+        new tokens' slots in each."""
+        ids = tuple(token_ids)
+        table = self._add_token_ids(request_id, ids)
+        return self._appended_slots(request_id, table, len(ids))
+
     def append_token_ids(self, request_id: str, token_ids: Sequence[int]) -> RequestBlockTable:
         """Grow a request allocated by ``allocate_prompt`` by these tokens; returns a snapshot.
 
         Every block the new tokens fill becomes cached.
         """
+        return self._add_token_ids(request_id, tuple(token_ids)).snapshot(request_id)
+
+    def _add_token_ids(self, request_id: str, token_ids: tuple[int, ...]) -> Table:
         table = self._table(request_id)
         if table.token_ids is None:
             allocated_by_count(request_id)
-        token_ids = tuple(token_ids)
         check_token_ids(token_ids)
         assert table.keys is not None, "a table with token ids has keys"
         first_index = table.token_count // self.block_size
@@ -250,7 +285,7 @@ class KVBlockManager:
         table.token_ids.extend(token_ids)
         table.keys.extend(new_keys)
         self._groups.cache_full_blocks(table, first_index)
-        return table.snapshot(request_id)
+        return table
 
     def append_slot(self, request_id: str) -> int:
         """Grow a request allocated by count by one token; return that token's pool slot.
@@ -412,6 +447,13 @@ class KVBlockManager:
         self._counters.preemptions += 1
         return released
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (``spec.reset_prefix_cache``): cached free blocks
+        become plain free blocks at the free queue's tail, in their queue order; held
+        blocks keep their K/V but no later prompt hits them. Never refused; returns how
+        many cached blocks were dropped. O(pool): for a weight reload, not a step."""
+        return self._pool.reset_caches()
+
     def take_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write copies (source, destination) to perform now, in order; clears them.
 
@@ -440,6 +482,19 @@ class KVBlockManager:
 
     def _blocks_for(self, token_count: int) -> int:
         return blocks_for_tokens(self.block_size, token_count)
+
+    def _appended_slots(self, request_id: str, table: Table, token_count: int) -> AppendedSlots:
+        block_size = self.block_size
+        end = table.token_count
+        return AppendedSlots(
+            tuple(table.snapshot(request_id, g) for g in range(len(table.group_block_ids))),
+            tuple(
+                tuple(
+                    slot_index(block_size, held, p, skipped) for p in range(end - token_count, end)
+                )
+                for held, skipped in zip(table.group_block_ids, table.skipped_blocks, strict=True)
+            ),
+        )
 
     def _table(self, request_id: str) -> Table:
         try:

@@ -150,6 +150,12 @@ class PrefixCache:
         self.block_keys[block_id] = None
         self.cached_blocks -= 1
 
+    def clear(self) -> None:
+        """Forget every cached prefix (O(pool))."""
+        self.buckets.clear()
+        self.block_keys[:] = [None] * len(self.block_keys)
+        self.cached_blocks = 0
+
     def prefixes(self) -> Iterator[tuple[tuple[int, ...], int]]:
         """Every cached (whole token prefix, block id), in block id order (O(pool))."""
         for block_id, key in enumerate(self.block_keys):

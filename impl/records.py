@@ -32,3 +32,13 @@ class PromptAllocation:
 
     table: RequestBlockTable
     cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendedSlots:
+    """What a step needs of one request, in every KV cache group at once: ``tables[g]`` is
+    a snapshot of its table in group g after the call, ``slots[g][i]`` the pool slot the
+    i-th new token's K/V goes to in group g. The twin of ``spec.AppendedSlots``."""
+
+    tables: tuple[RequestBlockTable, ...]
+    slots: tuple[tuple[int, ...], ...]

@@ -34,6 +34,7 @@ from spec.errors import (
     check_block_id,
     check_group,
     check_group_windows,
+    check_new_tokens,
     check_pool_shape,
     check_request_id,
     check_token_count,
@@ -46,6 +47,7 @@ from spec.errors import (
 from spec.frozen_map import FrozenMap
 from spec.invariants import INVARIANTS, is_usage_consistent, violated_invariants
 from spec.records import (
+    AppendedSlots,
     KVBlock,
     KVBlockUsage,
     PromptAllocation,
@@ -67,6 +69,7 @@ __all__ = [
     "MAX_TOKEN_ID",
     "MAX_TOTAL_BLOCKS",
     "AllocatorState",
+    "AppendedSlots",
     "BlockAllocationError",
     "FrozenMap",
     "KVBlock",
@@ -87,6 +90,7 @@ __all__ = [
     "check_block_id",
     "check_group",
     "check_group_windows",
+    "check_new_tokens",
     "check_pool_shape",
     "check_request_id",
     "check_token_count",

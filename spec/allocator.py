@@ -429,6 +429,19 @@ def preempt(state: AllocatorState, request_id: str) -> AllocatorState:
     return replace(state, counters=counters)
 
 
+def reset_prefix_cache(state: AllocatorState) -> AllocatorState:
+    """Forget every cached prefix, in every group: the cached free blocks join the tail of
+    the free queue as plain free blocks (least recently freed first, their queue order),
+    and the blocks tables hold keep their K/V but lose their keys, so no later prompt hits
+    them. Blocks the tables fill later are cached again as usual. Never refused."""
+    return replace(
+        state,
+        free_block_ids=state.free_block_ids + state.cached_free_block_ids,
+        cached_free_block_ids=(),
+        group_caches=tuple(FrozenMap[TokenIds, int]() for _ in state.group_caches),
+    )
+
+
 def take_copies(state: AllocatorState) -> AllocatorState:
     """Clear ``pending_copies`` once the KV pool has performed them (they are read before)."""
     return replace(state, pending_copies=())

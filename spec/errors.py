@@ -192,3 +192,13 @@ def check_truncate(
                 f"({skipped * block_size} tokens), and the next token would read "
                 f"from token {first_read}"
             )
+
+
+def check_new_tokens(request_id: str, token_count: int, held_tokens: int) -> None:
+    """Refuse (ValueError) the slots of the last ``token_count`` tokens of a request that
+    holds fewer."""
+    if token_count > held_tokens:
+        raise ValueError(
+            f"cannot give the slots of the last {token_count} tokens of request "
+            f"{request_id!r}: it holds {held_tokens}"
+        )

@@ -152,6 +152,7 @@ def operations(bounds: Bounds) -> list[Operation]:
         ops.append(Operation("preempt", (request_id,)))
         ops.append(Operation("release_blocks", (request_id,)))
     ops.append(Operation("take_copies"))
+    ops.append(Operation("reset_prefix_cache"))
     return ops
 
 

@@ -7,8 +7,10 @@ plants one kind of bug met in real allocators.
 from collections.abc import Sequence
 
 from impl import BlockAllocationError, KVBlockManager, ReleasedBlocks, RequestBlockTable
+from impl.block_pool import BlockPool
 from impl.groups import KVCacheGroups, SlidingWindowGroup
 from impl.prefix_cache import BlockHash, BlockKey, PrefixCache
+from impl.records import AppendedSlots
 from impl.tables import Table
 from spec import blocks_for_tokens, check_request_id, duplicate_request
 
@@ -295,6 +297,26 @@ class FreesSkippedBlocksButKeepsThem(KVBlockManager):
     groups_class = _SkipsButKeeps
 
 
+class _ResetsFreeKeysOnly(BlockPool):
+    __slots__ = ()
+
+    def reset_caches(self) -> int:
+        dropped = 0
+        for block_id in self.cached_free:
+            self.evict(block_id)
+            dropped += 1
+        self.free.extend(self.cached_free)
+        self.cached_free.clear()
+        return dropped
+
+
+class ResetKeepsTheKeysOfHeldBlocks(KVBlockManager):
+    """(p) ``reset_prefix_cache`` forgets only the cached free blocks: blocks in use keep
+    their keys, so a later prompt still hits K/V computed before the reset."""
+
+    block_pool_class = _ResetsFreeKeysOnly
+
+
 PLANTED_BUGS: list[type[KVBlockManager]] = [
     ReleasesInTableOrder,
     LeaksOneBlockOnRelease,
@@ -308,6 +330,7 @@ PLANTED_BUGS: list[type[KVBlockManager]] = [
     TruncateKeepsTheCutBlocks,
     TruncatedBlockStaysCached,
     TruncateUnsharesTheLastBlock,
+    ResetKeepsTheKeysOfHeldBlocks,
 ]
 
 # The bugs of the window rule: they live where only a pool with a sliding window goes, so
@@ -356,4 +379,57 @@ class PrefixQueryCoversTheLastToken(KVBlockManager):
 QUERY_BUGS: list[type[KVBlockManager]] = [
     RollbackReportsCachedBlocksAsFreed,
     PrefixQueryCoversTheLastToken,
+]
+
+# -- the all-groups step API -------------------------------------------------------------
+# Bugs in what one engine step asks at once; the windowed lockstep machine must catch them
+# (it has several groups, windows and forks).
+
+
+class StepSlotsIgnoreTheWindow(KVBlockManager):
+    """``append_slots`` and friends compute a windowed group's slots as if it skipped
+    nothing, so a step would write K/V through the wrong block."""
+
+    def _appended_slots(self, request_id: str, table: Table, token_count: int) -> AppendedSlots:
+        step = super()._appended_slots(request_id, table, token_count)
+        end = table.token_count
+        slots = tuple(
+            tuple(
+                held[min(p // self.block_size, len(held) - 1)] * self.block_size
+                + p % self.block_size
+                for p in range(end - token_count, end)
+            )
+            for held in table.group_block_ids
+        )
+        return AppendedSlots(step.tables, slots)
+
+
+class RollbackCallsSharedSlotsStale(KVBlockManager):
+    """``truncate_blocks`` reports the rolled-back slots of a kept last block a fork still
+    holds, so the engine would poison K/V the other request reads."""
+
+    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        before = self.snapshot_groups(request_id) if request_id in self._tables else ()
+        released = super().truncate_blocks(request_id, token_count)
+        stale = []
+        for group, (table, reported) in enumerate(zip(before, released.stale_slots, strict=True)):
+            kept = self.snapshot_request(request_id, group)
+            slots = reported
+            if not slots and token_count % self.block_size and kept.block_ids:
+                end = min(
+                    table.token_count, (kept.skipped_blocks + len(kept.block_ids)) * self.block_size
+                )
+                slots = tuple(
+                    kept.block_ids[-1] * self.block_size + p % self.block_size
+                    for p in range(token_count, end)
+                )
+            stale.append(slots)
+        return ReleasedBlocks(
+            released.block_ids, released.freed_block_ids, released.cached_block_ids, tuple(stale)
+        )
+
+
+STEP_API_BUGS: list[type[KVBlockManager]] = [
+    StepSlotsIgnoreTheWindow,
+    RollbackCallsSharedSlotsStale,
 ]
