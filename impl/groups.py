@@ -135,7 +135,40 @@ class KVCacheGroups:
                 table.token_count = position + token_count
                 counters.allocated_tokens += token_count
                 return
-        blocks = blocks_for_tokens(block_size, position + token_count)
+        # NOTE: ``blocks_for_tokens`` inlined (its checks are the front's): a call is a
+        # tenth of opening a block.
+        blocks = -(-(position + token_count) // block_size)
+        group_block_ids = table.group_block_ids
+        if len(group_block_ids) == 1 and position < table.next_skip_at:
+            held = group_block_ids[0]
+            if position % block_size == 0 or ref_counts[held[-1]] == 1:
+                one_missing = blocks - table.skipped_blocks[0] - len(held)
+                available = self.pool.free_blocks
+                if one_missing > available:
+                    raise BlockAllocationError.out_of_blocks(request_id, one_missing, available)
+                held.extend(self.pool.take(one_missing, 0))
+                table.token_count = position + token_count
+                counters.allocated_tokens += token_count
+                return
+        if position < table.next_skip_at and (
+            position % block_size == 0
+            or all(ref_counts[held[-1]] == 1 for held in table.group_block_ids)
+        ):
+            # NOTE: no window slides and no last block is shared (a decode token opening a
+            # block): each group takes its missing blocks, nothing else. Measured: the
+            # general path below made a one-group decode append 60% slower on average.
+            missing = [
+                blocks - skipped - len(held)
+                for held, skipped in zip(table.group_block_ids, table.skipped_blocks, strict=True)
+            ]
+            available = self.pool.free_blocks
+            if sum(missing) > available:
+                raise BlockAllocationError.out_of_blocks(request_id, sum(missing), available)
+            for group, held in enumerate(table.group_block_ids):
+                held.extend(self.pool.take(missing[group], group))
+            table.token_count = position + token_count
+            counters.allocated_tokens += token_count
+            return
         drops: list[int] = []
         copies: list[bool] = []
         needed: list[int] = []

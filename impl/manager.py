@@ -231,7 +231,10 @@ class KVBlockManager:
         """
         if type(token_count) is not int or token_count < 0:
             check_token_count(token_count)
-        table = self._table(request_id)
+        try:
+            table = self._tables[request_id]
+        except KeyError:
+            unknown_request(request_id)
         position = table.token_count
         if table.exclusive and token_count <= -position % self.block_size:
             # NOTE: the article's decode step inlined: the tokens fit in the request's own
@@ -294,7 +297,10 @@ class KVBlockManager:
         offset``, the row of the KV pool the new token's K/V go to. Same effect on the
         allocator as ``append_tokens(request_id, 1)``.
         """
-        table = self._table(request_id)
+        try:
+            table = self._tables[request_id]
+        except KeyError:
+            unknown_request(request_id)  # NOTE: inlined, not ``_table``: a call is a fifth here
         position = table.token_count
         block_size = self.block_size
         offset = position % block_size
@@ -315,7 +321,10 @@ class KVBlockManager:
         The hot path of decoding with prefix caching; O(1) but when the token fills a
         block, which is then hashed and cached. Same effect as ``append_token_ids``.
         """
-        table = self._table(request_id)
+        try:
+            table = self._tables[request_id]
+        except KeyError:
+            unknown_request(request_id)
         token_ids = table.token_ids
         if token_ids is None:
             allocated_by_count(request_id)

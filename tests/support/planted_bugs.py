@@ -252,6 +252,9 @@ class _SkipsEarlyWindow(SlidingWindowGroup):
     def skip_target(self, block_size: int, computed_tokens: int) -> int:
         return super().skip_target(block_size, computed_tokens + 1)
 
+    def next_skip_at(self, block_size: int, skipped_blocks: int) -> int:
+        return super().next_skip_at(block_size, skipped_blocks) - 1  # the same rule, early
+
 
 class _SkipsEarly(KVCacheGroups):
     __slots__ = ()
