@@ -7,11 +7,12 @@ One cell per block, in block id order, wrapped to a width::
     A  req-a: token_count = 6, block_ids = [0, 1]
     ...
 
-A cell shows the label of the request holding the block (the first in table order, for a
-shared block), then ``*`` if the block is shared (ref count > 1) and ``~`` if it is a
-request's partly filled last block; a free block is ``.``, a cached free block (free, but
-still holding a cached prefix a prompt may revive) is ``:``. Under the map, one line per
-request as the article prints its tables, then the two free queues in their order.
+A cell shows the label of the request holding the block, in any KV cache group (the first
+in table order, for a shared block), then ``*`` if the block is shared (ref count > 1) and
+``~`` if it is a request's partly filled last block; a free block is ``.``, a cached free
+block (free, but still holding a cached prefix a prompt may revive) is ``:``. Under the
+map, one line per request as the article prints its tables (with the block ids of every
+further group), then the two free queues in their order.
 
 It is *not* a live view: ``snapshot_pool`` copies what the manager's public API shows, and
 ``render_block_map`` is a pure function of that copy, so tests compare literal strings.
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from impl.manager import KVBlockManager
+from impl.records import RequestBlockTable as ArticleTable
 from spec import RequestBlockTable
 
 SHARED_MARK = "*"
@@ -40,8 +42,9 @@ _DIM = "2"
 
 @dataclass(frozen=True, slots=True)
 class PoolSnapshot:
-    """What the map draws: the pool's size, every table in table order, the ref count of
-    every block by id, and the two free queues in queue order."""
+    """What the map draws: the pool's size, every table in table order (group 0's), the ref
+    count of every block by id, and the two free queues in queue order. ``more_groups[i]``
+    holds KV cache group i + 1's tables, in the same order (empty with one group)."""
 
     block_size: int
     total_blocks: int
@@ -49,6 +52,7 @@ class PoolSnapshot:
     ref_counts: tuple[int, ...]
     free_block_ids: tuple[int, ...]
     cached_free_block_ids: tuple[int, ...]
+    more_groups: tuple[tuple[RequestBlockTable, ...], ...] = ()
 
 
 def snapshot_pool(manager: KVBlockManager) -> PoolSnapshot:
@@ -57,6 +61,13 @@ def snapshot_pool(manager: KVBlockManager) -> PoolSnapshot:
         RequestBlockTable(request_id, tuple(table.block_ids), table.token_count)
         for request_id, table in manager.request_tables.items()
     )
+    more_groups = tuple(
+        tuple(
+            _frozen(manager.snapshot_request(request_id, group))
+            for request_id in manager.request_tables
+        )
+        for group in range(1, len(manager.group_windows))
+    )
     return PoolSnapshot(
         block_size=manager.block_size,
         total_blocks=manager.total_blocks,
@@ -64,6 +75,13 @@ def snapshot_pool(manager: KVBlockManager) -> PoolSnapshot:
         ref_counts=tuple(manager.ref_count(block_id) for block_id in range(manager.total_blocks)),
         free_block_ids=tuple(manager.free_block_ids),
         cached_free_block_ids=tuple(manager.cached_free_block_ids),
+        more_groups=more_groups,
+    )
+
+
+def _frozen(table: ArticleTable) -> RequestBlockTable:
+    return RequestBlockTable(
+        table.request_id, tuple(table.block_ids), table.token_count, table.skipped_blocks
     )
 
 
@@ -107,10 +125,10 @@ def render_block_map(
     labels = extend_labels(labels or {}, (table.request_id for table in pool.tables))
     holder: dict[int, str] = {}
     partial: set[int] = set()
-    for table in pool.tables:
+    for table in (table for group in (pool.tables, *pool.more_groups) for table in group):
         for block_id in table.block_ids:
             holder.setdefault(block_id, table.request_id)
-        if table.token_count % pool.block_size:
+        if table.token_count % pool.block_size and table.block_ids:
             partial.add(table.block_ids[-1])
     cached_free = set(pool.cached_free_block_ids)
     label_width = max((len(labels[table.request_id]) for table in pool.tables), default=1)
@@ -140,13 +158,18 @@ def render_block_map(
         end = min(start + per_row, pool.total_blocks)
         cells = "".join(cell(block_id) for block_id in range(start, end))
         lines.append(f"{start:>{id_width}} {cells}")
-    for table in pool.tables:
+    for index, table in enumerate(pool.tables):
         label = _paint(
             f"{labels[table.request_id]:<{label_width}}", colours[table.request_id], color
         )
+        more = "".join(
+            f", group {group} block_ids = {list(tables[index].block_ids)}"
+            + (f" (skipped {tables[index].skipped_blocks})" if tables[index].skipped_blocks else "")
+            for group, tables in enumerate(pool.more_groups, start=1)
+        )
         lines.append(
             f"{label}  {table.request_id}: token_count = {table.token_count}, "
-            f"block_ids = {list(table.block_ids)}"
+            f"block_ids = {list(table.block_ids)}{more}"
         )
     lines.append(f"free_block_ids = {list(pool.free_block_ids)}")
     lines.append(f"cached_free_block_ids = {list(pool.cached_free_block_ids)}")

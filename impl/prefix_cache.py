@@ -77,51 +77,6 @@ class PrefixCache:
         self.block_keys: list[BlockKey | None] = [None] * total_blocks
         self.cached_blocks = 0
 
-    def match(
-        self, token_ids: tuple[int, ...], block_size: int
-    ) -> tuple[list[int], list[BlockKey]]:
-        """The cached blocks holding the longest prefix of ``token_ids``, and the keys made.
-
-        The hits never cover the last token, so at least one token of a prompt is computed.
-        ``keys`` holds a key per hit and, after a miss, the key of the missed block (so a
-        prompt that fills it needs no second hash).
-        """
-        block_hash = self.block_hash
-        block_keys = self.block_keys
-        buckets = self.buckets
-        keys: list[BlockKey] = []
-        hits: list[int] = []
-        parent: BlockKey | None = None
-        parent_hash = ROOT_HASH
-        hit_limit = (len(token_ids) - 1) // block_size
-        # NOTE: the default hash is inlined: a Python call per block is a sixth of a hit.
-        inline_hash = block_hash is default_block_hash
-        for start in range(0, hit_limit * block_size, block_size):
-            chunk = token_ids[start : start + block_size]
-            if inline_hash:
-                hash_value = hash((parent_hash, chunk))
-            else:
-                hash_value = block_hash(parent_hash, chunk)
-            bucket = buckets.get(hash_value)
-            block_id = None
-            if bucket is not None:
-                # NOTE: the common hit inlined (one candidate, the very parent key object,
-                # equal tokens); anything else goes through the full check in lookup.
-                candidate = block_keys[bucket[0]]
-                if len(bucket) == 1 and candidate is not None and candidate.parent is parent:
-                    block_id = bucket[0] if candidate.token_ids == chunk else None
-                else:
-                    block_id = self.lookup(parent, chunk, hash_value)
-            if block_id is None:
-                keys.append(BlockKey(parent, chunk, hash_value))
-                break
-            parent = block_keys[block_id]
-            assert parent is not None, "a cached block has a key"
-            parent_hash = hash_value
-            keys.append(parent)
-            hits.append(block_id)
-        return hits, keys
-
     def lookup(
         self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
     ) -> int | None:
@@ -129,7 +84,16 @@ class PrefixCache:
 
         ``None`` if no cached block holds it. The hash only narrows the candidates.
         """
-        for block_id in self.buckets.get(hash_value, ()):
+        bucket = self.buckets.get(hash_value)
+        if bucket is None:
+            return None
+        if len(bucket) == 1:
+            # NOTE: the common hit inlined (one candidate, the very parent key object);
+            # anything else goes through the full check below.
+            candidate = self.block_keys[bucket[0]]
+            if candidate is not None and candidate.parent is parent:
+                return bucket[0] if candidate.token_ids == token_ids else None
+        for block_id in bucket:
             cached = self.block_keys[block_id]
             assert cached is not None, "a block in the cache has a key"
             if cached.token_ids != token_ids:
@@ -143,31 +107,30 @@ class PrefixCache:
                 return block_id
         return None
 
-    def insert_full_blocks(
-        self,
-        token_ids: Sequence[int],
-        keys: list[BlockKey],
-        block_ids: Sequence[int],
-        first_index: int,
-        block_size: int,
-    ) -> None:
-        """Key every full block of a request from ``first_index`` on and cache it, unless
-        its prefix is cached already (the first block to hold a prefix keeps it).
-
-        ``keys`` is the request's list of full-block keys; missing ones are made here.
-        """
-        self.extend_keys(token_ids, keys, block_size)
-        for index in range(first_index, len(token_ids) // block_size):
-            self.insert(keys[index], block_ids[index])
-
     def extend_keys(self, token_ids: Sequence[int], keys: list[BlockKey], block_size: int) -> None:
         """Append to ``keys`` the key of every full block of ``token_ids`` it lacks."""
-        for index in range(len(keys), len(token_ids) // block_size):
-            parent = keys[-1] if keys else None
-            start = index * block_size
-            chunk = tuple(token_ids[start : start + block_size])
+        keys.extend(self.next_keys(token_ids, keys, (), block_size))
+
+    def next_keys(
+        self,
+        token_ids: Sequence[int],
+        keys: Sequence[BlockKey],
+        new_token_ids: Sequence[int],
+        block_size: int,
+    ) -> list[BlockKey]:
+        """The keys ``extend_keys`` would add once ``new_token_ids`` follow ``token_ids``
+        (whose full blocks ``keys`` covers), made now so that nothing changes if the hash
+        raises; O(block_size + new tokens)."""
+        start = len(keys) * block_size
+        tail = [*token_ids[start:], *new_token_ids]
+        new_keys: list[BlockKey] = []
+        parent = keys[-1] if keys else None
+        for offset in range(0, len(tail) - block_size + 1, block_size):
+            chunk = tuple(tail[offset : offset + block_size])
             parent_hash = ROOT_HASH if parent is None else parent.hash_value
-            keys.append(BlockKey(parent, chunk, self.block_hash(parent_hash, chunk)))
+            parent = BlockKey(parent, chunk, self.block_hash(parent_hash, chunk))
+            new_keys.append(parent)
+        return new_keys
 
     def insert(self, key: BlockKey, block_id: int) -> None:
         """Cache ``block_id`` under ``key``, unless a block holds that prefix already."""
@@ -186,6 +149,12 @@ class PrefixCache:
             del self.buckets[key.hash_value]
         self.block_keys[block_id] = None
         self.cached_blocks -= 1
+
+    def clear(self) -> None:
+        """Forget every cached prefix (O(pool))."""
+        self.buckets.clear()
+        self.block_keys[:] = [None] * len(self.block_keys)
+        self.cached_blocks = 0
 
     def prefixes(self) -> Iterator[tuple[tuple[int, ...], int]]:
         """Every cached (whole token prefix, block id), in block id order (O(pool))."""

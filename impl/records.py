@@ -9,8 +9,6 @@ frozen, hashable twins of these (``spec.RequestBlockTable``, ``spec.PromptAlloca
 
 from dataclasses import dataclass, field
 
-import spec
-
 
 @dataclass(slots=True)
 class RequestBlockTable:
@@ -36,15 +34,11 @@ class PromptAllocation:
     cached_tokens: int
 
 
-def as_article(value: object) -> object:
-    """``value`` with spec tables (and prompt allocations) turned into these records; any
-    other value as it is. The one place the tests map spec results onto impl's."""
-    if isinstance(value, spec.RequestBlockTable):
-        return RequestBlockTable(
-            value.request_id, list(value.block_ids), value.token_count, value.skipped_blocks
-        )
-    if isinstance(value, spec.PromptAllocation):
-        table = as_article(value.table)
-        assert isinstance(table, RequestBlockTable)
-        return PromptAllocation(table, value.cached_tokens)
-    return value
+@dataclass(frozen=True, slots=True)
+class AppendedSlots:
+    """What a step needs of one request, in every KV cache group at once: ``tables[g]`` is
+    a snapshot of its table in group g after the call, ``slots[g][i]`` the pool slot the
+    i-th new token's K/V goes to in group g. The twin of ``spec.AppendedSlots``."""
+
+    tables: tuple[RequestBlockTable, ...]
+    slots: tuple[tuple[int, ...], ...]

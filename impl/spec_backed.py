@@ -1,5 +1,6 @@
 """``SpecBackedManager``: ``KVBlockManager``'s API with the spec behind it, for tests and
-benchmarks.
+the spec row of the allocator benchmark; not part of ``impl``'s public API (import it from
+``impl.spec_backed``). ``as_article`` is the one place spec's records map onto impl's.
 
 Each method threads an immutable spec state through ``spec.api``'s function of the same
 name and hands back the records impl hands out; it decides nothing itself. So a scenario
@@ -10,10 +11,30 @@ times exactly what the specification does. Slow on purpose: O(pool) per call.
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from impl.records import PromptAllocation, RequestBlockTable, as_article
+import spec
+from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable
 from spec import AllocatorState, KVBlockUsage, ReleasedBlocks
 from spec import init as spec_init
 from spec.api import OPERATIONS
+
+
+def as_article(value: object) -> object:
+    """``value`` with spec tables (and prompt allocations) turned into these records; any
+    other value as it is. The one place the tests map spec results onto impl's."""
+    if isinstance(value, spec.RequestBlockTable):
+        return RequestBlockTable(
+            value.request_id, list(value.block_ids), value.token_count, value.skipped_blocks
+        )
+    if isinstance(value, spec.AppendedSlots):
+        tables = tuple(as_article(table) for table in value.tables)
+        return AppendedSlots(tables, value.slots)  # type: ignore[arg-type]
+    if isinstance(value, tuple) and value and isinstance(value[0], spec.RequestBlockTable):
+        return tuple(as_article(table) for table in value)
+    if isinstance(value, spec.PromptAllocation):
+        table = as_article(value.table)
+        assert isinstance(table, RequestBlockTable)
+        return PromptAllocation(table, value.cached_tokens)
+    return value
 
 
 class SpecBackedManager:
@@ -117,6 +138,10 @@ class SpecBackedManager:
         result: ReleasedBlocks = self.call("preempt", request_id)
         return result
 
+    def reset_prefix_cache(self) -> int:
+        result: int = self.call("reset_prefix_cache")
+        return result
+
     def take_copies(self) -> list[tuple[int, int]]:
         result: list[tuple[int, int]] = self.call("take_copies")
         return result
@@ -127,6 +152,22 @@ class SpecBackedManager:
 
     def snapshot_request(self, request_id: str, group: int = 0) -> RequestBlockTable:
         result: RequestBlockTable = self.call("snapshot_request", request_id, group)
+        return result
+
+    def snapshot_groups(self, request_id: str) -> tuple[RequestBlockTable, ...]:
+        result: tuple[RequestBlockTable, ...] = self.call("snapshot_groups", request_id)
+        return result
+
+    def new_token_slots(self, request_id: str, token_count: int) -> AppendedSlots:
+        result: AppendedSlots = self.call("new_token_slots", request_id, token_count)
+        return result
+
+    def append_slots(self, request_id: str, token_count: int) -> AppendedSlots:
+        result: AppendedSlots = self.call("append_slots", request_id, token_count)
+        return result
+
+    def append_token_id_slots(self, request_id: str, token_ids: Sequence[int]) -> AppendedSlots:
+        result: AppendedSlots = self.call("append_token_id_slots", request_id, token_ids)
         return result
 
     def can_allocate(self, token_count: int) -> bool:

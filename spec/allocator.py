@@ -59,18 +59,26 @@ from typing import TypeVar
 
 from spec.errors import (
     BlockAllocationError,
+    allocated_by_count,
     check_group,
     check_group_windows,
     check_pool_shape,
     check_request_id,
     check_token_count,
     check_token_ids,
+    check_truncate,
     duplicate_request,
+    tracks_token_ids,
     unknown_request,
 )
 from spec.frozen_map import FrozenMap
 from spec.records import KVBlockUsage, RequestBlockTable
-from spec.rules import blocks_for_tokens, first_window_token, skipped_blocks_at
+from spec.rules import (
+    blocks_for_request,
+    blocks_for_tokens,
+    first_window_token,
+    skipped_blocks_at,
+)
 
 TokenIds = tuple[int, ...]
 T = TypeVar("T")
@@ -249,7 +257,7 @@ def allocate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
     are never cached.
     """
     per_group = blocks_for_tokens(state.block_size, token_count)
-    needed = per_group * len(state.group_windows)
+    needed = blocks_for_request(state.block_size, token_count, len(state.group_windows))
     check_request_id(request_id)
     if request_id in state.tables:
         duplicate_request(request_id)
@@ -313,7 +321,7 @@ def append_tokens(state: AllocatorState, request_id: str, token_count: int = 1) 
     check_token_count(token_count)
     snapshot_request(state, request_id)
     if request_id in state.token_ids:
-        raise ValueError(f"request {request_id!r} tracks token ids: use append_token_ids")
+        tracks_token_ids(request_id)
     return _grow(state, request_id, token_count)
 
 
@@ -326,7 +334,7 @@ def append_token_ids(state: AllocatorState, request_id: str, token_ids: TokenIds
     """
     snapshot_request(state, request_id)
     if request_id not in state.token_ids:
-        raise ValueError(f"request {request_id!r} was allocated by count: use append_tokens")
+        allocated_by_count(request_id)
     check_token_ids(token_ids)
     state = _grow(state, request_id, len(token_ids))
     old_ids = state.token_ids[request_id]
@@ -388,21 +396,15 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
     """
     check_token_count(token_count)
     table = snapshot_request(state, request_id)
-    if token_count > table.token_count:
-        raise ValueError(
-            f"cannot truncate request {request_id!r} to {token_count} tokens: "
-            f"it holds {table.token_count}"
-        )
-    for group, window in enumerate(state.group_windows):
-        skipped = state.group_tables[group][request_id].skipped_blocks
-        first_read = first_window_token(token_count, window)
-        if skipped * state.block_size > first_read:
-            raise ValueError(
-                f"cannot truncate request {request_id!r} to {token_count} tokens: group "
-                f"{group} (window {window}) released its first {skipped} blocks "
-                f"({skipped * state.block_size} tokens), and the next token would read "
-                f"from token {first_read}"
-            )
+    check_truncate(
+        request_id,
+        token_count,
+        table.token_count,
+        block_size=state.block_size,
+        group_windows=state.group_windows,
+        skipped_blocks=[tables[request_id].skipped_blocks for tables in state.group_tables],
+        first_reads=[first_window_token(token_count, window) for window in state.group_windows],
+    )
     keep = blocks_for_tokens(state.block_size, token_count)
     for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
@@ -425,6 +427,19 @@ def preempt(state: AllocatorState, request_id: str) -> AllocatorState:
     state = release(state, request_id)
     counters = replace(state.counters, preemptions=state.counters.preemptions + 1)
     return replace(state, counters=counters)
+
+
+def reset_prefix_cache(state: AllocatorState) -> AllocatorState:
+    """Forget every cached prefix, in every group: the cached free blocks join the tail of
+    the free queue as plain free blocks (least recently freed first, their queue order),
+    and the blocks tables hold keep their K/V but lose their keys, so no later prompt hits
+    them. Blocks the tables fill later are cached again as usual. Never refused."""
+    return replace(
+        state,
+        free_block_ids=state.free_block_ids + state.cached_free_block_ids,
+        cached_free_block_ids=(),
+        group_caches=tuple(FrozenMap[TokenIds, int]() for _ in state.group_caches),
+    )
 
 
 def take_copies(state: AllocatorState) -> AllocatorState:

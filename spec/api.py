@@ -7,7 +7,7 @@ new state. ``OPERATIONS`` maps each method name to its function; the state machi
 bounded checker, the scenario tests and the spec-side benchmark all drive spec through it
 and impl by the same name, so an operation is written down once.
 
-``impl.records.as_article`` turns a result into the record impl hands out (the article's
+``impl.spec_backed.as_article`` turns a result into the record impl hands out (the article's
 mutable table, with a ``list`` of block ids), so the two compare with ``==``.
 """
 
@@ -17,8 +17,14 @@ from typing import Any
 
 from spec import allocator, rules
 from spec.allocator import AllocatorState
-from spec.errors import check_token_ids
-from spec.records import KVBlockUsage, PromptAllocation, ReleasedBlocks, RequestBlockTable
+from spec.errors import check_block_id, check_new_tokens, check_token_count, check_token_ids
+from spec.records import (
+    AppendedSlots,
+    KVBlockUsage,
+    PromptAllocation,
+    ReleasedBlocks,
+    RequestBlockTable,
+)
 
 # Any: each step takes its own method's arguments; the table is checked by the tests
 # that call every entry against impl, not by the type checker.
@@ -100,6 +106,13 @@ def preempt(state: AllocatorState, request_id: str) -> tuple[AllocatorState, Rel
     return after, _released(state, after, request_id)
 
 
+def reset_prefix_cache(state: AllocatorState) -> tuple[AllocatorState, int]:
+    """Forget every cached prefix; returns how many cached blocks were dropped (free ones
+    and held ones, over every group)."""
+    dropped = sum(len(cache) for cache in state.group_caches)
+    return allocator.reset_prefix_cache(state), dropped
+
+
 def take_copies(state: AllocatorState) -> tuple[AllocatorState, list[tuple[int, int]]]:
     return allocator.take_copies(state), list(state.pending_copies)
 
@@ -115,14 +128,58 @@ def snapshot_request(
     return state, allocator.snapshot_request(state, request_id, group)
 
 
+# -- every KV cache group at once: what one engine step asks ----------------------------
+
+
+def snapshot_groups(
+    state: AllocatorState, request_id: str
+) -> tuple[AllocatorState, tuple[RequestBlockTable, ...]]:
+    """The request's table in every group, group 0's first; ``KeyError`` if unknown."""
+    allocator.snapshot_request(state, request_id)
+    return state, tuple(tables[request_id] for tables in state.group_tables)
+
+
+def new_token_slots(
+    state: AllocatorState, request_id: str, token_count: int
+) -> tuple[AllocatorState, AppendedSlots]:
+    """Every group's table and the slots of the request's last ``token_count`` tokens
+    (e.g. the first chunk ``allocate_prompt`` gave, past the hit); changes nothing.
+
+    Checks: an ``int`` count ``>= 0`` (TypeError, ValueError), a known request (KeyError),
+    at most the tokens it holds (ValueError)."""
+    check_token_count(token_count)
+    table = allocator.snapshot_request(state, request_id)
+    check_new_tokens(request_id, token_count, table.token_count)
+    return state, _appended_slots(state, request_id, token_count)
+
+
+def append_slots(
+    state: AllocatorState, request_id: str, token_count: int
+) -> tuple[AllocatorState, AppendedSlots]:
+    """``append_tokens``, returning every group's table and the new tokens' slots."""
+    after = allocator.append_tokens(state, request_id, token_count)
+    return after, _appended_slots(after, request_id, token_count)
+
+
+def append_token_id_slots(
+    state: AllocatorState, request_id: str, token_ids: Sequence[int]
+) -> tuple[AllocatorState, AppendedSlots]:
+    """``append_token_ids``, returning every group's table and the new tokens' slots."""
+    ids = tuple(token_ids)
+    after = allocator.append_token_ids(state, request_id, ids)
+    return after, _appended_slots(after, request_id, len(ids))
+
+
 def can_allocate(state: AllocatorState, token_count: int) -> tuple[AllocatorState, bool]:
     """Whether ``allocate`` would find its blocks: one table's worth per group."""
-    needed = rules.blocks_for_tokens(state.block_size, token_count)
-    return state, needed * len(state.group_windows) <= allocator.free_blocks(state)
+    needed = rules.blocks_for_request(state.block_size, token_count, len(state.group_windows))
+    return state, needed <= allocator.free_blocks(state)
 
 
 def ref_count(state: AllocatorState, block_id: int) -> tuple[AllocatorState, int]:
-    return state, state.ref_counts.get(block_id, 0)
+    """How many tables hold ``block_id``; an id outside the pool is refused
+    (``check_block_id``)."""
+    return state, state.ref_counts.get(check_block_id(block_id, state.total_blocks), 0)
 
 
 def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:
@@ -159,6 +216,7 @@ def truncate_blocks(
         tuple(block_id for group in dropped for block_id in group),
         tuple(b for b in in_release_order if b in now_free),
         tuple(b for b in in_release_order if b in newly_cached),
+        tuple(_stale_slots(after, tables[request_id], state) for tables in after.group_tables),
     )
 
 
@@ -175,11 +233,16 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
         "release": release,
         "release_blocks": release_blocks,
         "preempt": preempt,
+        "reset_prefix_cache": reset_prefix_cache,
         "take_copies": take_copies,
         "take_skipped_blocks": take_skipped_blocks,
         "cached_prefix_tokens": cached_prefix_tokens,
         "truncate_blocks": truncate_blocks,
         "snapshot_request": snapshot_request,
+        "snapshot_groups": snapshot_groups,
+        "new_token_slots": new_token_slots,
+        "append_slots": append_slots,
+        "append_token_id_slots": append_token_id_slots,
         "can_allocate": can_allocate,
         "ref_count": ref_count,
         "usage": usage,
@@ -191,6 +254,39 @@ def _last_slot(state: AllocatorState, request_id: str) -> int:
     table = allocator.snapshot_request(state, request_id)
     return rules.slot_index(
         state.block_size, table.block_ids, table.token_count - 1, table.skipped_blocks
+    )
+
+
+def _appended_slots(state: AllocatorState, request_id: str, token_count: int) -> AppendedSlots:
+    """Every group's table and the slots of its last ``token_count`` positions."""
+    tables = tuple(tables[request_id] for tables in state.group_tables)
+    return AppendedSlots(
+        tables,
+        tuple(
+            tuple(
+                rules.slot_index(state.block_size, t.block_ids, p, t.skipped_blocks)
+                for p in range(t.token_count - token_count, t.token_count)
+            )
+            for t in tables
+        ),
+    )
+
+
+def _stale_slots(
+    after: AllocatorState, table: RequestBlockTable, before: AllocatorState
+) -> tuple[int, ...]:
+    """The slots a truncate to ``table.token_count`` made stale in the kept last block of
+    ``table``: positions from the new length to the old one, or to the block's end, if the
+    block is partly kept and no other table holds it."""
+    block_size = after.block_size
+    kept = table.token_count
+    if kept % block_size == 0 or after.ref_counts[table.block_ids[-1]] > 1:
+        return ()
+    held_before = before.tables[table.request_id].token_count
+    block_end = (table.skipped_blocks + len(table.block_ids)) * block_size
+    return tuple(
+        rules.slot_index(block_size, table.block_ids, p, table.skipped_blocks)
+        for p in range(kept, min(held_before, block_end))
     )
 
 

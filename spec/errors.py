@@ -13,7 +13,7 @@ and pagedkv's numbers follow, so code matching the article's messages keeps matc
 - ``BlockAllocationError`` (a ``RuntimeError``): too few free blocks.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 # The largest pool and block a manager accepts. NOTE: impl keeps a few words per block
@@ -70,14 +70,23 @@ def check_pool_shape(total_blocks: object, block_size: object) -> None:
 def check_group(group: object, group_count: int) -> int:
     """Refuse a KV cache group index that is not an ``int`` (TypeError) in
     [0, group_count) (ValueError); return it."""
-    if type(group) is not int:
-        raise TypeError(f"group must be an int, got {type(group).__name__} {group!r}")
-    if not 0 <= group < group_count:
+    return _check_index("group", group, group_count, "KV cache groups")
+
+
+def check_block_id(block_id: object, total_blocks: int) -> int:
+    """Refuse a block id that is not an ``int`` (TypeError) in [0, total_blocks)
+    (ValueError); return it."""
+    return _check_index("block_id", block_id, total_blocks, "blocks")
+
+
+def _check_index(name: str, value: object, count: int, things: str) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not 0 <= value < count:
         raise ValueError(
-            f"group must be in [0, {group_count}) "
-            f"(the pool has {group_count} KV cache groups), got {group}"
+            f"{name} must be in [0, {count}) (the pool has {count} {things}), got {value}"
         )
-    return group
+    return value
 
 
 def check_group_windows(group_windows: object) -> tuple[int | None, ...]:
@@ -142,3 +151,54 @@ def duplicate_request(request_id: str) -> NoReturn:
 def unknown_request(request_id: object) -> NoReturn:
     """Raise the ``KeyError`` for a request id that holds no blocks."""
     raise KeyError(f"request has no allocated blocks: {request_id}") from None
+
+
+def tracks_token_ids(request_id: str) -> NoReturn:
+    """Raise the ``ValueError`` for a count append to a request allocated by token ids."""
+    raise ValueError(f"request {request_id!r} tracks token ids: use append_token_ids")
+
+
+def allocated_by_count(request_id: str) -> NoReturn:
+    """Raise the ``ValueError`` for a token-id append to a request allocated by count."""
+    raise ValueError(f"request {request_id!r} was allocated by count: use append_tokens")
+
+
+def check_truncate(
+    request_id: str,
+    token_count: int,
+    held_tokens: int,
+    *,
+    block_size: int,
+    group_windows: Sequence[int | None],
+    skipped_blocks: Sequence[int],
+    first_reads: Sequence[int],
+) -> None:
+    """Refuse (ValueError) to truncate a request holding ``held_tokens`` to more tokens, or
+    to a length whose next token would read, in some group, from a block its window
+    released: ``skipped_blocks[g] * block_size > first_reads[g]``, where ``first_reads[g]``
+    is ``spec.rules.first_window_token(token_count, group_windows[g])``."""
+    if token_count > held_tokens:
+        raise ValueError(
+            f"cannot truncate request {request_id!r} to {token_count} tokens: "
+            f"it holds {held_tokens}"
+        )
+    for group, (window, skipped, first_read) in enumerate(
+        zip(group_windows, skipped_blocks, first_reads, strict=True)
+    ):
+        if skipped * block_size > first_read:
+            raise ValueError(
+                f"cannot truncate request {request_id!r} to {token_count} tokens: group "
+                f"{group} (window {window}) released its first {skipped} blocks "
+                f"({skipped * block_size} tokens), and the next token would read "
+                f"from token {first_read}"
+            )
+
+
+def check_new_tokens(request_id: str, token_count: int, held_tokens: int) -> None:
+    """Refuse (ValueError) the slots of the last ``token_count`` tokens of a request that
+    holds fewer."""
+    if token_count > held_tokens:
+        raise ValueError(
+            f"cannot give the slots of the last {token_count} tokens of request "
+            f"{request_id!r}: it holds {held_tokens}"
+        )

@@ -54,11 +54,17 @@ class ReleasedBlocks:
     again); ``cached_block_ids`` went to the cached free queue (a prefix hit may revive
     them as they are). Both in release order: group by group, last block first. A block
     another table still holds is in neither.
+
+    ``stale_slots[g]`` (``truncate_blocks`` only; empty otherwise) lists, in position
+    order, the pool slots of group g that the rollback made stale in a kept last block
+    only this request holds: rows a rejected draft wrote that the request will write
+    again. A kept block another table holds is not listed: its K/V is that table's too.
     """
 
     block_ids: tuple[int, ...]
     freed_block_ids: tuple[int, ...]
     cached_block_ids: tuple[int, ...]
+    stale_slots: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +107,13 @@ class KVBlockUsage:
         if self.reserved_tokens == 0:
             return 0.0
         return self.allocated_tokens / self.reserved_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class AppendedSlots:
+    """What a step needs of one request, in every KV cache group at once: ``tables[g]`` is
+    its table in group g after the call, and ``slots[g][i]`` the pool slot the i-th new
+    token's K/V goes to in group g (``slot_index`` of each new position)."""
+
+    tables: tuple[RequestBlockTable, ...]
+    slots: tuple[tuple[int, ...], ...]

@@ -49,3 +49,19 @@ def skipped_blocks_at(block_size: int, token_count: int, window: int | None) -> 
     """How many leading blocks of a table no query at a position at or past ``token_count``
     reads: the whole blocks before ``first_window_token`` (0 with full attention)."""
     return first_window_token(token_count, window) // block_size
+
+
+def blocks_for_request(block_size: int, token_count: int, group_count: int) -> int:
+    """The blocks a new request of ``token_count`` tokens takes: a table's worth in each of
+    ``group_count`` KV cache groups (nothing is skipped before a token is computed)."""
+    return blocks_for_tokens(block_size, token_count) * group_count
+
+
+def next_skip_token_count(block_size: int, skipped_blocks: int, window: int | None) -> int | None:
+    """The least computed length L0 at which a table of a group with ``window`` that skips
+    ``skipped_blocks`` blocks skips one more: the first L0 with
+    ``skipped_blocks_at(L0) > skipped_blocks``, (skipped_blocks + 1) * block_size + W - 1;
+    ``None`` with full attention (it never skips)."""
+    if window is None:
+        return None
+    return (skipped_blocks + 1) * block_size + window - 1

@@ -5,7 +5,8 @@ from typing import Protocol
 
 import pytest
 
-from impl import BlockAllocationError, KVBlockManager, RequestBlockTable, SpecBackedManager
+from impl import BlockAllocationError, KVBlockManager, RequestBlockTable
+from impl.spec_backed import SpecBackedManager
 from spec import KVBlockUsage
 
 

@@ -9,6 +9,7 @@ from tests.support.lockstep import AllocatorMachine, WindowedAllocatorMachine, m
 from tests.support.planted_bugs import (
     PLANTED_BUGS,
     QUERY_BUGS,
+    STEP_API_BUGS,
     WINDOW_PLANTED_BUGS,
     WeakHashOnly,
 )
@@ -49,5 +50,11 @@ def test_state_machine_catches_planted_bug(broken: type[KVBlockManager]) -> None
 
 @pytest.mark.parametrize("broken", WINDOW_PLANTED_BUGS, ids=lambda cls: cls.__name__)
 def test_windowed_state_machine_catches_planted_window_bug(broken: type[KVBlockManager]) -> None:
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(machine_for(broken, WindowedAllocatorMachine), settings=CATCHING)
+
+
+@pytest.mark.parametrize("broken", STEP_API_BUGS, ids=lambda cls: cls.__name__)
+def test_windowed_state_machine_catches_planted_step_api_bug(broken: type[KVBlockManager]) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken, WindowedAllocatorMachine), settings=CATCHING)

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from impl import KVBlockManager, SpecBackedManager
+from impl import KVBlockManager
+from impl.spec_backed import SpecBackedManager
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
 
 Manager = KVBlockManager | SpecBackedManager
@@ -115,3 +116,71 @@ def test_a_request_id_that_is_not_itself_cannot_break_the_invariants() -> None:
         pool.allocate(float("nan"), 1)  # type: ignore[arg-type]
     pool.check_invariants()
     assert pool.usage().request_count == 0
+
+
+def test_the_extras_are_keyword_only_so_a_tuple_of_windows_is_not_taken_for_a_hash() -> None:
+    make: Callable[..., KVBlockManager] = KVBlockManager  # the call mypy would refuse
+    with pytest.raises(TypeError, match="positional argument"):
+        make(8, 4, (None, 4))
+    assert KVBlockManager(8, 4, group_windows=(None, 4)).group_windows == (None, 4)
+
+
+def test_a_block_hash_that_is_not_callable_is_refused_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"^block_hash must be callable, got tuple \(None, 4\)$"):
+        KVBlockManager(8, 4, block_hash=(None, 4))  # type: ignore[arg-type]
+
+
+class _HashError(Exception):
+    pass
+
+
+def _hash_that_raises_on(poison: int) -> Callable[[int, tuple[int, ...]], int]:
+    def block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
+        if poison in token_ids:
+            raise _HashError(f"cannot hash {token_ids}")
+        return hash((parent_hash, token_ids))
+
+    return block_hash
+
+
+def _impl_state(pool: KVBlockManager) -> object:
+    return (pool.to_spec(), pool.usage(), pool.pending_copies)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: m.allocate_prompt("b", [1, 2, 3, 4, 9, 9, 9, 9, 5]),
+        lambda m: m.allocate_prompt("b", [9, 2, 3, 4, 5]),
+        lambda m: m.append_token_ids("p", [4, 5, 9, 6, 7, 8]),
+        lambda m: m.append_token_ids("p", [9]),
+        lambda m: m.append_token_slot("p", 9),
+    ],
+    ids=["prompt-second-block", "prompt-first-block", "append-ids", "append-ids-one", "slot"],
+)
+def test_a_block_hash_that_raises_leaves_the_manager_unchanged(call: Call) -> None:
+    pool = KVBlockManager(8, 4, block_hash=_hash_that_raises_on(9))
+    pool.allocate_prompt("p", [1, 2, 3])
+    before = _impl_state(pool)
+    with pytest.raises(_HashError):
+        call(pool)
+    assert _impl_state(pool) == before
+    pool.check_invariants()
+    assert pool.append_token_slot("p", 4) == 3  # still usable, where it would have been
+
+
+@pytest.mark.parametrize("block_id", [-8, -1, 8, 2**40])
+@pytest.mark.parametrize("make", [SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+def test_a_ref_count_outside_the_pool_is_refused_with_the_range(
+    make: type[Manager], block_id: int
+) -> None:
+    pool = make(8, 4)
+    pool.allocate("a", 5)
+    with pytest.raises(ValueError) as refused:
+        pool.ref_count(block_id)
+    assert str(refused.value) == (
+        f"block_id must be in [0, 8) (the pool has 8 blocks), got {block_id}"
+    )
+    with pytest.raises(TypeError, match=r"^block_id must be an int, got float 1.0$"):
+        pool.ref_count(1.0)  # type: ignore[arg-type]
+    assert (pool.ref_count(0), pool.ref_count(7)) == (1, 0)

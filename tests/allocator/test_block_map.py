@@ -139,3 +139,34 @@ def test_colour_escapes_appear_only_when_asked_for(color: bool) -> None:
     assert ("\x1b[" in text) is color
     if color:
         assert "\x1b[31m[A ~]\x1b[0m\x1b[2m[.  ]\x1b[0m" in text
+
+
+def test_every_kv_cache_group_draws_its_blocks_as_held() -> None:
+    manager = KVBlockManager(8, 4, group_windows=(None, 4))
+    manager.allocate("a", 6)
+    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+        [
+            "pool: 8 blocks x 4 tokens; 4 used (0 shared), 0 cached free, 4 free",
+            "0 [A  ][A ~][A  ][A ~][.  ][.  ][.  ][.  ]",
+            "A  a: token_count = 6, block_ids = [0, 1], group 1 block_ids = [2, 3]",
+            "free_block_ids = [4, 5, 6, 7]",
+            "cached_free_block_ids = []",
+            LEGEND,
+        ]
+    )
+
+
+def test_a_block_a_window_skipped_is_drawn_free_and_the_table_says_what_it_skipped() -> None:
+    manager = KVBlockManager(8, 2, group_windows=(None, 2))
+    manager.allocate("a", 3)
+    manager.append_tokens("a", 2)  # group 1's window no longer reads block index 0 (block 2)
+    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+        [
+            "pool: 8 blocks x 2 tokens; 5 used (0 shared), 0 cached free, 3 free",
+            "0 [A  ][A  ][.  ][A  ][A ~][A ~][.  ][.  ]",
+            "A  a: token_count = 5, block_ids = [0, 1, 4], group 1 block_ids = [3, 5] (skipped 1)",
+            "free_block_ids = [6, 7, 2]",
+            "cached_free_block_ids = []",
+            LEGEND,
+        ]
+    )

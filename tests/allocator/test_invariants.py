@@ -247,7 +247,7 @@ def test_spec_append_tokens_grows_by_one_token_by_default() -> None:
 def test_the_impl_check_names_the_invariants_a_lost_free_block_breaks() -> None:
     pool = KVBlockManager(4, 2)
     pool.allocate("a", 3)
-    pool._free.pop()  # corrupt it the way a leak would
+    pool._pool.free.pop()  # corrupt it the way a leak would
     with pytest.raises(AssertionError, match=r"^allocator invariants broken: conservation, "):
         pool.check_invariants()
 
@@ -255,7 +255,7 @@ def test_the_impl_check_names_the_invariants_a_lost_free_block_breaks() -> None:
 def test_the_impl_check_catches_a_drifted_token_counter() -> None:
     pool = KVBlockManager(4, 2)
     pool.allocate("a", 3)
-    pool._allocated_tokens += 1
+    pool._counters.allocated_tokens += 1
     with pytest.raises(AssertionError, match=r"^allocator invariants broken: usage counters: "):
         pool.check_invariants()
 
@@ -263,9 +263,9 @@ def test_the_impl_check_catches_a_drifted_token_counter() -> None:
 def test_the_impl_check_catches_a_cached_block_missing_from_its_hash_bucket() -> None:
     pool = KVBlockManager(4, 2)
     pool.allocate_prompt("a", [1, 2, 3])
-    key = pool._prefix_cache.block_keys[0]
+    key = pool._groups.caches[0].block_keys[0]
     assert key is not None
-    pool._prefix_cache.buckets[key.hash_value].remove(
+    pool._groups.caches[0].buckets[key.hash_value].remove(
         0
     )  # still keyed and counted, no longer findable
     with pytest.raises(

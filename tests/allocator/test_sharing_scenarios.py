@@ -10,8 +10,8 @@ from impl import (
     KVBlockManager,
     PromptAllocation,
     RequestBlockTable,
-    SpecBackedManager,
 )
+from impl.spec_backed import SpecBackedManager
 from spec import KVBlockUsage, ReleasedBlocks
 from spec.invariants import violated_invariants
 
@@ -31,6 +31,7 @@ class SharingAllocator(Protocol):
     def release(self, request_id: str) -> list[int]: ...
     def preempt(self, request_id: str) -> ReleasedBlocks: ...
     def take_copies(self) -> list[tuple[int, int]]: ...
+    def reset_prefix_cache(self) -> int: ...
     def snapshot_request(self, request_id: str) -> RequestBlockTable: ...
     def usage(self) -> KVBlockUsage: ...
 
@@ -247,3 +248,19 @@ def test_decode_appends_cache_the_block_they_fill() -> None:
     pool.release("a")
     assert pool.cached_free_block_ids == (0,)
     assert pool.allocate_prompt("b", [1, 2, 3]).cached_tokens == 2
+
+
+def test_a_prefix_cache_reset_frees_cached_blocks_in_order_and_uncaches_held_ones(
+    make: Factory,
+) -> None:
+    pool = make(8, 2)
+    pool.allocate_prompt("a", [1, 2, 3, 4, 5])  # blocks 0, 1 cached (8 blocks of 2)
+    pool.allocate_prompt("b", [7, 7, 7])  # blocks 3, 4; block 3 cached
+    pool.release("a")  # 2 free; 1, 0 cached free
+    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((5, 6, 7, 2), (1, 0))
+    assert pool.reset_prefix_cache() == 3
+    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((5, 6, 7, 2, 1, 0), ())
+    assert pool.usage().cached_blocks == 0
+    # Block 3 is still b's, with its K/V, but no prompt hits it any more.
+    assert pool.allocate_prompt("c", [7, 7, 7]).cached_tokens == 0
+    assert pool.snapshot_request("b").block_ids == [3, 4]

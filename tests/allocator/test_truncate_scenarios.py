@@ -3,7 +3,8 @@ the spec and on the impl alike."""
 
 import pytest
 
-from impl import KVBlockManager, PromptAllocation, RequestBlockTable, SpecBackedManager
+from impl import KVBlockManager, PromptAllocation, RequestBlockTable
+from impl.spec_backed import SpecBackedManager
 
 Manager = KVBlockManager | SpecBackedManager
 TEN = list(range(1, 11))  # a 10-token prompt: two full blocks of 4 and half a third

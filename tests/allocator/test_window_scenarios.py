@@ -15,8 +15,8 @@ from impl import (
     KVBlockManager,
     PromptAllocation,
     RequestBlockTable,
-    SpecBackedManager,
 )
+from impl.spec_backed import SpecBackedManager
 from spec import KVBlockUsage, ReleasedBlocks
 
 

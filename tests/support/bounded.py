@@ -35,7 +35,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import spec
-from impl import KVBlockManager, PromptAllocation, as_article
+from impl import KVBlockManager, PromptAllocation
+from impl.spec_backed import as_article
 from spec import AllocatorState, BlockAllocationError, SharingCounters
 from spec.api import OPERATIONS
 from spec.invariants import is_window_tight
@@ -151,6 +152,7 @@ def operations(bounds: Bounds) -> list[Operation]:
         ops.append(Operation("preempt", (request_id,)))
         ops.append(Operation("release_blocks", (request_id,)))
     ops.append(Operation("take_copies"))
+    ops.append(Operation("reset_prefix_cache"))
     return ops
 
 

@@ -27,7 +27,8 @@ from hypothesis.stateful import (
 )
 
 import spec
-from impl import KVBlockManager, PromptAllocation, as_article
+from impl import KVBlockManager, PromptAllocation
+from impl.spec_backed import as_article
 from spec import AllocatorState
 from spec.api import OPERATIONS
 from spec.invariants import is_window_tight
@@ -231,16 +232,20 @@ class AllocatorMachine(RuleBasedStateMachine):
     def can_allocate(self, token_count: int) -> None:
         self._step("can_allocate", token_count)
 
-    @rule(block_id=st.integers(0, 11))
+    @rule(block_id=st.integers(-3, 11))
     def ref_count(self, block_id: int) -> None:
-        if block_id < self.model.total_blocks:
-            self._step("ref_count", block_id)
+        # Ids outside the pool too: both must refuse them alike.
+        self._step("ref_count", block_id)
 
     # -- chunked prefill and speculative decoding -------------------------------------
 
     @rule(token_ids=ANY_PROMPTS)
     def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> None:
         self._step("cached_prefix_tokens", token_ids)
+
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        self._step("reset_prefix_cache")
 
     @rule(request_id=REQUEST_IDS, token_count=st.one_of(st.integers(-1, 40), BAD_COUNTS))
     def truncate_blocks(self, request_id: str, token_count: int) -> None:
@@ -254,14 +259,26 @@ class AllocatorMachine(RuleBasedStateMachine):
         request_id = data.draw(st.sampled_from(sorted(self.model.tables)))
         before = self.model.tables[request_id].token_count
         drafts = data.draw(st.integers(1, 2 * self.model.block_size + 1))
+        # The all-groups appends an engine step makes: tables and slots in every group.
         if request_id in self.model.token_ids:
             token_ids = tuple(data.draw(st.integers(0, 3)) for _ in range(drafts))
-            appended = self._step("append_token_ids", request_id, token_ids)
+            appended = self._step("append_token_id_slots", request_id, token_ids)
         else:
-            appended = self._step("append_tokens", request_id, drafts)
+            appended = self._step("append_slots", request_id, drafts)
         if appended is not None:
             kept = before + data.draw(st.integers(0, drafts))
             self._step("truncate_blocks", request_id, kept)
+
+    @precondition(lambda self: 0 < len(self.model.tables) < 5)
+    @rule(data=st.data())
+    def fork_then_roll_back_into_the_shared_blocks(self, data: st.DataObject) -> None:
+        """A rollback of a request whose kept last block a fork still holds: its slots are
+        the fork's K/V too, so none of them is stale."""
+        parent_id = data.draw(st.sampled_from(sorted(self.model.tables)))
+        child_id = data.draw(REQUEST_IDS.filter(lambda r: r not in self.model.tables))
+        self.fork(parent_id, child_id)
+        held = self.model.tables[child_id].token_count if child_id in self.model.tables else 0
+        self.truncate_blocks(parent_id, data.draw(st.integers(0, held)))
 
     @rule(request_id=REQUEST_IDS, token_ids=PROMPTS, data=st.data())
     def prefill_in_chunks(
@@ -279,10 +296,13 @@ class AllocatorMachine(RuleBasedStateMachine):
         if allocation is None:
             return  # refused (out of blocks): nothing changed
         assert getattr(allocation, "cached_tokens", None) == done
+        # The first chunk's slots past the hit, then each later chunk with its slots.
+        self._step("new_token_slots", request_id, len(token_ids[done : done + chunk]))
         done += chunk
         while done < len(token_ids):
             chunk = data.draw(st.integers(1, 7))
-            if self._step("append_token_ids", request_id, token_ids[done : done + chunk]) is None:
+            chunk_ids = token_ids[done : done + chunk]
+            if self._step("append_token_id_slots", request_id, chunk_ids) is None:
                 return
             done += chunk
 
@@ -293,6 +313,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         tables = {request_id: as_article(t) for request_id, t in self.model.tables.items()}
         assert dict(self.target.request_tables) == tables
         assert self.target.usage() == spec.usage(self.model)
+        for request_id in self.model.tables:
+            _, groups = OPERATIONS["snapshot_groups"](self.model, request_id)
+            assert self.target.snapshot_groups(request_id) == as_article(groups)
 
     @invariant()
     def invariants_hold(self) -> None:

@@ -6,17 +6,13 @@ plants one kind of bug met in real allocators.
 
 from collections.abc import Sequence
 
-from impl import (
-    BlockAllocationError,
-    BlockKey,
-    KVBlockManager,
-    PrefixCache,
-    ReleasedBlocks,
-    RequestBlockTable,
-)
-from impl.manager import _Table
-from impl.prefix_cache import BlockHash
-from spec import check_request_id, duplicate_request
+from impl import BlockAllocationError, KVBlockManager, ReleasedBlocks, RequestBlockTable
+from impl.block_pool import BlockPool
+from impl.groups import KVCacheGroups, SlidingWindowGroup
+from impl.prefix_cache import BlockHash, BlockKey, PrefixCache
+from impl.records import AppendedSlots
+from impl.tables import Table
+from spec import blocks_for_tokens, check_request_id, duplicate_request
 
 
 class ReleasesInTableOrder(KVBlockManager):
@@ -27,7 +23,7 @@ class ReleasesInTableOrder(KVBlockManager):
     def release(self, request_id: str) -> list[int]:
         if request_id not in self._tables:
             return super().release(request_id)
-        block_ids = self._tables[request_id].block_ids
+        block_ids = self._tables[request_id].group_block_ids[0]
         block_ids.reverse()
         super().release(request_id)
         return block_ids[::-1]
@@ -41,12 +37,12 @@ class LeaksOneBlockOnRelease(KVBlockManager):
     def release(self, request_id: str) -> list[int]:
         if request_id not in self._tables:
             return super().release(request_id)
-        block_ids = list(self._tables[request_id].block_ids)
+        block_ids = list(self._tables[request_id].group_block_ids[0])
         released = super().release(request_id)
-        if block_ids and block_ids[-1] in self._free:
-            self._free.remove(block_ids[-1])
-        elif block_ids and block_ids[-1] in self._cached_free:
-            del self._cached_free[block_ids[-1]]
+        if block_ids and block_ids[-1] in self._pool.free:
+            self._pool.free.remove(block_ids[-1])
+        elif block_ids and block_ids[-1] in self._pool.cached_free:
+            del self._pool.cached_free[block_ids[-1]]
         return released
 
 
@@ -56,16 +52,14 @@ class RefusedAllocateTakesBlocks(KVBlockManager):
     __slots__ = ()
 
     def allocate(self, request_id: str, token_count: int) -> RequestBlockTable:
-        needed = self._blocks_for(token_count)
+        needed = self._blocks_for(token_count) * len(self.group_windows)
         check_request_id(request_id)
         if request_id in self._tables:
             duplicate_request(request_id)
-        taken = self._take(min(needed, self.free_blocks))
-        if len(taken) < needed:
+        if needed > self.free_blocks:
+            taken = self._pool.take(self.free_blocks, 0)  # held by no table: leaked
             raise BlockAllocationError.out_of_blocks(request_id, needed, len(taken))
-        self._tables[request_id] = _Table(taken, token_count)
-        self._allocated_tokens += token_count
-        return RequestBlockTable(request_id, list(taken), token_count)
+        return super().allocate(request_id, token_count)
 
 
 class OffByOneAtBlockBoundary(KVBlockManager):
@@ -88,7 +82,8 @@ class DecodeSlotFromStaleBlock(KVBlockManager):
             return super().append_slot(request_id)
         table = self._tables[request_id]
         offset = table.token_count % self.block_size
-        stale = table.block_ids[-1] * self.block_size + offset if table.block_ids else None
+        block_ids = table.group_block_ids[0]
+        stale = block_ids[-1] * self.block_size + offset if block_ids else None
         slot = super().append_slot(request_id)
         return slot if stale is None else stale
 
@@ -115,18 +110,6 @@ class WeakHashOnly(KVBlockManager):
         )
 
 
-class TrustsHashOnWeakHash(WeakHashOnly):
-    """(f) Takes a hash match as a prefix hit without comparing token ids, under a weak hash."""
-
-    __slots__ = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._prefix_cache = self._prefix_caches[0] = _TrustingPrefixCache(
-            self.total_blocks, self.block_hash
-        )
-
-
 class _TrustingPrefixCache(PrefixCache):
     __slots__ = ()
 
@@ -137,6 +120,13 @@ class _TrustingPrefixCache(PrefixCache):
         return bucket[0] if bucket else None
 
 
+class TrustsHashOnWeakHash(WeakHashOnly):
+    """(f) Takes a hash match as a prefix hit without comparing token ids, under a weak hash."""
+
+    __slots__ = ()
+    prefix_cache_class = _TrustingPrefixCache
+
+
 class SkipsSharedDecrement(KVBlockManager):
     """(g) Release forgets to drop the reference of a block another table still shares."""
 
@@ -145,39 +135,36 @@ class SkipsSharedDecrement(KVBlockManager):
     def release_blocks(self, request_id: str) -> ReleasedBlocks:
         if request_id not in self._tables:
             return super().release_blocks(request_id)
-        shared = [b for b in self._tables[request_id].block_ids if self._ref_counts[b] > 1]
+        ref_counts = self._pool.ref_counts
+        shared = [b for b in self._tables[request_id].group_block_ids[0] if ref_counts[b] > 1]
         released = super().release_blocks(request_id)
         for block_id in shared:
-            self._ref_counts[block_id] += 1
+            ref_counts[block_id] += 1
         return released
+
+
+class _GrowsWithoutCopying(KVCacheGroups):
+    __slots__ = ()
+
+    def grow(self, request_id: str, table: Table, token_count: int) -> None:
+        block_ids = table.group_block_ids[0]
+        ref_counts = self.pool.ref_counts
+        last = block_ids[-1] if block_ids else None
+        if last is None or ref_counts[last] < 2:
+            super().grow(request_id, table, token_count)
+            return
+        shared_count = ref_counts[last]
+        ref_counts[last] = 1  # looks unshared to the copy-on-write test
+        try:
+            super().grow(request_id, table, token_count)
+        finally:
+            ref_counts[last] = shared_count
 
 
 class SkipsCopyOnWrite(KVBlockManager):
     """(h) Appends into a shared, partly filled last block in place, without copying it."""
 
-    __slots__ = ()
-
-    def _grow(self, request_id: str, table: _Table, token_count: int) -> None:
-        last = table.block_ids[-1] if table.block_ids else None
-        if last is None or self._ref_counts[last] < 2:
-            super()._grow(request_id, table, token_count)
-            return
-        shared_count = self._ref_counts[last]
-        self._ref_counts[last] = 1  # looks unshared to the copy-on-write test
-        try:
-            super()._grow(request_id, table, token_count)
-        finally:
-            self._ref_counts[last] = shared_count
-
-
-class EvictedBlockStaysFindable(KVBlockManager):
-    """(i) Reuses a cached free block without removing its prefix from the cache."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._prefix_cache = self._prefix_caches[0] = _ForgetfulPrefixCache(
-            self.total_blocks, self.block_hash
-        )
+    groups_class = _GrowsWithoutCopying
 
 
 class _ForgetfulPrefixCache(PrefixCache):
@@ -187,45 +174,32 @@ class _ForgetfulPrefixCache(PrefixCache):
         self.cached_blocks -= 1  # counted as evicted, but the key and the bucket stay
 
 
-class TruncateKeepsTheCutBlocks(KVBlockManager):
-    """(j) Rollback shortens the table but never gives the blocks past the new length back."""
+class EvictedBlockStaysFindable(KVBlockManager):
+    """(i) Reuses a cached free block without removing its prefix from the cache."""
 
-    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
-        if (
-            request_id not in self._tables
-            or not 0 <= token_count <= self._tables[request_id].token_count
-        ):
-            return super().truncate(request_id, token_count)
-        table = self._tables[request_id]
-        keep = -(-token_count // self.block_size)
-        for block_id in table.block_ids[keep:]:
-            self._ref_counts[block_id] = 0  # unreferenced, but in no queue: leaked
-        del table.block_ids[keep:]
-        self._allocated_tokens -= table.token_count - token_count
+    prefix_cache_class = _ForgetfulPrefixCache
+
+
+class _KeepsTheCutBlocks(KVCacheGroups):
+    __slots__ = ()
+
+    def truncate(self, table: Table, token_count: int) -> ReleasedBlocks:
+        block_ids = table.group_block_ids[0]
+        keep = blocks_for_tokens(self.block_size, token_count)
+        for block_id in block_ids[keep:]:
+            self.pool.ref_counts[block_id] = 0  # unreferenced, but in no queue: leaked
+        del block_ids[keep:]
         table.token_count = token_count
         if table.token_ids is not None and table.keys is not None:
             del table.token_ids[token_count:]
             del table.keys[token_count // self.block_size :]
-        return self.snapshot_request(request_id)
+        return ReleasedBlocks((), (), ())
 
 
-class TruncatedBlockStaysCached(KVBlockManager):
-    """(k) A cached full block that rollback leaves partly filled stays findable, so a
-    later prompt would hit K/V about to be overwritten."""
+class TruncateKeepsTheCutBlocks(KVBlockManager):
+    """(j) Rollback shortens the table but never gives the blocks past the new length back."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._prefix_cache = self._prefix_caches[0] = _EvictionRefusingPrefixCache(
-            self.total_blocks, self.block_hash
-        )
-
-    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
-        assert isinstance(self._prefix_cache, _EvictionRefusingPrefixCache)
-        self._prefix_cache.refusing = True
-        try:
-            return super().truncate(request_id, token_count)
-        finally:
-            self._prefix_cache.refusing = False
+    groups_class = _KeepsTheCutBlocks
 
 
 class _EvictionRefusingPrefixCache(PrefixCache):
@@ -240,6 +214,28 @@ class _EvictionRefusingPrefixCache(PrefixCache):
             super().evict(block_id)
 
 
+class _TruncatesWithoutEvicting(KVCacheGroups):
+    __slots__ = ()
+
+    def truncate(self, table: Table, token_count: int) -> ReleasedBlocks:
+        caches = [cache for cache in self.caches if isinstance(cache, _EvictionRefusingPrefixCache)]
+        for cache in caches:
+            cache.refusing = True
+        try:
+            return super().truncate(table, token_count)
+        finally:
+            for cache in caches:
+                cache.refusing = False
+
+
+class TruncatedBlockStaysCached(KVBlockManager):
+    """(k) A cached full block that rollback leaves partly filled stays findable, so a
+    later prompt would hit K/V about to be overwritten."""
+
+    prefix_cache_class = _EvictionRefusingPrefixCache
+    groups_class = _TruncatesWithoutEvicting
+
+
 class TruncateUnsharesTheLastBlock(KVBlockManager):
     """(l) Rollback marks the table as holding only its own blocks, so the next append
     writes into a block it still shares (a fork's) in place, without a copy."""
@@ -250,30 +246,78 @@ class TruncateUnsharesTheLastBlock(KVBlockManager):
         return table
 
 
+class _SkipsEarlyWindow(SlidingWindowGroup):
+    __slots__ = ()
+
+    def skip_target(self, block_size: int, computed_tokens: int) -> int:
+        return super().skip_target(block_size, computed_tokens + 1)
+
+    def next_skip_at(self, block_size: int, skipped_blocks: int) -> int:
+        return super().next_skip_at(block_size, skipped_blocks) - 1  # the same rule, early
+
+
+class _SkipsEarly(KVCacheGroups):
+    __slots__ = ()
+    sliding_window_group = _SkipsEarlyWindow
+
+
 class SkipsABlockOneStepEarly(KVBlockManager):
     """(m) The window rule off by one: a block goes when (b + 1) * block_size <= L0 - W + 2,
     one token before the last query that reads it."""
 
-    def _skip_target(self, group: int, computed_tokens: int) -> int:
-        return super()._skip_target(group, computed_tokens + 1)
+    groups_class = _SkipsEarly
+
+
+class _NeverSkippingWindow(SlidingWindowGroup):
+    __slots__ = ()
+
+    def skip_target(self, block_size: int, computed_tokens: int) -> int:
+        return 0
+
+
+class _NeverSkipping(KVCacheGroups):
+    __slots__ = ()
+    sliding_window_group = _NeverSkippingWindow
 
 
 class NeverSkips(KVBlockManager):
     """(n) A windowed group keeps every block, as an allocator without windows does."""
 
-    def _skip_target(self, group: int, computed_tokens: int) -> int:
-        return 0
+    groups_class = _NeverSkipping
+
+
+class _SkipsButKeeps(KVCacheGroups):
+    __slots__ = ()
+
+    def skip(self, table: Table, group: int, drop: int) -> None:
+        self.pool.skip(table.group_block_ids[group][:drop], group)
 
 
 class FreesSkippedBlocksButKeepsThem(KVBlockManager):
     """(o) A hole read: the skipped blocks are freed, but ``skipped_blocks`` is not advanced
     and the table still names them, so the next request's K/V is read through it."""
 
-    def _skip_out_of_window(self, table: _Table, group: int, drop: int) -> None:
-        held = table.group_block_ids[group]
-        freed, _ = self._release_in_order(held[:drop], group)
-        for block_id in freed:
-            self._pending_skipped[block_id] = None
+    groups_class = _SkipsButKeeps
+
+
+class _ResetsFreeKeysOnly(BlockPool):
+    __slots__ = ()
+
+    def reset_caches(self) -> int:
+        dropped = 0
+        for block_id in self.cached_free:
+            self.evict(block_id)
+            dropped += 1
+        self.free.extend(self.cached_free)
+        self.cached_free.clear()
+        return dropped
+
+
+class ResetKeepsTheKeysOfHeldBlocks(KVBlockManager):
+    """(p) ``reset_prefix_cache`` forgets only the cached free blocks: blocks in use keep
+    their keys, so a later prompt still hits K/V computed before the reset."""
+
+    block_pool_class = _ResetsFreeKeysOnly
 
 
 PLANTED_BUGS: list[type[KVBlockManager]] = [
@@ -289,6 +333,7 @@ PLANTED_BUGS: list[type[KVBlockManager]] = [
     TruncateKeepsTheCutBlocks,
     TruncatedBlockStaysCached,
     TruncateUnsharesTheLastBlock,
+    ResetKeepsTheKeysOfHeldBlocks,
 ]
 
 # The bugs of the window rule: they live where only a pool with a sliding window goes, so
@@ -328,7 +373,7 @@ class PrefixQueryCoversTheLastToken(KVBlockManager):
         whole = ids[: hit + self.block_size]
         if len(whole) == len(ids) and len(ids) % self.block_size == 0:
             for block_id in range(self.total_blocks):
-                key = self._prefix_cache.block_keys[block_id]
+                key = self._groups.caches[0].block_keys[block_id]
                 if key is not None and key.prefix() == whole:
                     return len(ids)
         return hit
@@ -337,4 +382,57 @@ class PrefixQueryCoversTheLastToken(KVBlockManager):
 QUERY_BUGS: list[type[KVBlockManager]] = [
     RollbackReportsCachedBlocksAsFreed,
     PrefixQueryCoversTheLastToken,
+]
+
+# -- the all-groups step API -------------------------------------------------------------
+# Bugs in what one engine step asks at once; the windowed lockstep machine must catch them
+# (it has several groups, windows and forks).
+
+
+class StepSlotsIgnoreTheWindow(KVBlockManager):
+    """``append_slots`` and friends compute a windowed group's slots as if it skipped
+    nothing, so a step would write K/V through the wrong block."""
+
+    def _appended_slots(self, request_id: str, table: Table, token_count: int) -> AppendedSlots:
+        step = super()._appended_slots(request_id, table, token_count)
+        end = table.token_count
+        slots = tuple(
+            tuple(
+                held[min(p // self.block_size, len(held) - 1)] * self.block_size
+                + p % self.block_size
+                for p in range(end - token_count, end)
+            )
+            for held in table.group_block_ids
+        )
+        return AppendedSlots(step.tables, slots)
+
+
+class RollbackCallsSharedSlotsStale(KVBlockManager):
+    """``truncate_blocks`` reports the rolled-back slots of a kept last block a fork still
+    holds, so the engine would poison K/V the other request reads."""
+
+    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        before = self.snapshot_groups(request_id) if request_id in self._tables else ()
+        released = super().truncate_blocks(request_id, token_count)
+        stale = []
+        for group, (table, reported) in enumerate(zip(before, released.stale_slots, strict=True)):
+            kept = self.snapshot_request(request_id, group)
+            slots = reported
+            if not slots and token_count % self.block_size and kept.block_ids:
+                end = min(
+                    table.token_count, (kept.skipped_blocks + len(kept.block_ids)) * self.block_size
+                )
+                slots = tuple(
+                    kept.block_ids[-1] * self.block_size + p % self.block_size
+                    for p in range(token_count, end)
+                )
+            stale.append(slots)
+        return ReleasedBlocks(
+            released.block_ids, released.freed_block_ids, released.cached_block_ids, tuple(stale)
+        )
+
+
+STEP_API_BUGS: list[type[KVBlockManager]] = [
+    StepSlotsIgnoreTheWindow,
+    RollbackCallsSharedSlotsStale,
 ]

@@ -1,0 +1,181 @@
+"""The block pool: which blocks are free, who holds how many references, what to copy.
+
+It owns the two free queues, the ref counts, the pending copy-on-write pairs and the
+blocks sliding windows freed until the KV pool poisons them, and it takes, releases and
+evicts blocks in the order ``spec.allocator`` specifies (as vLLM v1 keeps a ``BlockPool``
+apart from its managers). It knows blocks, not requests: the tables are the caller's.
+Every operation is O(blocks it moves), with no scan of the pool or the queues.
+"""
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+
+from impl.prefix_cache import PrefixCache
+from impl.usage import UsageCounters
+
+
+class BlockPool:
+    """``total_blocks`` block ids, free or referenced, and the prefix caches of the groups
+    (``caches[g]``: group g's), which decide where a block left unreferenced goes."""
+
+    __slots__ = (
+        "cached_free",
+        "caches",
+        "counters",
+        "free",
+        "pending_copies",
+        "pending_skipped",
+        "ref_counts",
+    )
+
+    def __init__(
+        self, total_blocks: int, caches: Sequence[PrefixCache], counters: UsageCounters
+    ) -> None:
+        self.free: deque[int] = deque(range(total_blocks))
+        # NOTE: an OrderedDict, not a deque: a prefix hit revives a cached free block from
+        # anywhere in the queue, and ``del`` is O(1) there where ``deque.remove`` scans
+        # (nano-vllm's scan costs 101 ms for 64 blocks among 131k free). ``popitem(last=
+        # False)`` evicts the least recently freed block in O(1).
+        self.cached_free: OrderedDict[int, None] = OrderedDict()
+        self.ref_counts: list[int] = [0] * total_blocks
+        self.caches = list(caches)
+        self.counters = counters
+        self.pending_copies: list[tuple[int, int]] = []
+        # Blocks windows made free and uncached, in order, until ``take_skipped``; a dict
+        # so that an allocation taking one drops it in O(1).
+        self.pending_skipped: dict[int, None] = {}
+
+    @property
+    def free_blocks(self) -> int:
+        """How many blocks ``take`` may hand out: free and cached free ones."""
+        return len(self.free) + len(self.cached_free)
+
+    def take(self, count: int, group: int) -> list[int]:
+        """Take ``count`` blocks for ``group``, one reference each: free queue first, then
+        evict cached ones. A taken block stops waiting for ``take_skipped``. The caller has
+        checked that there are enough."""
+        free = self.free
+        ref_counts = self.ref_counts
+        self.counters.group_used_blocks[group] += count
+        if count <= len(free):
+            taken = [free.popleft() for _ in range(count)]
+            for block_id in taken:
+                ref_counts[block_id] = 1
+        else:
+            taken = []
+            for _ in range(count):
+                if free:
+                    block_id = free.popleft()
+                else:
+                    block_id, _ = self.cached_free.popitem(last=False)
+                    self.evict(block_id)
+                    self.counters.evictions += 1
+                ref_counts[block_id] = 1
+                taken.append(block_id)
+        if self.pending_skipped:
+            for block_id in taken:
+                self.pending_skipped.pop(block_id, None)
+        return taken
+
+    def evict(self, block_id: int) -> None:
+        """Forget the cached prefix of ``block_id``, in whichever group's cache holds it."""
+        for cache in self.caches:
+            if cache.block_keys[block_id] is not None:
+                cache.evict(block_id)
+                return
+
+    def revive(self, block_ids: Iterable[int], group: int) -> None:
+        """Add a reference to each of ``block_ids`` (prefix hits of ``group``); a cached
+        free block among them leaves its queue. The caller counted them as available."""
+        ref_counts = self.ref_counts
+        used = self.counters.group_used_blocks
+        for block_id in block_ids:
+            if ref_counts[block_id] == 0:
+                del self.cached_free[block_id]
+                used[group] += 1
+            self.add_reference(block_id)
+
+    def add_reference(self, block_id: int) -> None:
+        count = self.ref_counts[block_id] + 1
+        self.ref_counts[block_id] = count
+        if count == 2:
+            self.counters.shared_blocks += 1
+
+    def release(self, block_ids: Iterable[int], group: int) -> tuple[list[int], list[int]]:
+        """Drop one reference from each of ``block_ids`` (of ``group``) in the order given;
+        a block left with none joins the tail of the cached free queue if that group caches
+        it, else of the free queue. Returns the blocks that went to each."""
+        ref_counts = self.ref_counts
+        block_keys = self.caches[group].block_keys
+        counters = self.counters
+        freed: list[int] = []
+        cached: list[int] = []
+        for block_id in block_ids:
+            count = ref_counts[block_id] - 1
+            ref_counts[block_id] = count
+            if count == 1:
+                counters.shared_blocks -= 1
+            elif count == 0:
+                if block_keys[block_id] is None:
+                    freed.append(block_id)
+                else:
+                    cached.append(block_id)
+                    self.cached_free[block_id] = None
+        self.free.extend(freed)
+        counters.group_used_blocks[group] -= len(freed) + len(cached)
+        if self.pending_copies and (freed or cached):
+            # A copy into a block nobody holds any more is moot (see spec.release).
+            self.pending_copies = [
+                (source, destination)
+                for source, destination in self.pending_copies
+                if ref_counts[destination]
+            ]
+        return freed, cached
+
+    def release_exclusive(self, block_ids: list[int]) -> None:
+        """Free ``block_ids``, each held once and uncached (group 0 of a request allocated
+        by count and never forked), last first: ``release`` without the checks."""
+        ref_counts = self.ref_counts
+        for block_id in block_ids:
+            ref_counts[block_id] = 0
+        self.free.extend(reversed(block_ids))
+        self.counters.group_used_blocks[0] -= len(block_ids)
+
+    def skip(self, block_ids: Iterable[int], group: int) -> None:
+        """Release blocks a sliding window no longer reads, in block index order; those that
+        became free and uncached wait for ``take_skipped``."""
+        freed, _ = self.release(block_ids, group)
+        for block_id in freed:
+            self.pending_skipped[block_id] = None
+
+    def copy_last_block(self, block_ids: list[int], destination: int) -> None:
+        """Copy-on-write: ``destination`` replaces the shared last block of ``block_ids``,
+        the pair waits for ``take_copies``."""
+        source = block_ids[-1]
+        block_ids[-1] = destination
+        self.ref_counts[source] -= 1
+        if self.ref_counts[source] == 1:
+            self.counters.shared_blocks -= 1
+        self.pending_copies.append((source, destination))
+        self.counters.cow_copies += 1
+
+    def reset_caches(self) -> int:
+        """Forget every cached prefix in every group: the cached free blocks join the tail
+        of the free queue in their queue order, held blocks lose their keys. Returns how
+        many cached blocks were dropped. O(pool)."""
+        dropped = sum(cache.cached_blocks for cache in self.caches)
+        for cache in self.caches:
+            cache.clear()
+        self.free.extend(self.cached_free)
+        self.cached_free.clear()
+        return dropped
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        copies = self.pending_copies
+        self.pending_copies = []
+        return copies
+
+    def take_skipped(self) -> list[int]:
+        skipped = list(self.pending_skipped)
+        self.pending_skipped.clear()
+        return skipped

@@ -1,0 +1,80 @@
+"""The impl -> spec state mapping and the self-check, for tests and checkers (O(pool)).
+
+Nothing on an engine's path calls these: they read the pool, the groups' caches and the
+tables and build the ``spec.AllocatorState`` they stand for, so a test can compare it
+with the spec's and run the spec's invariants on it.
+"""
+
+from collections.abc import Mapping, Sequence
+
+import spec
+from impl.block_pool import BlockPool
+from impl.prefix_cache import PrefixCache
+from impl.tables import Table
+from spec import AllocatorState, FrozenMap, KVBlockUsage, SharingCounters, violated_invariants
+
+
+def to_spec(
+    block_size: int,
+    group_windows: tuple[int | None, ...],
+    pool: BlockPool,
+    tables: Mapping[str, Table],
+) -> AllocatorState:
+    """The spec state of a pool with these tables."""
+    counters = pool.counters
+    return AllocatorState(
+        block_size=block_size,
+        total_blocks=len(pool.ref_counts),
+        free_block_ids=tuple(pool.free),
+        group_tables=tuple(
+            FrozenMap(
+                {
+                    request_id: spec.RequestBlockTable(
+                        request_id,
+                        tuple(table.group_block_ids[group]),
+                        table.token_count,
+                        table.skipped_blocks[group],
+                    )
+                    for request_id, table in tables.items()
+                }
+            )
+            for group in range(len(group_windows))
+        ),
+        cached_free_block_ids=tuple(pool.cached_free),
+        ref_counts=FrozenMap(
+            {block_id: count for block_id, count in enumerate(pool.ref_counts) if count}
+        ),
+        token_ids=FrozenMap(
+            {
+                request_id: tuple(table.token_ids)
+                for request_id, table in tables.items()
+                if table.token_ids is not None
+            }
+        ),
+        group_caches=tuple(FrozenMap(dict(cache.prefixes())) for cache in pool.caches),
+        pending_copies=tuple(pool.pending_copies),
+        counters=SharingCounters(
+            prefix_hit_tokens=counters.prefix_hit_tokens,
+            evictions=counters.evictions,
+            cow_copies=counters.cow_copies,
+            preemptions=counters.preemptions,
+            skipped_blocks=counters.skipped_blocks,
+        ),
+        group_windows=group_windows,
+        pending_skipped_block_ids=tuple(pool.pending_skipped),
+    )
+
+
+def check_invariants(
+    state: AllocatorState, usage: KVBlockUsage, caches: Sequence[PrefixCache]
+) -> None:
+    """Raise ``AssertionError`` naming every spec invariant ``state`` breaks, a usage report
+    that differs from the spec's, or a cache whose index disagrees with itself."""
+    broken = violated_invariants(state)
+    if usage != spec.usage(state):
+        broken.append(f"usage counters: {usage} != {spec.usage(state)}")
+    if not all(cache.is_index_consistent() for cache in caches):
+        broken.append("cache index: hash buckets, block keys and count disagree")
+    if broken:
+        # An explicit raise, not ``assert``: it must survive ``python -O``.
+        raise AssertionError(f"allocator invariants broken: {', '.join(broken)}")

@@ -1,0 +1,120 @@
+"""Request tables: each request's mutable block lists, and the read-only views of them.
+
+``Table`` is the allocator's own record of a request (one block list per KV cache group,
+grown at its end, trimmed at its front by a sliding window); the views hand out the
+article's snapshots (``impl.records``) and never let a caller change a table.
+"""
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NoReturn, overload
+
+from impl.prefix_cache import BlockKey
+from impl.records import RequestBlockTable
+from spec import KVBlock
+
+
+class Table:
+    """A request's tables, one per KV cache group, and the tokens they hold.
+
+    ``group_block_ids[g]`` lists group g's held blocks in token order, from block index
+    ``skipped_blocks[g]`` on; no group skips again before the request reaches
+    ``next_skip_at`` tokens. ``token_ids`` and ``keys`` are ``None`` for a request allocated
+    by count; otherwise ``keys[i]`` is the prefix key of full block ``i`` (one for all
+    groups), made once when the block filled. ``exclusive`` promises one full-attention
+    group whose blocks are this table's alone and uncached (a request allocated by count
+    and never forked): its appends and release take a fast path.
+    """
+
+    __slots__ = (
+        "exclusive",
+        "group_block_ids",
+        "keys",
+        "next_skip_at",
+        "skipped_blocks",
+        "token_count",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        group_block_ids: list[list[int]],
+        token_count: int,
+        token_ids: list[int] | None = None,
+        keys: list[BlockKey] | None = None,
+        *,
+        exclusive: bool = False,
+    ) -> None:
+        self.group_block_ids = group_block_ids
+        self.skipped_blocks = [0] * len(group_block_ids)
+        self.next_skip_at = 0  # set by the groups (``KVCacheGroups.set_next_skip``)
+        self.token_count = token_count
+        self.token_ids = token_ids
+        self.keys = keys
+        self.exclusive = exclusive
+
+    def snapshot(self, request_id: str, group: int = 0) -> RequestBlockTable:
+        """A copy of the table of ``group``, as the article's calls return it."""
+        return RequestBlockTable(
+            request_id,
+            list(self.group_block_ids[group]),
+            self.token_count,
+            self.skipped_blocks[group],
+        )
+
+
+class RequestTables(Mapping[str, RequestBlockTable]):
+    """``request_tables``: a read-only live view, by request id; each read is a snapshot of
+    group 0's table.
+
+    O(1) to get and to test membership (a table read copies its block ids). Writing to it
+    raises: tables change only through the manager's operations.
+    """
+
+    __slots__ = ("_tables",)
+
+    def __init__(self, tables: dict[str, Table]) -> None:
+        self._tables = tables
+
+    def __getitem__(self, request_id: str) -> RequestBlockTable:
+        return self._tables[request_id].snapshot(request_id)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._tables
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __setitem__(self, request_id: str, table: RequestBlockTable) -> NoReturn:
+        raise TypeError("request_tables is read-only: use allocate, append_tokens or release")
+
+    def __delitem__(self, request_id: str) -> NoReturn:
+        raise TypeError("request_tables is read-only: use allocate, append_tokens or release")
+
+    def __repr__(self) -> str:
+        return f"request_tables({dict(self)!r})"
+
+
+class Blocks(Sequence[KVBlock]):
+    """``blocks``: the pool's ``KVBlock`` records by id, made on demand (O(1) memory)."""
+
+    __slots__ = ("_block_size", "_total_blocks")
+
+    def __init__(self, total_blocks: int, block_size: int) -> None:
+        self._total_blocks = total_blocks
+        self._block_size = block_size
+
+    @overload
+    def __getitem__(self, index: int) -> KVBlock: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[KVBlock]: ...
+    def __getitem__(self, index: int | slice) -> KVBlock | list[KVBlock]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._total_blocks))]
+        block_id = range(self._total_blocks)[index]  # IndexError past either end
+        return KVBlock(block_id, self._block_size)
+
+    def __len__(self) -> int:
+        return self._total_blocks

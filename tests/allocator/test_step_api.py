@@ -1,0 +1,72 @@
+"""The all-groups API, literal ids on spec and impl alike: one call gives a step every KV
+cache group's table and the new tokens' slots, and a rollback says which slots it left
+stale, so an engine asks once per request and computes no slot itself."""
+
+import pytest
+
+from impl import KVBlockManager, RequestBlockTable
+from impl.records import AppendedSlots
+from impl.spec_backed import SpecBackedManager
+from spec import ReleasedBlocks
+
+Manager = KVBlockManager | SpecBackedManager
+
+
+@pytest.fixture(params=[SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+def make(request: pytest.FixtureRequest) -> type[Manager]:
+    cls: type[Manager] = request.param
+    return cls
+
+
+def test_a_decode_append_gives_both_groups_tables_and_slots(make: type[Manager]) -> None:
+    pool = make(8, 2, group_windows=(None, 2))
+    pool.allocate("a", 3)  # group 0: [0, 1]; group 1: [2, 3]
+    step = pool.append_slots("a", 2)  # L0 = 3: the window drops block index 0 (block 2)
+    assert step == AppendedSlots(
+        (RequestBlockTable("a", [0, 1, 4], 5), RequestBlockTable("a", [3, 5], 5, 1)),
+        ((3, 8), (7, 10)),
+    )
+    assert pool.snapshot_groups("a") == step.tables
+
+
+def test_the_first_chunk_slots_start_past_the_prefix_hit(make: type[Manager]) -> None:
+    pool = make(8, 2)
+    pool.allocate_prompt("a", [1, 2, 3, 4, 5])
+    pool.release("a")  # blocks 1 and 0 stay cached
+    assert pool.allocate_prompt("b", [1, 2, 3, 4, 9, 9]).cached_tokens == 4
+    assert pool.new_token_slots("b", 2) == AppendedSlots(
+        (RequestBlockTable("b", [0, 1, 3], 6),), ((6, 7),)
+    )
+    step = pool.append_token_id_slots("b", [7])
+    assert step.slots == ((8,),)
+
+
+def test_a_rollback_reports_the_stale_slots_of_a_kept_last_block_it_holds_alone(
+    make: type[Manager],
+) -> None:
+    pool = make(8, 4, group_windows=(None, 8))
+    pool.allocate("a", 2)  # group 0: [0]; group 1: [1]
+    pool.append_slots("a", 5)  # 7 tokens: group 0 [0, 2], group 1 [1, 3]
+    released = pool.truncate_blocks("a", 5)  # keeps 2 blocks; slots of tokens 5, 6 stale
+    assert released == ReleasedBlocks((), (), (), ((9, 10), (13, 14)))
+
+
+def test_a_rollback_into_a_block_a_fork_shares_reports_nothing_stale(
+    make: type[Manager],
+) -> None:
+    pool = make(8, 4)
+    pool.allocate("a", 7)  # [0, 1]
+    pool.fork("a", "b")
+    assert pool.truncate_blocks("a", 5) == ReleasedBlocks((), (), (), ((),))
+
+
+def test_the_slots_of_more_tokens_than_a_request_holds_are_refused(make: type[Manager]) -> None:
+    pool = make(8, 4)
+    pool.allocate("a", 3)
+    with pytest.raises(
+        ValueError, match=r"^cannot give the slots of the last 4 tokens of request 'a': it holds 3$"
+    ):
+        pool.new_token_slots("a", 4)
+    with pytest.raises(ValueError, match="tracks token ids"):
+        pool.allocate_prompt("p", [1])
+        pool.append_slots("p", 1)
