@@ -7,14 +7,11 @@ and the error are the spec's own classes.
 
 from impl.manager import KVBlockManager
 from impl.prefix_cache import default_block_hash
-from impl.records import PromptAllocation, RequestBlockTable
-
-# NOTE: not public (not in ``__all__``): kept importable from here only for
-# harness/bench/allocator.py, until it imports ``impl.spec_backed`` itself.
-from impl.spec_backed import SpecBackedManager as SpecBackedManager
+from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable
 from spec import BlockAllocationError, KVBlock, KVBlockUsage, ReleasedBlocks
 
 __all__ = [
+    "AppendedSlots",
     "BlockAllocationError",
     "KVBlock",
     "KVBlockManager",

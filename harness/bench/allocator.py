@@ -27,7 +27,8 @@ from harness.bench.replay import RunTimes, timed_runs
 from harness.bench.traces import TraceRequest, make_trace
 from harness.bench.window_table import print_window_table
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
-from impl import KVBlockManager, SpecBackedManager
+from impl import KVBlockManager
+from impl.spec_backed import SpecBackedManager
 from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.allocator"

@@ -21,7 +21,7 @@ class FreesTheLastBlockTwice(KVBlockManager):
     def release_blocks(self, request_id: str) -> ReleasedBlocks:
         released = super().release_blocks(request_id)
         if released.freed_block_ids:
-            self._free.append(released.freed_block_ids[0])
+            self._pool.free.append(released.freed_block_ids[0])
         return released
 
     def release(self, request_id: str) -> list[int]:
