@@ -1,14 +1,14 @@
 """How the engine asks the manager for a request's blocks: with token ids or by count.
 
 With prefix caching, prompts go through ``allocate_prompt`` (cached full blocks are
-reused) and tokens through ``append_token_slot`` / ``append_token_ids`` (a block is cached
-when it fills); without it, through ``allocate``, ``append_slot`` and ``append_tokens``
-by count, and nothing is ever cached.
+reused) and tokens through ``append_token_id_slots`` (a block is cached when it fills);
+without it, through ``allocate`` and ``append_slots`` by count, and nothing is ever cached.
+Either append answers for every KV cache group in one call (``AppendedSlots``).
 """
 
 from dataclasses import dataclass
 
-from impl import KVBlockManager, RequestBlockTable
+from impl import AppendedSlots, KVBlockManager
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,23 +24,18 @@ class Allocation:
         manager.allocate(request_id, len(token_ids))
         return 0
 
-    def append(self, manager: KVBlockManager, request_id: str, token_id: int) -> int:
-        """Append ``token_id`` (whose K/V the next forward computes); returns its slot."""
-        if self.prefix_caching:
-            return manager.append_token_slot(request_id, token_id)
-        return manager.append_slot(request_id)
-
     def cached_tokens(self, manager: KVBlockManager, token_ids: tuple[int, ...]) -> int:
         """How many tokens of the prompt ``token_ids`` ``allocate`` would find cached."""
         return manager.cached_prefix_tokens(token_ids) if self.prefix_caching else 0
 
-    def extend(
+    def append(
         self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]
-    ) -> RequestBlockTable:
-        """Append several tokens in one operation (a prefill chunk, a token and its drafts)."""
+    ) -> AppendedSlots:
+        """Append the tokens one forward computes (a decode token and its drafts, a prefill
+        chunk) in one operation; returns every group's table and the tokens' slots."""
         if self.prefix_caching:
-            return manager.append_token_ids(request_id, token_ids)
-        return manager.append_tokens(request_id, len(token_ids))
+            return manager.append_token_id_slots(request_id, token_ids)
+        return manager.append_slots(request_id, len(token_ids))
 
 
 PREFIX_CACHING = Allocation(prefix_caching=True)

@@ -46,11 +46,7 @@ from harness.runtime.sampling import continuation_first_tokens, logits_to_host, 
 from harness.runtime.scheduler import NO_SCHEDULING, Scheduler, Scheduling
 from harness.runtime.speculation import accepted_tokens
 from harness.runtime.step_batch import StepMetadata, pack_step
-from impl import KVBlockManager, RequestBlockTable
-from spec import slot_index
-
-# A request's new slots (KV cache group 0) and its table after this step's tokens.
-Grown = tuple[list[int], RequestBlockTable]
+from impl import AppendedSlots, KVBlockManager
 
 
 class Engine:
@@ -166,12 +162,17 @@ class Engine:
         running: list[RunningRequest],
         waiting: deque[RunningRequest],
         scheduled: list[RunningRequest],
-    ) -> dict[str, Grown]:
+    ) -> dict[str, AppendedSlots]:
         """Give every ``scheduled`` request the slots of its tokens (a decode's token and
         drafts, a prefill's next chunk), preempting when the pool is dry
         (``append_or_preempt``); victims go back to the head of ``waiting`` in admission
-        order."""
-        grown: dict[str, Grown] = {}
+        order.
+
+        NOTE: the copy-on-write copies the appends ask for are made in the store before any
+        victim is preempted, and once after the last append: a victim's release may free a
+        copy's source block, which a poisoned pool would fill with NaN before the copy.
+        """
+        grown: dict[str, AppendedSlots] = {}
         scheduled_ids = {r.request.request_id for r in scheduled}
 
         def grow(current: RunningRequest) -> None:
@@ -179,10 +180,12 @@ class Engine:
                 grown[current.request.request_id] = self._grow(current)
 
         def preempt(victim: RunningRequest) -> None:
+            self._copy_pending_blocks()
             self._preempt(victim)
             waiting.appendleft(victim)
 
         append_or_preempt(running, grow, preempt)
+        self._copy_pending_blocks()
         return grown
 
     def _forward_groups(self, running: list[RunningRequest]) -> list[list[RunningRequest]]:
@@ -191,54 +194,38 @@ class Engine:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def _grow(self, running: RunningRequest) -> Grown:
-        """The slots of the tokens this forward feeds (a prefill chunk, one appended token,
-        or a token and its drafts) and the request's table after them.
+    def _grow(self, running: RunningRequest) -> AppendedSlots:
+        """Every group's table and the slots of the tokens this forward feeds (a prefill
+        chunk, one appended token, or a token and its drafts): one manager call.
 
-        A later chunk, or a token with drafts, is added in one operation (``extend``):
-        everything one forward computes is one allocator step. An admission's first chunk
-        was allocated by ``Scheduler.admit``.
-
-        NOTE: a copy-on-write copy the append asks for is made in the store right here,
-        not just before the forward: a victim preempted later in this step may release the
-        copy's source block, which a poisoned pool would fill with NaN before the copy.
+        Everything one forward computes is one allocator step. An admission's first chunk
+        was allocated by ``Scheduler.admit``; its slots are asked for here.
         """
-        manager = self.manager
         request_id = running.request.request_id
-        if not running.prefill and len(running.pending_ids) == 1:
-            (token_id,) = running.pending_ids
-            new_slots = [self.allocation.append(manager, request_id, token_id)]
-            self._copy_pending_blocks()
-            return new_slots, manager.snapshot_request(request_id)
-        table = manager.snapshot_request(request_id)
-        if table.token_count == running.computed:
-            table = self.allocation.extend(manager, request_id, tuple(running.pending_ids))
-            self._copy_pending_blocks()
-        first_new = table.token_count - len(running.pending_ids)
-        new_slots = [  # past the blocks a prefix hit left skipped
-            slot_index(manager.block_size, table.block_ids, position, table.skipped_blocks)
-            for position in range(first_new, table.token_count)
-        ]
-        return new_slots, table
+        if running.allocated:
+            running.allocated = False
+            return self.manager.new_token_slots(request_id, len(running.pending_ids))
+        return self.allocation.append(self.manager, request_id, tuple(running.pending_ids))
 
     def _copy_pending_blocks(self) -> None:
         copies = self.manager.take_copies()
         if copies:
             self.store.copy_blocks(copies)
 
-    def _forward(self, group: list[RunningRequest], grown: dict[str, Grown]) -> torch.Tensor:
+    def _forward(
+        self, group: list[RunningRequest], grown: dict[str, AppendedSlots]
+    ) -> torch.Tensor:
         """One forward of ``group``: float32 logits ``[rows, vocab]`` on the device, each
         request's ``logit_rows`` in turn (a decode's one per fed token, a prefill's last
         chunk one, an earlier chunk none)."""
-        tables = [grown[running.request.request_id][1] for running in group]
-        new_slots = [grown[running.request.request_id][0] for running in group]
+        steps = [grown[running.request.request_id] for running in group]
+        tables = [step.tables[0] for step in steps]
+        new_slots = [list(step.slots[0]) for step in steps]
         for running, table in zip(group, tables, strict=True):
             running.output.max_blocks = max(running.output.max_blocks, len(table.block_ids))
-        self._copy_pending_blocks()  # none left by _grow; kept for any other caller
         # Each request's table in KV cache groups 1.. (sliding windows), as grown.
         group_tables = [
-            [self.manager.snapshot_request(table.request_id, group) for table in tables]
-            for group in range(1, len(self.manager.group_windows))
+            [step.tables[group] for step in steps] for group in range(1, len(steps[0].tables))
         ]
         plan = self.store.plan(tables, new_slots, group_tables)
         kernel = self.attention.prepare(self.store, tables, plan)  # once per step, all layers
@@ -328,29 +315,21 @@ class Engine:
         fed_end = running.computed + len(drafts) + 1
         running.computed += len(emitted)
         if running.computed < fed_end:
-            self._roll_back(running, fed_end)
+            self._roll_back(running)
 
-    def _roll_back(self, running: RunningRequest, fed_end: int) -> None:
+    def _roll_back(self, running: RunningRequest) -> None:
         """Truncate the request to its ``computed`` tokens (the rejected drafts' K/V go).
 
         The store hears of the blocks that became free and uncached and of the rolled-back
-        slots of a kept last block only this request holds: a poisoned pool fills both
-        with NaN, so a stale read of a rejected draft's K/V shows. A kept block another
-        request also holds (a prefix hit on a block the drafts filled) keeps its K/V.
+        slots of a kept last block only this request holds (``stale_slots``, every group's):
+        a poisoned pool fills both with NaN, so a stale read of a rejected draft's K/V
+        shows. A kept block another request also holds (a prefix hit on a block the drafts
+        filled) keeps its K/V.
         """
-        manager = self.manager
         request_id = running.request.request_id
-        keep = running.computed
-        released = manager.truncate_blocks(request_id, keep)
-        block_size = manager.block_size
-        slots: list[int] = []
-        for group in range(len(manager.group_windows)):  # each KV cache group's last block
-            table = manager.snapshot_request(request_id, group)
-            block_ids, skipped = table.block_ids, table.skipped_blocks
-            if keep % block_size and manager.ref_count(block_ids[-1]) == 1:
-                end = min(fed_end, (skipped + len(block_ids)) * block_size)
-                slots += [slot_index(block_size, block_ids, p, skipped) for p in range(keep, end)]
-        self.store.truncate(request_id, list(released.freed_block_ids), slots)
+        released = self.manager.truncate_blocks(request_id, running.computed)
+        stale = [slot for group_slots in released.stale_slots for slot in group_slots]
+        self.store.truncate(request_id, list(released.freed_block_ids), stale)
 
     def _fork(self, parent: RunningRequest, logits: torch.Tensor) -> list[RunningRequest]:
         """Fork the parent's ``n - 1`` children right after its first token was sampled.

@@ -95,6 +95,8 @@ class RunningRequest:
     prefill: bool = True  # it is feeding the tokens of its (re)admission, chunk by chunk
     prefill_ids: tuple[int, ...] = ()  # the tokens its (re)admission prefills
     computed: int = 0  # tokens of its table whose K/V are in the pool
+    allocated: bool = False  # its pending tokens are in its table already (an admission's
+    # first chunk, which ``Scheduler.admit`` allocated with the prompt)
 
     @property
     def last_chunk(self) -> bool:

@@ -119,14 +119,12 @@ def usage_sample(manager: KVBlockManager) -> UsageSample:
     """The pool now: ``manager``'s usage, and the blocks its tables name or skipped over
     every KV cache group."""
     usage = manager.usage()
-    table_blocks = sum(len(table.block_ids) for table in manager.request_tables.values())
-    skipped = 0
-    for group in range(1, len(manager.group_windows)):
-        for request_id in manager.request_tables:
-            table = manager.snapshot_request(request_id, group)
-            table_blocks += len(table.block_ids)
-            skipped += table.skipped_blocks
-    skipped += sum(table.skipped_blocks for table in manager.request_tables.values())
+    if len(manager.group_windows) == 1:
+        tables = list(manager.request_tables.values())
+    else:  # one read per request gives its table in every group
+        tables = [t for rid in manager.request_tables for t in manager.snapshot_groups(rid)]
+    table_blocks = sum(len(table.block_ids) for table in tables)
+    skipped = sum(table.skipped_blocks for table in tables)
     # NOTE: the cached free queue is copied to count it (O(cached free blocks)), like the
     # tables above; the manager has no O(1) count of it.
     return UsageSample(

@@ -103,6 +103,7 @@ class Scheduler:
         waiting.computed = hit
         waiting.pending_ids = list(token_ids[hit:end])
         waiting.prefill = True
+        waiting.allocated = True
         return True
 
     def schedule(self, running: list[RunningRequest]) -> list[RunningRequest]:

@@ -20,7 +20,7 @@ from harness.runtime.events import PoolEvent
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.results import EngineResult
 from harness.runtime.scheduler import Scheduler, Scheduling
-from impl import KVBlockManager, PromptAllocation, RequestBlockTable
+from impl import AppendedSlots, KVBlockManager, PromptAllocation
 from tests.support.harness_cases import (
     dense,
     dense_trace,
@@ -37,7 +37,7 @@ MAX_STEPS = 400  # far more than any run here takes; a planted bug may never fin
 
 class ChunkRecorder(KVBlockManager):
     """A correct manager that records each request's token count after every prompt
-    allocation and every multi-token append (the chunk boundaries)."""
+    allocation and every append (the chunk boundaries, and decode tokens past the prompt)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -50,10 +50,10 @@ class ChunkRecorder(KVBlockManager):
         self.hits.setdefault(request_id, []).append(allocation.cached_tokens)
         return allocation
 
-    def append_token_ids(self, request_id: str, token_ids: Sequence[int]) -> RequestBlockTable:
-        table = super().append_token_ids(request_id, token_ids)
-        self.boundaries.setdefault(request_id, []).append(table.token_count)
-        return table
+    def append_token_id_slots(self, request_id: str, token_ids: Sequence[int]) -> AppendedSlots:
+        step = super().append_token_id_slots(request_id, token_ids)
+        self.boundaries.setdefault(request_id, []).append(step.tables[0].token_count)
+        return step
 
 
 class PreemptRecorder(Engine):
@@ -72,7 +72,7 @@ class BudgetRecorder(Engine):
     fed: ClassVar[list[int]] = []
 
     def _forward(
-        self, group: list[RunningRequest], grown: dict[str, tuple[list[int], RequestBlockTable]]
+        self, group: list[RunningRequest], grown: dict[str, AppendedSlots]
     ) -> torch.Tensor:
         self.fed.append(sum(len(r.pending_ids) for r in group))
         return super()._forward(group, grown)
@@ -247,7 +247,7 @@ class SkipsAChunkEngine(Engine):
         skipped = min(len(running.pending_ids), len(running.prefill_ids) - start - 1)
         if running.output.prefill_chunks == 1 and skipped > 0:
             chunk = running.prefill_ids[start : start + skipped]
-            self.allocation.extend(self.manager, running.request.request_id, chunk)
+            self.allocation.append(self.manager, running.request.request_id, chunk)
             running.computed += skipped
 
 

@@ -302,16 +302,16 @@ def test_a_pool_sized_for_the_requests_never_needs_room_for_drafts_beyond_max_to
 class NoRollbackEngine(Engine):
     """Planted bug: rejected drafts stay in the table (no truncate)."""
 
-    def _roll_back(self, running: RunningRequest, fed_end: int) -> None:
-        running.computed = fed_end
+    def _roll_back(self, running: RunningRequest) -> None:
+        pass  # the table keeps the rejected drafts' tokens and K/V
 
 
 class RollsBackOneShortEngine(Engine):
     """Planted bug: the rollback keeps one rejected draft (truncate one token short)."""
 
-    def _roll_back(self, running: RunningRequest, fed_end: int) -> None:
+    def _roll_back(self, running: RunningRequest) -> None:
         running.computed += 1
-        super()._roll_back(running, fed_end)
+        super()._roll_back(running)
 
 
 @pytest.mark.parametrize("bug", [NoRollbackEngine, RollsBackOneShortEngine])

@@ -27,7 +27,7 @@ from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 from harness.runtime.kv_store import KVStore
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.results import EngineResult
-from impl import KVBlockManager, ReleasedBlocks, RequestBlockTable
+from impl import AppendedSlots, KVBlockManager, ReleasedBlocks, RequestBlockTable
 from spec import slot_index
 
 
@@ -148,9 +148,11 @@ class SwappedBlockManager(KVBlockManager):
 
     __slots__ = ()
 
-    def append_slot(self, request_id: str) -> int:
-        slot = super().append_slot(request_id)
-        return (slot + self.block_size) % (self.total_blocks * self.block_size)
+    def append_slots(self, request_id: str, token_count: int) -> AppendedSlots:
+        step = super().append_slots(request_id, token_count)
+        pool_slots = self.total_blocks * self.block_size
+        shifted = tuple((slot + self.block_size) % pool_slots for slot in step.slots[0])
+        return AppendedSlots(step.tables, (shifted, *step.slots[1:]))
 
 
 class RecordingManager(KVBlockManager):
@@ -188,18 +190,19 @@ class EarlyReleaseEngine(Engine):
         super().__init__(model, manager, store, eos_token_id, allocation, attention=attention)
         self._stale: dict[str, RequestBlockTable] = {}
 
-    def _grow(self, running: RunningRequest) -> tuple[list[int], RequestBlockTable]:
+    def _grow(self, running: RunningRequest) -> AppendedSlots:
         request_id = running.request.request_id
         stale = self._stale.get(request_id)
         if stale is not None:
             grown = RequestBlockTable(request_id, stale.block_ids, stale.token_count + 1)
             self._stale[request_id] = grown
-            return [slot_index(self.manager.block_size, grown.block_ids, stale.token_count)], grown
-        new_slots, table = super()._grow(running)
+            slot = slot_index(self.manager.block_size, grown.block_ids, stale.token_count)
+            return AppendedSlots((grown,), ((slot,),))
+        step = super()._grow(running)
         if running.request.max_new_tokens - len(running.output.token_ids) == 2:
-            self._stale[request_id] = table
+            self._stale[request_id] = step.tables[0]
             self.store.release(request_id, self.manager.release(request_id))
-        return new_slots, table
+        return step
 
     def _release(self, running: RunningRequest) -> None:
         if running.request.request_id not in self._stale:
