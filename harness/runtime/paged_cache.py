@@ -29,8 +29,8 @@ from transformers.cache_utils import (
 
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.kv_store import KVPlan
-from impl import BlockAllocationError, KVBlockManager
-from spec import blocks_for_tokens, first_window_token, slot_index
+from impl import AppendedSlots, BlockAllocationError, KVBlockManager
+from spec import blocks_for_tokens, first_window_token
 
 
 class PagedCache(Cache):
@@ -84,31 +84,22 @@ class PagedCache(Cache):
             raise BlockAllocationError.out_of_blocks(
                 self.request_ids[row], per_row, free - row * per_row
             )
-        new_slots: list[list[int]] = []
-        for request_id in self.request_ids:
+        steps: list[AppendedSlots] = []
+        for request_id in self.request_ids:  # one call per row: every group's table and slots
             if self.token_count == 0:
-                table = manager.allocate(request_id, new_tokens)
-            elif new_tokens == 1:
-                new_slots.append([manager.append_slot(request_id)])
-                continue
+                manager.allocate(request_id, new_tokens)
+                steps.append(manager.new_token_slots(request_id, new_tokens))
             else:
-                table = manager.append_tokens(request_id, new_tokens)
-            new_slots.append(
-                [
-                    slot_index(block_size, table.block_ids, position, table.skipped_blocks)
-                    for position in range(self.token_count, table.token_count)
-                ]
-            )
+                steps.append(manager.append_slots(request_id, new_tokens))
         self.token_count += new_tokens
         skipped = manager.take_skipped_blocks()
         if skipped:
             self.pool.release_out_of_window(skipped)
-        tables = [manager.snapshot_request(request_id) for request_id in self.request_ids]
-        group_tables = [
-            [manager.snapshot_request(request_id, group) for request_id in self.request_ids]
-            for group in groups
-        ]
-        self.plan = self.pool.plan(tables, new_slots, group_tables)
+        self.plan = self.pool.plan(
+            [step.tables[0] for step in steps],
+            [list(step.slots[0]) for step in steps],
+            [[step.tables[group] for step in steps] for group in groups],
+        )
         return self.plan
 
     def release(self) -> None:
