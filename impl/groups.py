@@ -15,10 +15,8 @@ from typing import ClassVar
 
 from impl.block_pool import BlockPool
 from impl.prefix_cache import ROOT_HASH, BlockHash, BlockKey, PrefixCache, default_block_hash
-from impl.tables import Table
+from impl.tables import NEVER, Table
 from spec import (
-    MAX_BLOCK_SIZE,
-    MAX_TOTAL_BLOCKS,
     BlockAllocationError,
     ReleasedBlocks,
     blocks_for_tokens,
@@ -28,7 +26,6 @@ from spec import (
 from spec.rules import next_skip_token_count
 
 # A token count no request reaches: the next skip of a table with no windowed group.
-NEVER = MAX_TOTAL_BLOCKS * MAX_BLOCK_SIZE
 
 
 class FullAttentionGroup:

@@ -101,6 +101,10 @@ class KVBlockManager:
         # A request allocated by count in a pool of one full-attention group holds its
         # blocks alone until a fork: its decode appends and release take a fast path.
         self._exclusive_tables = self.group_windows == (None,)
+        # Whether any group slides a window: only then does a new table need its next skip.
+        self._windowed = any(window is not None for window in self.group_windows)
+        # The pool's ref counts (one list for the pool's life), for the in-block decode paths.
+        self._ref_counts = self._pool.ref_counts
 
     # -- read-only views (copies; not for the hot path) -------------------------------
 
@@ -188,7 +192,8 @@ class KVBlockManager:
             token_count,
             exclusive=self._exclusive_tables,
         )
-        self._groups.set_next_skip(table)
+        if self._windowed:
+            self._groups.set_next_skip(table)
         self._tables[request_id] = table
         self._counters.allocated_tokens += token_count
         return table.snapshot(request_id)
@@ -334,29 +339,26 @@ class KVBlockManager:
         block_size = self.block_size
         offset = position % block_size
         block_ids = table.group_block_ids[0]
-        keys = table.keys
-        assert keys is not None, "a table with token ids has keys"
-        new_keys = None
         if offset == block_size - 1:
             # The token fills its block: hashed before anything changes, so that a hash
             # that raises changes nothing.
+            keys = table.keys
+            assert keys is not None, "a table with token ids has keys"
             new_keys = self._groups.caches[0].next_keys(token_ids, keys, (token_id,), block_size)
-        # NOTE: the fast case of ``KVCacheGroups.grow`` inlined for one group (a call is a
-        # sixth of this path): the token lands in the request's own last block.
-        if (
-            offset
-            and position < table.next_skip_at
-            and self._pool.ref_counts[block_ids[-1]] == 1
-            and len(table.group_block_ids) == 1
-        ):
-            table.token_count = position + 1
-            self._counters.allocated_tokens += 1
-        else:
-            self._groups.grow(request_id, table, 1)  # opens a block or copies a shared one
-        token_ids.append(token_id)
-        if new_keys is not None:
+            self._groups.grow(request_id, table, 1)
+            token_ids.append(token_id)
             keys.extend(new_keys)
             self._groups.cache_full_blocks(table, position // block_size)
+        elif offset and self._exclusive_tables and self._ref_counts[block_ids[-1]] == 1:
+            # NOTE: the fast case of ``KVCacheGroups.grow`` inlined for one full-attention
+            # group (a call is a third of this path): the token lands in the request's own
+            # last block and fills nothing.
+            table.token_count = position + 1
+            self._counters.allocated_tokens += 1
+            token_ids.append(token_id)
+        else:
+            self._groups.grow(request_id, table, 1)  # opens a block or copies a shared one
+            token_ids.append(token_id)
         return block_ids[-1] * block_size + offset
 
     def fork(self, parent_id: str, child_id: str) -> RequestBlockTable:

@@ -10,7 +10,10 @@ from typing import NoReturn, overload
 
 from impl.prefix_cache import BlockKey
 from impl.records import RequestBlockTable
-from spec import KVBlock
+from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS, KVBlock
+
+# A token count no request reaches: the next skip of a table no window slides.
+NEVER = MAX_TOTAL_BLOCKS * MAX_BLOCK_SIZE
 
 
 class Table:
@@ -46,7 +49,8 @@ class Table:
     ) -> None:
         self.group_block_ids = group_block_ids
         self.skipped_blocks = [0] * len(group_block_ids)
-        self.next_skip_at = 0  # set by the groups (``KVCacheGroups.set_next_skip``)
+        # With a windowed group, set by ``KVCacheGroups.set_next_skip``; else it stays NEVER.
+        self.next_skip_at = NEVER
         self.token_count = token_count
         self.token_ids = token_ids
         self.keys = keys
