@@ -321,8 +321,9 @@ class KVCacheGroups:
         assert table.token_ids is not None and table.keys is not None, "only token tables cache"
         keys = table.keys
         block_size = self.block_size
-        self.caches[0].extend_keys(table.token_ids, keys, block_size)
         full_blocks = len(table.token_ids) // block_size
+        if len(keys) < full_blocks:  # a caller that hashed first has made them already
+            self.caches[0].extend_keys(table.token_ids, keys, block_size)
         for cache, held, skipped in zip(
             self.caches, table.group_block_ids, table.skipped_blocks, strict=True
         ):

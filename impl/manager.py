@@ -339,26 +339,25 @@ class KVBlockManager:
         block_size = self.block_size
         offset = position % block_size
         block_ids = table.group_block_ids[0]
+        keys = table.keys
+        assert keys is not None, "a table with token ids has keys"
+        new_keys = None
         if offset == block_size - 1:
             # The token fills its block: hashed before anything changes, so that a hash
             # that raises changes nothing.
-            keys = table.keys
-            assert keys is not None, "a table with token ids has keys"
             new_keys = self._groups.caches[0].next_keys(token_ids, keys, (token_id,), block_size)
-            self._groups.grow(request_id, table, 1)
-            token_ids.append(token_id)
-            keys.extend(new_keys)
-            self._groups.cache_full_blocks(table, position // block_size)
-        elif offset and self._exclusive_tables and self._ref_counts[block_ids[-1]] == 1:
+        if offset and self._exclusive_tables and self._ref_counts[block_ids[-1]] == 1:
             # NOTE: the fast case of ``KVCacheGroups.grow`` inlined for one full-attention
             # group (a call is a third of this path): the token lands in the request's own
-            # last block and fills nothing.
+            # last block.
             table.token_count = position + 1
             self._counters.allocated_tokens += 1
-            token_ids.append(token_id)
         else:
             self._groups.grow(request_id, table, 1)  # opens a block or copies a shared one
-            token_ids.append(token_id)
+        token_ids.append(token_id)
+        if new_keys is not None:
+            keys.extend(new_keys)
+            self._groups.cache_full_blocks(table, position // block_size)
         return block_ids[-1] * block_size + offset
 
     def fork(self, parent_id: str, child_id: str) -> RequestBlockTable:
