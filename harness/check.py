@@ -61,6 +61,7 @@ def check_model(
     batch_invariant: bool = False,
     speculate: int | None = None,
     max_batch_tokens: int | None = None,
+    salts: int | None = None,
     name: str | None = None,
     observer: PoolObserver | None = None,
     progress: Callable[[str], None] | None = None,
@@ -70,7 +71,9 @@ def check_model(
 
     ``total_blocks=None``: about a quarter of what all requests need at once (so blocks are
     reused and requests preempted), at least one whole request. ``n``: continuations per
-    prompt (forked, sharing the prompt's blocks). Refuses bad settings with ``CheckSettingsError``
+    prompt (forked, sharing the prompt's blocks). ``salts=K``: K cache salts (``tenant0`` ..
+    ``tenant{K-1}``) assigned round-robin over the prompts, so a prompt hits only blocks of
+    its own tenant; ``None``: no salt. Refuses bad settings with ``CheckSettingsError``
     (``UsageError`` for what the model cannot serve) before any generation.
     """
     if attention not in ATTENTION_BACKENDS:
@@ -83,6 +86,7 @@ def check_model(
         ("arrival_gap", arrival_gap, 0),
         ("speculate", speculate, 1),
         ("max_batch_tokens", max_batch_tokens, 1),
+        ("salts", salts, 1),
     ):
         if value is not None and value < least:
             raise CheckSettingsError(f"{setting} must be >= {least}, got {value}")
@@ -100,6 +104,7 @@ def check_model(
             max_new_tokens,
             arrival_step=number * arrival_gap,
             num_continuations=n,
+            cache_salt=None if salts is None else f"tenant{number % salts}",
         )
         for number, prompt in enumerate(prompts)
     ]

@@ -41,6 +41,13 @@ def to_spec(
             for group in range(len(group_windows))
         ),
         cached_free_block_ids=tuple(pool.cached_free),
+        cache_salts=FrozenMap(
+            {
+                request_id: table.cache_salt
+                for request_id, table in tables.items()
+                if table.cache_salt is not None
+            }
+        ),
         ref_counts=FrozenMap(
             {block_id: count for block_id, count in enumerate(pool.ref_counts) if count}
         ),

@@ -14,7 +14,7 @@ front (``impl.manager``) has done that before it calls in.
 from typing import ClassVar
 
 from impl.block_pool import BlockPool
-from impl.prefix_cache import ROOT_HASH, BlockHash, BlockKey, PrefixCache, default_block_hash
+from impl.prefix_cache import BlockHash, BlockKey, PrefixCache, default_block_hash
 from impl.tables import NEVER, Table
 from spec import (
     BlockAllocationError,
@@ -259,9 +259,11 @@ class KVCacheGroups:
             del table.keys[token_count // block_size :]
         return ReleasedBlocks(tuple(dropped), tuple(freed), tuple(cached), tuple(stale))
 
-    def match(self, token_ids: tuple[int, ...]) -> tuple[int, list[list[int]], list[BlockKey]]:
-        """The hit rule of ``spec.allocator``: the cached tokens, each group's hit blocks
-        (those not born skipped) and the keys made (one per block hashed).
+    def match(
+        self, token_ids: tuple[int, ...], cache_salt: str | None
+    ) -> tuple[int, list[list[int]], list[BlockKey]]:
+        """The hit rule of ``spec.allocator`` under ``cache_salt``: the cached tokens, each
+        group's hit blocks (those not born skipped) and the keys made (one per block hashed).
 
         Hashes every full block before the last token, but stops at the first block a full
         group misses (no hit can pass it); O(blocks x groups), as vLLM's hybrid hit search.
@@ -277,7 +279,7 @@ class KVCacheGroups:
         # found[g][i]: group g's cached block for block index i, or None.
         found: list[list[int | None]] = [[] for _ in caches]
         parent: BlockKey | None = None
-        parent_hash = ROOT_HASH
+        parent_hash = caches[0].root_hash(cache_salt)
         longest = hit_limit
         for index in range(hit_limit):
             chunk = token_ids[index * block_size : (index + 1) * block_size]
@@ -288,14 +290,14 @@ class KVCacheGroups:
             key: BlockKey | None = None
             missed = False
             for group, cache in enumerate(caches):
-                block_id = cache.lookup(parent, chunk, hash_value)
+                block_id = cache.lookup(parent, chunk, hash_value, cache_salt)
                 found[group].append(block_id)
                 if block_id is None:
                     missed = missed or groups[group].window is None
                 elif key is None:
                     # The cached key object itself, so later lookups meet the very parent.
                     key = cache.block_keys[block_id]
-            keys.append(BlockKey(parent, chunk, hash_value) if key is None else key)
+            keys.append(BlockKey(parent, chunk, hash_value, cache_salt) if key is None else key)
             if missed:
                 longest = index
                 break
@@ -323,7 +325,7 @@ class KVCacheGroups:
         block_size = self.block_size
         full_blocks = len(table.token_ids) // block_size
         if len(keys) < full_blocks:  # a caller that hashed first has made them already
-            self.caches[0].extend_keys(table.token_ids, keys, block_size)
+            self.caches[0].extend_keys(table.token_ids, keys, block_size, table.cache_salt)
         for cache, held, skipped in zip(
             self.caches, table.group_block_ids, table.skipped_blocks, strict=True
         ):

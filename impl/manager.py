@@ -40,6 +40,7 @@ from spec import (
     blocks_for_request,
     blocks_for_tokens,
     check_block_id,
+    check_cache_salt,
     check_group,
     check_group_windows,
     check_new_tokens,
@@ -198,15 +199,20 @@ class KVBlockManager:
         self._counters.allocated_tokens += token_count
         return table.snapshot(request_id)
 
-    def allocate_prompt(self, request_id: str, token_ids: Sequence[int]) -> PromptAllocation:
-        """Give a new request blocks for its prompt, reusing the longest cached prefix.
+    def allocate_prompt(
+        self, request_id: str, token_ids: Sequence[int], cache_salt: str | None = None
+    ) -> PromptAllocation:
+        """Give a new request blocks for its prompt, reusing the longest prefix cached under
+        its ``cache_salt`` (``None``: no salt, a namespace of its own).
 
-        Hits never cover the prompt's last token. Every block the prompt fills is cached.
+        Hits never cover the prompt's last token. Every block the prompt fills is cached
+        under its salt.
         """
         self._check_new(request_id)
         ids = tuple(token_ids)
         check_token_ids(ids)
-        cached_tokens, group_hits, keys = self._groups.match(ids)
+        check_cache_salt(cache_salt)
+        cached_tokens, group_hits, keys = self._groups.match(ids, cache_salt)
         pool = self._pool
         per_group = blocks_for_tokens(self.block_size, len(ids)) - cached_tokens // self.block_size
         needed = per_group * len(self.group_windows)
@@ -216,11 +222,11 @@ class KVBlockManager:
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
         # Every block is hashed before anything changes: a hash that raises changes nothing.
-        self._groups.caches[0].extend_keys(ids, keys, self.block_size)
+        self._groups.caches[0].extend_keys(ids, keys, self.block_size, cache_salt)
         for group, hits in enumerate(group_hits):
             pool.revive(hits, group)
         held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
-        table = Table(held, len(ids), list(ids), keys)
+        table = Table(held, len(ids), list(ids), keys, cache_salt=cache_salt)
         self._groups.set_skipped(table, cached_tokens)
         self._tables[request_id] = table
         self._counters.allocated_tokens += len(ids)
@@ -287,7 +293,7 @@ class KVBlockManager:
         first_index = table.token_count // self.block_size
         # Hashed before anything changes: a hash that raises changes nothing.
         new_keys = self._groups.caches[0].next_keys(
-            table.token_ids, table.keys, token_ids, self.block_size
+            table.token_ids, table.keys, token_ids, self.block_size, table.cache_salt
         )
         self._groups.grow(request_id, table, len(token_ids))
         table.token_ids.extend(token_ids)
@@ -345,7 +351,9 @@ class KVBlockManager:
         if offset == block_size - 1:
             # The token fills its block: hashed before anything changes, so that a hash
             # that raises changes nothing.
-            new_keys = self._groups.caches[0].next_keys(token_ids, keys, (token_id,), block_size)
+            new_keys = self._groups.caches[0].next_keys(
+                token_ids, keys, (token_id,), block_size, table.cache_salt
+            )
         if offset and self._exclusive_tables and self._ref_counts[block_ids[-1]] == 1:
             # NOTE: the fast case of ``KVCacheGroups.grow`` inlined for one full-attention
             # group (a call is a third of this path): the token lands in the request's own
@@ -373,6 +381,7 @@ class KVBlockManager:
             parent.token_count,
             None if parent.token_ids is None else list(parent.token_ids),
             None if parent.keys is None else list(parent.keys),
+            cache_salt=parent.cache_salt,
         )
         child.skipped_blocks = list(parent.skipped_blocks)
         child.next_skip_at = parent.next_skip_at
@@ -439,16 +448,17 @@ class KVBlockManager:
         self._counters.allocated_tokens -= table.token_count - token_count
         return self._groups.truncate(table, token_count)
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
-        """How many tokens of ``token_ids`` ``allocate_prompt`` would find cached (the hit
-        rule of ``spec.cached_prefix_tokens``); changes nothing.
+    def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        """How many tokens of ``token_ids`` ``allocate_prompt`` would find cached under
+        ``cache_salt`` (the hit rule of ``spec.cached_prefix_tokens``); changes nothing.
 
         A chunked prefill asks this over the whole prompt before allocating its first
         chunk (``allocate_prompt(token_ids[:hit + chunk])`` then finds the same hit).
         """
         ids = tuple(token_ids)
         check_token_ids(ids)
-        cached_tokens, _, _ = self._groups.match(ids)
+        check_cache_salt(cache_salt)
+        cached_tokens, _, _ = self._groups.match(ids, cache_salt)
         return cached_tokens
 
     def preempt(self, request_id: str) -> ReleasedBlocks:

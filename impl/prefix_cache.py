@@ -1,7 +1,10 @@
 """The prefix cache: which free or held block already holds the K/V of a token prefix.
 
 A full block is cached under a ``BlockKey``: its tokens, chained to the key of the block
-before it. Keys are found by hash and confirmed by comparing token ids down the chain
+before it, and the cache salt of the request that made it (``spec.CacheKey``'s two parts).
+The salt is mixed into the first block's hash, so the whole chain of one salt hashes
+apart from another's, and it is compared on every lookup, so not even a collision
+crosses salts. Keys are found by hash and confirmed by comparing token ids down the chain
 (``BlockKey.same_prefix``), so a hash collision can cost a comparison, never hand one
 request another's K/V (the failure of vLLM advisory GHSA-rm76-4mrf-v9r8, where a hash
 match alone was trusted).
@@ -12,6 +15,8 @@ decides when a block is cached (a prompt or an append fills it) and when it is e
 """
 
 from collections.abc import Callable, Iterator, Sequence
+
+from spec import CacheKey
 
 BlockHash = Callable[[int, tuple[int, ...]], int]
 
@@ -24,20 +29,26 @@ def default_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockKey:
-    """A block's tokens, the key of its parent block (``None`` for a first block), a hash.
+    """A block's tokens, the key of its parent block (``None`` for a first block), a hash,
+    and the cache salt of its chain (the same in every key of one chain).
 
     The hash is computed once, when the key is made: each block is hashed once in the
     life of a request.
     """
 
-    __slots__ = ("hash_value", "parent", "token_ids")
+    __slots__ = ("cache_salt", "hash_value", "parent", "token_ids")
 
     def __init__(
-        self, parent: "BlockKey | None", token_ids: tuple[int, ...], hash_value: int
+        self,
+        parent: "BlockKey | None",
+        token_ids: tuple[int, ...],
+        hash_value: int,
+        cache_salt: str | None = None,
     ) -> None:
         self.parent = parent
         self.token_ids = token_ids
         self.hash_value = hash_value
+        self.cache_salt = cache_salt
 
     def same_prefix(self, other: "BlockKey") -> bool:
         """Whether both keys stand for the same whole token prefix, compared token by token."""
@@ -78,9 +89,14 @@ class PrefixCache:
         self.cached_blocks = 0
 
     def lookup(
-        self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
+        self,
+        parent: BlockKey | None,
+        token_ids: tuple[int, ...],
+        hash_value: int,
+        cache_salt: str | None,
     ) -> int | None:
-        """The block caching the prefix ``parent`` + ``token_ids``, confirmed token by token.
+        """The block caching the prefix ``parent`` + ``token_ids`` under ``cache_salt``,
+        confirmed token by token and salt by salt.
 
         ``None`` if no cached block holds it. The hash only narrows the candidates.
         """
@@ -92,11 +108,13 @@ class PrefixCache:
             # anything else goes through the full check below.
             candidate = self.block_keys[bucket[0]]
             if candidate is not None and candidate.parent is parent:
-                return bucket[0] if candidate.token_ids == token_ids else None
+                if candidate.token_ids == token_ids and candidate.cache_salt == cache_salt:
+                    return bucket[0]
+                return None
         for block_id in bucket:
             cached = self.block_keys[block_id]
             assert cached is not None, "a block in the cache has a key"
-            if cached.token_ids != token_ids:
+            if cached.token_ids != token_ids or cached.cache_salt != cache_salt:
                 continue
             # Walking a cached chain, the parents are the very same key objects.
             if cached.parent is parent or (
@@ -107,9 +125,15 @@ class PrefixCache:
                 return block_id
         return None
 
-    def extend_keys(self, token_ids: Sequence[int], keys: list[BlockKey], block_size: int) -> None:
+    def extend_keys(
+        self,
+        token_ids: Sequence[int],
+        keys: list[BlockKey],
+        block_size: int,
+        cache_salt: str | None,
+    ) -> None:
         """Append to ``keys`` the key of every full block of ``token_ids`` it lacks."""
-        keys.extend(self.next_keys(token_ids, keys, (), block_size))
+        keys.extend(self.next_keys(token_ids, keys, (), block_size, cache_salt))
 
     def next_keys(
         self,
@@ -117,24 +141,33 @@ class PrefixCache:
         keys: Sequence[BlockKey],
         new_token_ids: Sequence[int],
         block_size: int,
+        cache_salt: str | None,
     ) -> list[BlockKey]:
         """The keys ``extend_keys`` would add once ``new_token_ids`` follow ``token_ids``
-        (whose full blocks ``keys`` covers), made now so that nothing changes if the hash
-        raises; O(block_size + new tokens)."""
+        (whose full blocks ``keys`` covers, under ``cache_salt``), made now so that nothing
+        changes if the hash raises; O(block_size + new tokens)."""
         start = len(keys) * block_size
         tail = [*token_ids[start:], *new_token_ids]
         new_keys: list[BlockKey] = []
         parent = keys[-1] if keys else None
         for offset in range(0, len(tail) - block_size + 1, block_size):
             chunk = tuple(tail[offset : offset + block_size])
-            parent_hash = ROOT_HASH if parent is None else parent.hash_value
-            parent = BlockKey(parent, chunk, self.block_hash(parent_hash, chunk))
+            parent_hash = self.root_hash(cache_salt) if parent is None else parent.hash_value
+            parent = BlockKey(parent, chunk, self.block_hash(parent_hash, chunk), cache_salt)
             new_keys.append(parent)
         return new_keys
 
+    def root_hash(self, cache_salt: str | None) -> int:
+        """The parent hash of a chain's first block under ``cache_salt`` (``ROOT_HASH`` for
+        none): the salt's UTF-8 bytes hashed as if they were a block, so it is deterministic
+        too. Once per prompt, not per block."""
+        if cache_salt is None:
+            return ROOT_HASH
+        return self.block_hash(ROOT_HASH, tuple(cache_salt.encode()))
+
     def insert(self, key: BlockKey, block_id: int) -> None:
         """Cache ``block_id`` under ``key``, unless a block holds that prefix already."""
-        if self.lookup(key.parent, key.token_ids, key.hash_value) is None:
+        if self.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt) is None:
             self.buckets.setdefault(key.hash_value, []).append(block_id)
             self.block_keys[block_id] = key
             self.cached_blocks += 1
@@ -156,11 +189,11 @@ class PrefixCache:
         self.block_keys[:] = [None] * len(self.block_keys)
         self.cached_blocks = 0
 
-    def prefixes(self) -> Iterator[tuple[tuple[int, ...], int]]:
-        """Every cached (whole token prefix, block id), in block id order (O(pool))."""
+    def prefixes(self) -> Iterator[tuple[CacheKey, int]]:
+        """Every cached (salt and whole token prefix, block id), in block id order (O(pool))."""
         for block_id, key in enumerate(self.block_keys):
             if key is not None:
-                yield key.prefix(), block_id
+                yield CacheKey(key.cache_salt, key.prefix()), block_id
 
     def is_index_consistent(self) -> bool:
         """The buckets, the block keys and the count describe the same cached blocks."""

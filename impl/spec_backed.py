@@ -90,8 +90,10 @@ class SpecBackedManager:
         result: RequestBlockTable = self.call("allocate", request_id, token_count)
         return result
 
-    def allocate_prompt(self, request_id: str, token_ids: Sequence[int]) -> PromptAllocation:
-        result: PromptAllocation = self.call("allocate_prompt", request_id, token_ids)
+    def allocate_prompt(
+        self, request_id: str, token_ids: Sequence[int], cache_salt: str | None = None
+    ) -> PromptAllocation:
+        result: PromptAllocation = self.call("allocate_prompt", request_id, token_ids, cache_salt)
         return result
 
     def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable:
@@ -122,8 +124,8 @@ class SpecBackedManager:
         result: ReleasedBlocks = self.call("truncate_blocks", request_id, token_count)
         return result
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
-        result: int = self.call("cached_prefix_tokens", token_ids)
+    def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        result: int = self.call("cached_prefix_tokens", token_ids, cache_salt)
         return result
 
     def release(self, request_id: str) -> list[int]:

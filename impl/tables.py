@@ -23,12 +23,14 @@ class Table:
     ``skipped_blocks[g]`` on; no group skips again before the request reaches
     ``next_skip_at`` tokens. ``token_ids`` and ``keys`` are ``None`` for a request allocated
     by count; otherwise ``keys[i]`` is the prefix key of full block ``i`` (one for all
-    groups), made once when the block filled. ``exclusive`` promises one full-attention
-    group whose blocks are this table's alone and uncached (a request allocated by count
-    and never forked): its appends and release take a fast path.
+    groups), made once when the block filled, under ``cache_salt``. ``exclusive``
+    promises one full-attention group whose blocks are this table's alone and uncached (a
+    request allocated by count and never forked): its appends and release take a fast
+    path.
     """
 
     __slots__ = (
+        "cache_salt",
         "exclusive",
         "group_block_ids",
         "keys",
@@ -46,6 +48,7 @@ class Table:
         keys: list[BlockKey] | None = None,
         *,
         exclusive: bool = False,
+        cache_salt: str | None = None,
     ) -> None:
         self.group_block_ids = group_block_ids
         self.skipped_blocks = [0] * len(group_block_ids)
@@ -55,6 +58,7 @@ class Table:
         self.token_ids = token_ids
         self.keys = keys
         self.exclusive = exclusive
+        self.cache_salt = cache_salt
 
     def snapshot(self, request_id: str, group: int = 0) -> RequestBlockTable:
         """A copy of the table of ``group``, as the article's calls return it."""

@@ -32,6 +32,7 @@ from spec.errors import (
     BlockAllocationError,
     allocated_by_count,
     check_block_id,
+    check_cache_salt,
     check_group,
     check_group_windows,
     check_new_tokens,
@@ -48,6 +49,7 @@ from spec.frozen_map import FrozenMap
 from spec.invariants import INVARIANTS, is_usage_consistent, violated_invariants
 from spec.records import (
     AppendedSlots,
+    CacheKey,
     KVBlock,
     KVBlockUsage,
     PromptAllocation,
@@ -71,6 +73,7 @@ __all__ = [
     "AllocatorState",
     "AppendedSlots",
     "BlockAllocationError",
+    "CacheKey",
     "FrozenMap",
     "KVBlock",
     "KVBlockUsage",
@@ -88,6 +91,7 @@ __all__ = [
     "cached_prefix_blocks",
     "cached_prefix_tokens",
     "check_block_id",
+    "check_cache_salt",
     "check_group",
     "check_group_windows",
     "check_new_tokens",

@@ -15,9 +15,16 @@ Block order is part of the contract, so that impl can be compared with it exactl
 
 Sharing. A block may sit in several tables: a full block whose tokens are a prefix that
 two prompts share (prefix caching), or any block after ``fork``. ``ref_counts`` counts the
-tables holding each block. The prefix cache maps a prompt prefix that ends on a block
-boundary to the block holding its last ``block_size`` tokens. Keys are whole prefixes, so
-a hit is confirmed by comparing token ids, never a hash. Appending into a shared, partly
+tables holding each block. The prefix cache maps a ``CacheKey`` (a cache salt and a prompt
+prefix that ends on a block boundary) to the block holding its last ``block_size`` tokens.
+Keys are whole prefixes, so a hit is confirmed by comparing token ids, never a hash.
+
+Cache salts (tenants). ``allocate_prompt`` takes a ``cache_salt`` (``None``: no salt, a
+namespace of its own); a request finds hits only among blocks cached under its own salt,
+and caches the blocks it fills under it. ``fork`` gives the child its parent's salt: a
+fork is the same tenant's continuation (parallel samples, beams), and there is no fork
+into another salt. So a table holds a cached block only if it is cached under the
+table's salt (``spec.invariants.is_salt_isolated``). Appending into a shared, partly
 filled last block copies it first (copy-on-write): the writer gets a fresh block and the
 (source, destination) pair joins ``pending_copies`` for the KV pool to perform.
 
@@ -54,12 +61,13 @@ the free and cached free queues together hold fewer blocks than the operation ne
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from spec.errors import (
     BlockAllocationError,
     allocated_by_count,
+    check_cache_salt,
     check_group,
     check_group_windows,
     check_pool_shape,
@@ -72,7 +80,7 @@ from spec.errors import (
     unknown_request,
 )
 from spec.frozen_map import FrozenMap
-from spec.records import KVBlockUsage, RequestBlockTable
+from spec.records import CacheKey, KVBlockUsage, RequestBlockTable
 from spec.rules import (
     blocks_for_request,
     blocks_for_tokens,
@@ -100,8 +108,9 @@ class AllocatorState:
     """The whole allocator: pool shape, both free queues, tables, references and the cache.
 
     ``group_tables[g]`` and ``group_caches[g]`` are KV cache group g's tables (by request
-    id) and prefix cache (whole prefix -> block); a block belongs to one group at a time.
-    ``tables`` and ``cache`` read group 0's.
+    id) and prefix cache (salt and whole prefix -> block); a block belongs to one group at a
+    time. ``tables`` and ``cache`` read group 0's. ``cache_salts`` holds the salt of each
+    request that has one (a request absent from it caches under ``None``).
     """
 
     block_size: int
@@ -111,11 +120,12 @@ class AllocatorState:
     cached_free_block_ids: tuple[int, ...]
     ref_counts: FrozenMap[int, int]
     token_ids: FrozenMap[str, TokenIds]
-    group_caches: tuple[FrozenMap[TokenIds, int], ...]
+    group_caches: tuple[FrozenMap[CacheKey, int], ...]
     pending_copies: tuple[tuple[int, int], ...]
     counters: SharingCounters
     group_windows: tuple[int | None, ...] = (None,)
     pending_skipped_block_ids: tuple[int, ...] = ()
+    cache_salts: FrozenMap[str, str] = field(default_factory=FrozenMap[str, str])
 
     @property
     def tables(self) -> FrozenMap[str, RequestBlockTable]:
@@ -123,7 +133,7 @@ class AllocatorState:
         return self.group_tables[0]
 
     @property
-    def cache(self) -> FrozenMap[TokenIds, int]:
+    def cache(self) -> FrozenMap[CacheKey, int]:
         """Group 0's prefix cache: with the default single group, the whole cache."""
         return self.group_caches[0]
 
@@ -147,7 +157,7 @@ def init(
         cached_free_block_ids=(),
         ref_counts=FrozenMap(),
         token_ids=FrozenMap(),
-        group_caches=tuple(FrozenMap[TokenIds, int]() for _ in windows),
+        group_caches=tuple(FrozenMap[CacheKey, int]() for _ in windows),
         pending_copies=(),
         counters=SharingCounters(),
         group_windows=windows,
@@ -178,42 +188,57 @@ def compute_skipped_blocks(state: AllocatorState, group: int, computed_tokens: i
     return skipped_blocks_at(state.block_size, computed_tokens, state.group_windows[group])
 
 
-def is_hit_cached(state: AllocatorState, group: int, token_ids: TokenIds, hit_tokens: int) -> bool:
-    """Whether ``group`` caches every block a hit of ``hit_tokens`` tokens needs there: the
-    blocks from ``compute_skipped_blocks(hit_tokens)`` up to ``hit_tokens``."""
+def get_cache_salt(state: AllocatorState, request_id: str) -> str | None:
+    """The salt ``request_id`` caches under (``None`` if it has none)."""
+    return state.cache_salts.get(request_id)
+
+
+def is_hit_cached(
+    state: AllocatorState,
+    group: int,
+    token_ids: TokenIds,
+    hit_tokens: int,
+    cache_salt: str | None = None,
+) -> bool:
+    """Whether ``group`` caches, under ``cache_salt``, every block a hit of ``hit_tokens``
+    tokens needs there: the blocks from ``compute_skipped_blocks(hit_tokens)`` up to
+    ``hit_tokens``."""
     block_size = state.block_size
     cache = state.group_caches[group]
     first = compute_skipped_blocks(state, group, hit_tokens)
     return all(
-        token_ids[: (index + 1) * block_size] in cache
+        CacheKey(cache_salt, token_ids[: (index + 1) * block_size]) in cache
         for index in range(first, hit_tokens // block_size)
     )
 
 
-def cached_prefix_tokens(state: AllocatorState, token_ids: TokenIds) -> int:
+def cached_prefix_tokens(
+    state: AllocatorState, token_ids: TokenIds, cache_salt: str | None = None
+) -> int:
     """The hit rule: the largest multiple h of block_size, at most len(token_ids) - 1, that
-    every group caches (``is_hit_cached``); 0 if none. The last token is never a hit, so
-    that at least one token of a prompt is computed."""
+    every group caches under ``cache_salt`` (``is_hit_cached``); 0 if none. The last token
+    is never a hit, so that at least one token of a prompt is computed."""
     block_size = state.block_size
     longest = (len(token_ids) - 1) // block_size * block_size
     for hit_tokens in range(longest, 0, -block_size):
         groups = range(len(state.group_windows))
-        if all(is_hit_cached(state, group, token_ids, hit_tokens) for group in groups):
+        if all(is_hit_cached(state, g, token_ids, hit_tokens, cache_salt) for g in groups):
             return hit_tokens
     return 0
 
 
 def cached_prefix_blocks(
-    state: AllocatorState, token_ids: TokenIds, group: int = 0
+    state: AllocatorState, token_ids: TokenIds, group: int = 0, cache_salt: str | None = None
 ) -> tuple[int, ...]:
-    """The cached blocks a prompt of ``token_ids`` would reuse in ``group``: those of the
-    hit of ``cached_prefix_tokens`` tokens that are not born skipped, in index order."""
-    hit_tokens = cached_prefix_tokens(state, token_ids)
+    """The cached blocks a prompt of ``token_ids`` under ``cache_salt`` would reuse in
+    ``group``: those of the hit of ``cached_prefix_tokens`` tokens that are not born
+    skipped, in index order."""
+    hit_tokens = cached_prefix_tokens(state, token_ids, cache_salt)
     block_size = state.block_size
     cache = state.group_caches[group]
     first = compute_skipped_blocks(state, group, hit_tokens)
     return tuple(
-        cache[token_ids[: (index + 1) * block_size]]
+        cache[CacheKey(cache_salt, token_ids[: (index + 1) * block_size])]
         for index in range(first, hit_tokens // block_size)
     )
 
@@ -269,23 +294,28 @@ def allocate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
     return state
 
 
-def allocate_prompt(state: AllocatorState, request_id: str, token_ids: TokenIds) -> AllocatorState:
-    """Give a new request blocks for its prompt, reusing the longest cached prefix.
+def allocate_prompt(
+    state: AllocatorState, request_id: str, token_ids: TokenIds, cache_salt: str | None = None
+) -> AllocatorState:
+    """Give a new request blocks for its prompt, reusing the longest prefix cached under
+    its ``cache_salt``.
 
     Checks: a ``str`` request id (TypeError) that is new (ValueError), token ids that are
-    ``int`` (TypeError) in [0, MAX_TOKEN_ID] (ValueError), enough blocks beyond the cache
-    hits (BlockAllocationError). The hit is ``cached_prefix_tokens(state, token_ids)`` of
-    the state before; in each group its ``cached_prefix_blocks`` gain a reference (a cached
-    free block is revived), the blocks before them are born skipped, the blocks past the
-    hit come from the queues (group 0's first); every block the prompt fills is cached.
+    ``int`` (TypeError) in [0, MAX_TOKEN_ID] (ValueError), a ``str`` or ``None`` salt
+    (TypeError), enough blocks beyond the cache hits (BlockAllocationError). The hit is
+    ``cached_prefix_tokens(state, token_ids, cache_salt)`` of the state before; in each
+    group its ``cached_prefix_blocks`` gain a reference (a cached free block is revived),
+    the blocks before them are born skipped, the blocks past the hit come from the queues
+    (group 0's first); every block the prompt fills is cached under ``cache_salt``.
     """
     check_request_id(request_id)
     if request_id in state.tables:
         duplicate_request(request_id)
     check_token_ids(token_ids)
+    check_cache_salt(cache_salt)
     groups = range(len(state.group_windows))
-    hit_tokens = cached_prefix_tokens(state, token_ids)
-    hits = [cached_prefix_blocks(state, token_ids, group) for group in groups]
+    hit_tokens = cached_prefix_tokens(state, token_ids, cache_salt)
+    hits = [cached_prefix_blocks(state, token_ids, group, cache_salt) for group in groups]
     per_group = blocks_for_tokens(state.block_size, len(token_ids)) - hit_tokens // state.block_size
     needed = per_group * len(groups)
     revived = [b for group_hits in hits for b in group_hits if b in state.cached_free_block_ids]
@@ -308,6 +338,8 @@ def allocate_prompt(state: AllocatorState, request_id: str, token_ids: TokenIds)
         table = RequestBlockTable(request_id, hits[group] + taken, len(token_ids), skipped)
         state = _set_table(state, group, table)
     state = replace(state, token_ids=state.token_ids.set(request_id, tuple(token_ids)))
+    if cache_salt is not None:
+        state = replace(state, cache_salts=state.cache_salts.set(request_id, cache_salt))
     return _cache_full_blocks(state, request_id, first_index=hit_tokens // state.block_size)
 
 
@@ -344,7 +376,8 @@ def append_token_ids(state: AllocatorState, request_id: str, token_ids: TokenIds
 
 def fork(state: AllocatorState, parent_id: str, child_id: str) -> AllocatorState:
     """Give ``child_id`` a table sharing every block of ``parent_id`` in every group (one more
-    reference each, group 0's first), with the parent's ``skipped_blocks``.
+    reference each, group 0's first), with the parent's ``skipped_blocks`` and cache salt
+    (a fork stays in its parent's namespace: there is no fork across salts).
 
     Checks: a known parent (KeyError), a ``str`` child id (TypeError) that is new
     (ValueError). Takes no block.
@@ -359,6 +392,9 @@ def fork(state: AllocatorState, parent_id: str, child_id: str) -> AllocatorState
         state = replace(state, ref_counts=_add_references(state.ref_counts, parent.block_ids))
     if parent_id in state.token_ids:
         state = replace(state, token_ids=state.token_ids.set(child_id, state.token_ids[parent_id]))
+    if parent_id in state.cache_salts:
+        salt = state.cache_salts[parent_id]
+        state = replace(state, cache_salts=state.cache_salts.set(child_id, salt))
     return state
 
 
@@ -376,6 +412,8 @@ def release(state: AllocatorState, request_id: str) -> AllocatorState:
         state = _set_group_tables(state, group, state.group_tables[group].delete(request_id))
     if request_id in state.token_ids:
         state = replace(state, token_ids=state.token_ids.delete(request_id))
+    if request_id in state.cache_salts:
+        state = replace(state, cache_salts=state.cache_salts.delete(request_id))
     return state
 
 
@@ -438,7 +476,7 @@ def reset_prefix_cache(state: AllocatorState) -> AllocatorState:
         state,
         free_block_ids=state.free_block_ids + state.cached_free_block_ids,
         cached_free_block_ids=(),
-        group_caches=tuple(FrozenMap[TokenIds, int]() for _ in state.group_caches),
+        group_caches=tuple(FrozenMap[CacheKey, int]() for _ in state.group_caches),
     )
 
 
@@ -472,7 +510,7 @@ def _set_table(state: AllocatorState, group: int, table: RequestBlockTable) -> A
 
 
 def _set_cache(
-    state: AllocatorState, group: int, cache: FrozenMap[TokenIds, int]
+    state: AllocatorState, group: int, cache: FrozenMap[CacheKey, int]
 ) -> AllocatorState:
     return replace(state, group_caches=_with_item(state.group_caches, group, cache))
 
@@ -609,15 +647,16 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
 
 
 def _cache_full_blocks(state: AllocatorState, request_id: str, first_index: int) -> AllocatorState:
-    """In each group, cache every full block the table holds from ``first_index`` on, unless
-    that group caches its prefix already."""
+    """In each group, cache every full block the table holds from ``first_index`` on under
+    the request's salt, unless that group caches that key already."""
     token_ids = state.token_ids[request_id]
+    cache_salt = get_cache_salt(state, request_id)
     for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
         cache = state.group_caches[group]
         start = max(first_index, table.skipped_blocks)
         for index in range(start, len(token_ids) // state.block_size):
-            prefix = token_ids[: (index + 1) * state.block_size]
+            prefix = CacheKey(cache_salt, token_ids[: (index + 1) * state.block_size])
             if prefix not in cache:
                 cache = cache.set(prefix, table.block_ids[index - table.skipped_blocks])
         state = _set_cache(state, group, cache)

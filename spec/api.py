@@ -17,7 +17,13 @@ from typing import Any
 
 from spec import allocator, rules
 from spec.allocator import AllocatorState
-from spec.errors import check_block_id, check_new_tokens, check_token_count, check_token_ids
+from spec.errors import (
+    check_block_id,
+    check_cache_salt,
+    check_new_tokens,
+    check_token_count,
+    check_token_ids,
+)
 from spec.records import (
     AppendedSlots,
     KVBlockUsage,
@@ -39,12 +45,16 @@ def allocate(
 
 
 def allocate_prompt(
-    state: AllocatorState, request_id: str, token_ids: Sequence[int]
+    state: AllocatorState,
+    request_id: str,
+    token_ids: Sequence[int],
+    cache_salt: str | None = None,
 ) -> tuple[AllocatorState, PromptAllocation]:
     ids = tuple(token_ids)
-    after = allocator.allocate_prompt(state, request_id, ids)
+    after = allocator.allocate_prompt(state, request_id, ids, cache_salt)
     table = allocator.snapshot_request(after, request_id)
-    return after, PromptAllocation(table, allocator.cached_prefix_tokens(state, ids))
+    hit_tokens = allocator.cached_prefix_tokens(state, ids, cache_salt)
+    return after, PromptAllocation(table, hit_tokens)
 
 
 def append_tokens(
@@ -190,12 +200,14 @@ def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:
 
 
 def cached_prefix_tokens(
-    state: AllocatorState, token_ids: Sequence[int]
+    state: AllocatorState, token_ids: Sequence[int], cache_salt: str | None = None
 ) -> tuple[AllocatorState, int]:
-    """The tokens ``allocate_prompt(token_ids)`` would find cached; the state is unchanged."""
+    """The tokens ``allocate_prompt(token_ids, cache_salt)`` would find cached; the state
+    is unchanged."""
     ids = tuple(token_ids)
     check_token_ids(ids)
-    return state, allocator.cached_prefix_tokens(state, ids)
+    check_cache_salt(cache_salt)
+    return state, allocator.cached_prefix_tokens(state, ids, cache_salt)
 
 
 def truncate_blocks(

@@ -136,6 +136,14 @@ def check_token_ids(token_ids: Iterable[object]) -> None:
             raise ValueError(f"token id {index} must be in [0, {MAX_TOKEN_ID}], got {token_id}")
 
 
+def check_cache_salt(cache_salt: object) -> None:
+    """Refuse a cache salt that is neither a ``str`` nor ``None`` (no salt)."""
+    if cache_salt is not None and type(cache_salt) is not str:
+        raise TypeError(
+            f"cache_salt must be a str or None, got {type(cache_salt).__name__} {cache_salt!r}"
+        )
+
+
 def check_request_id(request_id: object) -> None:
     """Refuse a new request id that is not a ``str`` (the API's type; ``nan`` and ``None``
     would break the tables' invariants)."""

@@ -139,7 +139,9 @@ def is_cache_sound(state: AllocatorState) -> bool:
     keys = [key for cache in state.group_caches for key in cache]
     return (
         len(set(cached)) == len(cached)
-        and all(len(key) > 0 and len(key) % state.block_size == 0 for key in keys)
+        and all(
+            len(key.token_ids) > 0 and len(key.token_ids) % state.block_size == 0 for key in keys
+        )
         and set(state.cached_free_block_ids) <= set(cached)
         and not set(state.free_block_ids) & set(cached)
     )
@@ -155,11 +157,23 @@ def is_cached_content_exact(state: AllocatorState) -> bool:
                 key = prefix_of.get(block_id)
                 if key is None:
                     continue
-                if ids is None or len(key) != (index + 1) * state.block_size:
+                if ids is None or len(key.token_ids) != (index + 1) * state.block_size:
                     return False
-                if ids[: len(key)] != key:
+                if ids[: len(key.token_ids)] != key.token_ids:
                     return False
     return True
+
+
+def is_salt_isolated(state: AllocatorState) -> bool:
+    """A table holds a cached block only if it is cached under the table's own salt: a hit
+    never crosses salts, and a fork keeps its parent's salt."""
+    for tables, cache in zip(state.group_tables, state.group_caches, strict=True):
+        salt_of = {block_id: key.cache_salt for key, block_id in cache.items()}
+        for request_id, table in tables.items():
+            salt = state.cache_salts.get(request_id)
+            if any(salt_of.get(b, salt) != salt for b in table.block_ids):
+                return False
+    return set(state.cache_salts) <= set(state.token_ids)
 
 
 def is_shared_only_over_a_common_prefix(state: AllocatorState) -> bool:
@@ -230,6 +244,7 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "token_tracking": is_token_tracking_sound,
     "cache_sound": is_cache_sound,
     "cached_content_exact": is_cached_content_exact,
+    "salt_isolated": is_salt_isolated,
     "shared_over_common_prefix": is_shared_only_over_a_common_prefix,
     "copy_destination_held": is_copy_destination_held,
     "grouped_consistently": is_grouped_consistently,

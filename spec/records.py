@@ -7,6 +7,19 @@ ids), and ``spec.api.as_article`` maps these to those in one place.
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class CacheKey(NamedTuple):
+    """What a cached full block is cached under: the cache salt of the request that cached it
+    (``None`` is a namespace of its own) and the whole token prefix the block ends.
+
+    The salt is part of the key, so two tenants' equal prompts never share a block, and no
+    hash collision can cross from one salt to another (vLLM's ``cache_salt``).
+    """
+
+    cache_salt: str | None
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

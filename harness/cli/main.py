@@ -117,6 +117,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "prefix (and its KV blocks)",
     )
     parser.add_argument(
+        "--salts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="K cache salts (tenants), assigned round-robin over the prompts: a prompt hits "
+        "only blocks cached under its own salt, so with --system-prompt the totals show hits "
+        "within each salt only (default: no salt)",
+    )
+    parser.add_argument(
         "--n",
         type=int,
         default=1,
@@ -232,6 +241,7 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             batch_invariant=args.batch_invariant,
             speculate=args.speculate,
             max_batch_tokens=args.max_batch_tokens,
+            salts=args.salts,
             name=loaded.name,
             observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
             progress=progress,
@@ -268,6 +278,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         ("--arrival-gap", args.arrival_gap, 0),
         ("--n", args.n, 1),
         ("--pool-map", args.pool_map, 1),
+        ("--salts", args.salts, 1),
     ):
         if value is not None and value < least:
             raise UsageError(f"{flag} must be >= {least}, got {value}")

@@ -65,6 +65,12 @@ def print_table(report: EquivalenceReport) -> None:
         f"preemptions {report.preemptions}; blocks saved by sharing (peak) "
         f"{report.blocks_saved_by_sharing}"
     )
+    by_salt = report.prefix_hit_tokens_by_salt
+    if by_salt:
+        print(
+            "prefix hits by cache salt (a prompt hits only its own salt's blocks): "
+            + ", ".join(f"{salt} {tokens} tokens" for salt, tokens in sorted(by_salt.items()))
+        )
     speculation = report.speculation
     if speculation.proposed_drafts:
         print(
@@ -111,6 +117,7 @@ def as_json(
         "poison_freed": bool(args.poison_freed),
         "prefix_caching": not args.no_prefix_cache,
         "system_prompt": args.system_prompt,
+        "salts": args.salts,
         "n": args.n,
         "attention": report.attention,
         "passed": report.passed,
@@ -130,6 +137,8 @@ def as_json(
                 "max_abs_delta_logprob": row.max_logprob_delta,
                 "max_blocks": row.max_blocks,
                 "prefill_chunks": row.prefill_chunks,
+                "cache_salt": row.cache_salt,
+                "prefix_hit_tokens": row.prefix_hit_tokens,
             }
             for row in report.rows
         ],
@@ -143,6 +152,7 @@ def as_json(
             "peak_requests": report.peak_requests,
             "prefill_tokens": report.prefill_tokens,
             "prefix_hit_tokens": report.prefix_hit_tokens,
+            "prefix_hit_tokens_by_salt": report.prefix_hit_tokens_by_salt,
             "cow_copies": report.cow_copies,
             "preemptions": report.preemptions,
             "blocks_saved_by_sharing": report.blocks_saved_by_sharing,

@@ -112,10 +112,12 @@ def to_state(
     duplicates = set(duplicate_cached_blocks(observation, contents))
     for group in range(len(group_windows)):
         cached = observation.cached_block_ids[group] if observation.cached_block_ids else ()
-        cache: dict[TokenIds, int] = {}
+        cache: dict[spec.CacheKey, int] = {}
         for block_id in sorted(set(cached) - duplicates):
             prefix = contents.prefix(group, block_id)
-            cache[prefix if prefix is not None else ()] = bijection.spec_id(block_id)
+            # The observed allocators have no cache salts: every key is unsalted.
+            key = spec.CacheKey(None, prefix if prefix is not None else ())
+            cache[key] = bijection.spec_id(block_id)
         caches.append(spec.FrozenMap(cache))
     # A second cached block for a prefix cannot be a spec cache entry; free, it is free.
     cached_free = [b for b in observation.cached_free_block_ids if b not in duplicates]

@@ -94,6 +94,8 @@ class RequestReport:
     max_logprob_delta: float
     max_blocks: int
     prefill_chunks: int = 0
+    cache_salt: str | None = None  # its tenant's salt (None: no salt)
+    prefix_hit_tokens: int = 0  # prompt tokens its admissions in the batched run found cached
 
     @property
     def passed(self) -> bool:
@@ -131,6 +133,15 @@ class EquivalenceReport:
     # per layer, max |kernel - gather| over the batched run's attention outputs (empty
     # for gather)
     attention_agreement: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def prefix_hit_tokens_by_salt(self) -> dict[str, int]:
+        """The batched run's prefix hit tokens per cache salt, over the salted rows."""
+        totals: dict[str, int] = {}
+        for row in self.rows:
+            if row.cache_salt is not None:
+                totals[row.cache_salt] = totals.get(row.cache_salt, 0) + row.prefix_hit_tokens
+        return totals
 
     @property
     def passed(self) -> bool:
@@ -306,6 +317,8 @@ def _report(
                     max_logprob_delta=max_logprob_delta(_trace(paged), reference),
                     max_blocks=paged.max_blocks,
                     prefill_chunks=paged.prefill_chunks,
+                    cache_salt=request.cache_salt,
+                    prefix_hit_tokens=paged.prefix_hit_tokens,
                 )
             )
     dense_tokens = sum(len(output.token_ids) for output in dense.values())

@@ -17,16 +17,27 @@ class Allocation:
 
     prefix_caching: bool
 
-    def allocate(self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]) -> int:
-        """Allocate the prompt ``token_ids``; returns how many of them are cached already."""
+    def allocate(
+        self,
+        manager: KVBlockManager,
+        request_id: str,
+        token_ids: tuple[int, ...],
+        cache_salt: str | None = None,
+    ) -> int:
+        """Allocate the prompt ``token_ids`` of a request of salt ``cache_salt``; returns how
+        many of them are cached already (under that salt)."""
         if self.prefix_caching:
-            return manager.allocate_prompt(request_id, token_ids).cached_tokens
+            return manager.allocate_prompt(request_id, token_ids, cache_salt).cached_tokens
         manager.allocate(request_id, len(token_ids))
         return 0
 
-    def cached_tokens(self, manager: KVBlockManager, token_ids: tuple[int, ...]) -> int:
+    def cached_tokens(
+        self, manager: KVBlockManager, token_ids: tuple[int, ...], cache_salt: str | None = None
+    ) -> int:
         """How many tokens of the prompt ``token_ids`` ``allocate`` would find cached."""
-        return manager.cached_prefix_tokens(token_ids) if self.prefix_caching else 0
+        if not self.prefix_caching:
+            return 0
+        return manager.cached_prefix_tokens(token_ids, cache_salt)
 
     def append(
         self, manager: KVBlockManager, request_id: str, token_ids: tuple[int, ...]

@@ -31,7 +31,8 @@ class Request:
 
     ``num_continuations = n > 1`` asks for ``n`` greedy continuations with distinct first
     tokens (``continuation_first_tokens``); continuation ``k > 0`` is reported under
-    ``continuation_id(request_id, k)``.
+    ``continuation_id(request_id, k)``. ``cache_salt`` is its tenant's: its prompt hits
+    only blocks cached under the same salt (``None``: no salt).
     """
 
     request_id: str
@@ -40,6 +41,7 @@ class Request:
     arrival_step: int = 0
     sampling: SamplingParams = GREEDY
     num_continuations: int = 1
+    cache_salt: str | None = None
 
     @property
     def max_tokens(self) -> int:
@@ -80,6 +82,7 @@ class RequestOutput:
     logits: list[torch.Tensor] = field(default_factory=list)  # each [vocab] float32, host
     max_blocks: int = 0
     prefill_chunks: int = 0  # forwards that fed its prompt (a recompute's included)
+    prefix_hit_tokens: int = 0  # prompt tokens its admissions found cached (a recompute's too)
 
 
 @dataclass(slots=True)

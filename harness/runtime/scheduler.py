@@ -89,11 +89,12 @@ class Scheduler:
         request = waiting.request
         # A preempted request comes back with its generated tokens as part of its prompt.
         token_ids = request.prompt_ids + tuple(waiting.output.token_ids)
-        hit = self.allocation.cached_tokens(self.manager, token_ids)
+        salt = request.cache_salt
+        hit = self.allocation.cached_tokens(self.manager, token_ids, salt)
         end = min(len(token_ids), hit + budget)
         try:
             cached_tokens = self.allocation.allocate(
-                self.manager, request.request_id, token_ids[:end]
+                self.manager, request.request_id, token_ids[:end], salt
             )
         except BlockAllocationError:
             return False
@@ -101,6 +102,7 @@ class Scheduler:
         assert cached_tokens == hit, f"hit {cached_tokens} of a chunk, {hit} of the prompt"
         waiting.prefill_ids = token_ids
         waiting.computed = hit
+        waiting.output.prefix_hit_tokens += hit
         waiting.pending_ids = list(token_ids[hit:end])
         waiting.prefill = True
         waiting.allocated = True

@@ -13,6 +13,7 @@ from tests.support.bounded import (
     Bounds,
     Operation,
     all_bounds,
+    all_salt_bounds,
     all_sharing_bounds,
     all_window_bounds,
     check,
@@ -24,12 +25,15 @@ from tests.support.planted_bugs import (
     DecodeSlotFromStaleBlock,
     EvictedBlockStaysFindable,
     FreesSkippedBlocksButKeepsThem,
+    IgnoresTheSaltOnLookup,
     LeaksOneBlockOnRelease,
     NeverSkips,
     OffByOneAtBlockBoundary,
     RefusedAllocateTakesBlocks,
     ReleasesInTableOrder,
     ResetKeepsTheKeysOfHeldBlocks,
+    ReviveDropsTheSalt,
+    SaltsOnlyTheFirstBlock,
     SkipsABlockOneStepEarly,
     SkipsCopyOnWrite,
     SkipsSharedDecrement,
@@ -45,6 +49,8 @@ FAST = list(all_bounds(max_blocks=3, max_block_size=3, request_ids=3, max_token_
 # The sharing operations on pools of 1..2 blocks (only the 1- and 2-token shapes of
 # 2 blocks: the 2 x 2 pool alone has 6,912 states and takes ~40 s; see docs/results.md).
 FAST_SHARING = list(all_sharing_bounds(max_blocks=2, max_block_size=2, request_ids=2))[:3]
+# Two tenants (no salt and "a") over the sharing operations (tests.support.bounded.SALT_SHAPES).
+SALTS = list(all_salt_bounds())
 
 # Each planted bug's first violation: the walk that finds it, the smallest pool shape
 # (blocks, block_size) that shows it and the shortest path from init. Breadth first, so
@@ -100,8 +106,28 @@ SHORTEST_FAILURES: dict[type[KVBlockManager], tuple[str, int, int, list[str]]] =
             "append_tokens('r0', 1)",
         ],
     ),
+    # An unsalted block 0 is hit by tenant "a": it needs one block, not two.
+    IgnoresTheSaltOnLookup: (
+        "salts",
+        1,
+        1,
+        ["allocate_prompt('r0', (0,))", "allocate_prompt('r1', (0, 1), 'a')"],
+    ),
+    # Block 1 of tenant "a"'s chain is cached under no salt.
+    SaltsOnlyTheFirstBlock: ("salts", 2, 1, ["allocate_prompt('r0', (0, 1), 'a')"]),
+    # The revived block 0 is re-cached under no salt.
+    ReviveDropsTheSalt: (
+        "salts",
+        2,
+        1,
+        [
+            "allocate_prompt('r0', (0, 1), 'a')",
+            "release('r0')",
+            "allocate_prompt('r0', (0, 1), 'a')",
+        ],
+    ),
 }
-WALKS = {"count": FAST, "sharing": FAST_SHARING}
+WALKS = {"count": FAST, "sharing": FAST_SHARING, "salts": SALTS}
 # KV cache groups with sliding windows: 4 count-based and 3 sharing shapes, one request id
 # (see tests.support.bounded.WINDOW_COUNT_SHAPES). About 65 s under a load of 10 on the
 # 2-core VM, so well under 30 s on an idle CI machine.
@@ -146,6 +172,14 @@ def test_every_reachable_sharing_state_of_the_small_pools_agrees_between_spec_an
     assert [report.violation for report in reports] == [None] * len(FAST_SHARING)
     assert [report.states for report in reports] == [62, 139, 992]
     assert sum(report.transitions for report in reports) == 63_229
+
+
+def test_every_reachable_salted_state_of_the_small_pools_agrees_between_spec_and_impl() -> None:
+    reports = [check(bounds_) for bounds_ in SALTS]
+    print("\n".join(str(report) for report in reports))
+    assert [report.violation for report in reports] == [None] * len(SALTS)
+    assert [report.states for report in reports] == [161, 548]
+    assert sum(report.transitions for report in reports) == 27_357
 
 
 def test_every_reachable_windowed_state_of_the_small_pools_agrees_between_spec_and_impl() -> None:

@@ -11,7 +11,14 @@ import pytest
 
 import spec
 from impl import KVBlockManager
-from spec import AllocatorState, FrozenMap, KVBlockUsage, RequestBlockTable, SharingCounters
+from spec import (
+    AllocatorState,
+    CacheKey,
+    FrozenMap,
+    KVBlockUsage,
+    RequestBlockTable,
+    SharingCounters,
+)
 from spec.invariants import (
     is_cache_sound,
     is_cached_content_exact,
@@ -19,6 +26,7 @@ from spec.invariants import (
     is_grouped_consistently,
     is_keyed_by_request_id,
     is_partitioned,
+    is_salt_isolated,
     is_shared_only_over_a_common_prefix,
     is_skipped_pending_free,
     is_tightly_sized,
@@ -58,7 +66,12 @@ def with_tables(state: AllocatorState, tables: FrozenMap[str, RequestBlockTable]
     return replace(state, group_tables=(tables, *state.group_tables[1:]))
 
 
-def with_cache(state: AllocatorState, cache: FrozenMap[tuple[int, ...], int]) -> AllocatorState:
+def unsalted(*token_ids: int) -> CacheKey:
+    """The cache key of a prefix cached with no salt."""
+    return CacheKey(None, token_ids)
+
+
+def with_cache(state: AllocatorState, cache: FrozenMap[CacheKey, int]) -> AllocatorState:
     """``state`` with group 0's prefix cache replaced."""
     return replace(state, group_caches=(cache, *state.group_caches[1:]))
 
@@ -142,7 +155,18 @@ RELEASED = spec.release(PROMPTED, "a")
 
 def test_the_sharing_states_the_broken_ones_start_from_are_sound() -> None:
     assert violated_invariants(PROMPTED) == violated_invariants(RELEASED) == []
-    assert (PROMPTED.cache, RELEASED.cached_free_block_ids) == (FrozenMap({(1, 2): 0}), (0,))
+    assert (PROMPTED.cache, RELEASED.cached_free_block_ids) == (
+        FrozenMap({unsalted(1, 2): 0}),
+        (0,),
+    )
+
+
+def test_a_table_holding_a_block_cached_under_another_salt_breaks_salt_isolation() -> None:
+    assert is_salt_isolated(PROMPTED)
+    # Block 0 of "a" (no salt) recached under tenant t1's salt.
+    assert not is_salt_isolated(with_cache(PROMPTED, FrozenMap({CacheKey("t1", (1, 2)): 0})))
+    # A salt for a request with no token ids.
+    assert not is_salt_isolated(replace(PROMPTED, cache_salts=FrozenMap({"ghost": "t1"})))
 
 
 def test_token_ids_of_a_request_without_a_table_break_token_tracking() -> None:
@@ -153,11 +177,14 @@ def test_token_ids_of_a_request_without_a_table_break_token_tracking() -> None:
 @pytest.mark.parametrize(
     ("broken", "rule"),
     [
-        (with_cache(PROMPTED, FrozenMap({(1, 2): 0, (1, 2, 5, 6): 0})), "one block a key"),
-        (with_cache(PROMPTED, FrozenMap({(1,): 0})), "keys are whole blocks"),
-        (with_cache(PROMPTED, FrozenMap({(): 0})), "keys are not empty"),
+        (
+            with_cache(PROMPTED, FrozenMap({unsalted(1, 2): 0, unsalted(1, 2, 5, 6): 0})),
+            "one block a key",
+        ),
+        (with_cache(PROMPTED, FrozenMap({unsalted(1): 0})), "keys are whole blocks"),
+        (with_cache(PROMPTED, FrozenMap({unsalted(): 0})), "keys are not empty"),
         (with_cache(RELEASED, FrozenMap({})), "a cached free block is cached"),
-        (with_cache(PROMPTED, FrozenMap({(1, 2): 2})), "a plain free block is not"),
+        (with_cache(PROMPTED, FrozenMap({unsalted(1, 2): 2})), "a plain free block is not"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -175,9 +202,12 @@ SHARING = spec.allocate_prompt(PROMPTED, "b", (1, 2, 7))
     ("broken", "rule"),
     [
         (replace(PROMPTED, token_ids=FrozenMap({})), "a table holding a cached block tracks ids"),
-        (with_cache(PROMPTED, FrozenMap({(1, 2, 3, 4): 0})), "a block sits where its key ends"),
+        (
+            with_cache(PROMPTED, FrozenMap({unsalted(1, 2, 3, 4): 0})),
+            "a block sits where its key ends",
+        ),
         # Block 0 of "a" is not cached; block 1's key is not "a"'s first four tokens.
-        (with_cache(TWO_CACHED, FrozenMap({(9, 9, 3, 4): 1})), "the tokens equal the key"),
+        (with_cache(TWO_CACHED, FrozenMap({unsalted(9, 9, 3, 4): 1})), "the tokens equal the key"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )

@@ -38,7 +38,7 @@ def test_a_target_state_becomes_the_spec_state_it_is_in() -> None:
     )
     assert state.free_block_ids == (3,)
     assert state.tables["a"].block_ids == (2, 1) and state.tables["b"].block_ids == (0,)
-    assert dict(state.cache) == {(1, 2, 3, 4): 2}
+    assert dict(state.cache) == {spec.CacheKey(None, (1, 2, 3, 4)): 2}
     assert spec.violated_invariants(state) == []
     # Block 10 holds the same prefix as block 12: a second block for a cached prefix.
     assert duplicate_cached_blocks(_observation(frozenset({10, 12})), contents) == [12]

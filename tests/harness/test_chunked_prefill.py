@@ -44,8 +44,10 @@ class ChunkRecorder(KVBlockManager):
         self.boundaries: dict[str, list[int]] = {}
         self.hits: dict[str, list[int]] = {}
 
-    def allocate_prompt(self, request_id: str, token_ids: Sequence[int]) -> PromptAllocation:
-        allocation = super().allocate_prompt(request_id, token_ids)
+    def allocate_prompt(
+        self, request_id: str, token_ids: Sequence[int], cache_salt: str | None = None
+    ) -> PromptAllocation:
+        allocation = super().allocate_prompt(request_id, token_ids, cache_salt)
         self.boundaries.setdefault(request_id, []).append(allocation.table.token_count)
         self.hits.setdefault(request_id, []).append(allocation.cached_tokens)
         return allocation

@@ -94,11 +94,16 @@ def test_zero_continuations_is_bad_input(capsys: pytest.CaptureFixture[str]) -> 
     assert _one_error_line(capsys).endswith("--n must be >= 1, got 0")
 
 
+def test_zero_cache_salts_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--device", "cpu", "--salts", "0"]) == 2
+    assert _one_error_line(capsys).endswith("--salts must be >= 1, got 0")
+
+
 def test_help_lists_the_sharing_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for option in ("--system-prompt", "--n", "--no-prefix-cache"):
+    for option in ("--system-prompt", "--n", "--no-prefix-cache", "--salts"):
         assert option in out
 
 

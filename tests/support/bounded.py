@@ -63,9 +63,13 @@ class Bounds:
     # by more than this is checked on arrival but not walked from. (A full-attention group
     # bounds them by the capacity, so a pool with one never meets this.)
     tokens_past_capacity: int = 2
+    # The cache salts each prompt is tried with (two tenants: ``(None, "a")``).
+    cache_salts: tuple[str | None, ...] = (None,)
 
     def __str__(self) -> str:
         sharing = f" prompts={len(self.prompts)}" if self.prompts else ""
+        if self.cache_salts != (None,):
+            sharing += f" cache_salts={self.cache_salts}"
         groups = f" group_windows={self.group_windows}" if self.group_windows != (None,) else ""
         return (
             f"blocks={self.total_blocks} block_size={self.block_size} "
@@ -144,7 +148,9 @@ def operations(bounds: Bounds) -> list[Operation]:
     if not bounds.prompts:
         return ops
     for request_id in bounds.request_ids:
-        ops += [Operation("allocate_prompt", (request_id, p)) for p in bounds.prompts]
+        for salt in bounds.cache_salts:
+            salted = () if salt is None else (salt,)
+            ops += [Operation("allocate_prompt", (request_id, p, *salted)) for p in bounds.prompts]
         for token_id in (0, 1):
             ops.append(Operation("append_token_ids", (request_id, (token_id,))))
             ops.append(Operation("append_token_slot", (request_id, token_id)))
@@ -381,6 +387,21 @@ def all_sharing_bounds(max_blocks: int, max_block_size: int, request_ids: int) -
     for total_blocks in range(1, max_blocks + 1):
         for block_size in range(1, max_block_size + 1):
             yield Bounds(total_blocks, block_size, ids, 1, sharing_prompts(block_size))
+
+
+# The salt walk: two tenants (no salt and "a") over the sharing prompts, in blocks of one
+# token (so a two-token prompt fills a chain of two blocks). Two request ids in 2 blocks
+# reach 4,114 states (~55 s): the state machine covers those.
+SALT_SHAPES: tuple[tuple[int, int, int], ...] = ((1, 1, 2), (2, 1, 1))
+
+
+def all_salt_bounds() -> Iterator[Bounds]:
+    """``SALT_SHAPES`` (blocks, block_size, request ids) with the sharing operations and
+    every prompt tried under both salts, smallest first."""
+    for total_blocks, block_size, request_ids in SALT_SHAPES:
+        ids = tuple(f"r{i}" for i in range(request_ids))
+        prompts = sharing_prompts(block_size)
+        yield Bounds(total_blocks, block_size, ids, 1, prompts, cache_salts=(None, "a"))
 
 
 # The window walk: (blocks, block_size, group_windows) with the count-based operations,

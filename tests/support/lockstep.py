@@ -61,6 +61,10 @@ ANY_TOKEN_IDS = st.one_of(
 )
 ANY_PROMPTS = st.one_of(PROMPTS, PROMPTS, ANY_TOKEN_IDS)
 NEW_REQUEST_IDS = st.one_of(REQUEST_IDS, REQUEST_IDS, REQUEST_IDS, BAD_REQUEST_IDS)
+# Cache salts: no salt, two tenants, the empty salt (a namespace apart from no salt), and
+# now and then one of the wrong type.
+SALTS = st.sampled_from([None, "a", "b", ""])
+ANY_SALTS = st.one_of(SALTS, SALTS, SALTS, st.sampled_from([7, b"a", ("a",)]))
 
 # The errors an operation may be refused with; anything else fails the test.
 REFUSALS = (TypeError, ValueError, KeyError, RuntimeError)
@@ -170,9 +174,11 @@ class AllocatorMachine(RuleBasedStateMachine):
             else:
                 self.append_slot(request_id)
 
-    @rule(request_id=NEW_REQUEST_IDS, token_ids=ANY_PROMPTS)
-    def allocate_prompt(self, request_id: str, token_ids: tuple[int, ...]) -> None:
-        self._step("allocate_prompt", request_id, token_ids)
+    @rule(request_id=NEW_REQUEST_IDS, token_ids=ANY_PROMPTS, cache_salt=ANY_SALTS)
+    def allocate_prompt(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None
+    ) -> None:
+        self._step("allocate_prompt", request_id, token_ids, cache_salt)
 
     @rule(request_id=REQUEST_IDS, token_ids=ANY_TOKEN_IDS)
     def append_token_ids(self, request_id: str, token_ids: tuple[int, ...]) -> None:
@@ -213,8 +219,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         """The engine's preemption: release, then readmit with prompt and generated tokens."""
         request_id = data.draw(st.sampled_from(sorted(self.model.token_ids)))
         token_ids = self.model.token_ids[request_id]
+        cache_salt = self.model.cache_salts.get(request_id)
         self.preempt(request_id)
-        self.allocate_prompt(request_id, token_ids)
+        self.allocate_prompt(request_id, token_ids, cache_salt)
 
     @rule(request_id=REQUEST_IDS)
     def release(self, request_id: str) -> None:
@@ -239,9 +246,9 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # -- chunked prefill and speculative decoding -------------------------------------
 
-    @rule(token_ids=ANY_PROMPTS)
-    def cached_prefix_tokens(self, token_ids: tuple[int, ...]) -> None:
-        self._step("cached_prefix_tokens", token_ids)
+    @rule(token_ids=ANY_PROMPTS, cache_salt=ANY_SALTS)
+    def cached_prefix_tokens(self, token_ids: tuple[int, ...], cache_salt: str | None) -> None:
+        self._step("cached_prefix_tokens", token_ids, cache_salt)
 
     @rule()
     def reset_prefix_cache(self) -> None:
@@ -280,19 +287,24 @@ class AllocatorMachine(RuleBasedStateMachine):
         held = self.model.tables[child_id].token_count if child_id in self.model.tables else 0
         self.truncate_blocks(parent_id, data.draw(st.integers(0, held)))
 
-    @rule(request_id=REQUEST_IDS, token_ids=PROMPTS, data=st.data())
+    @rule(request_id=REQUEST_IDS, token_ids=PROMPTS, cache_salt=SALTS, data=st.data())
     def prefill_in_chunks(
-        self, request_id: str, token_ids: tuple[int, ...], data: st.DataObject
+        self,
+        request_id: str,
+        token_ids: tuple[int, ...],
+        cache_salt: str | None,
+        data: st.DataObject,
     ) -> None:
         """The engine's chunked prefill: the hit over the whole prompt, the first chunk with
         ``allocate_prompt``, each later chunk with one ``append_token_ids``; chunk
         boundaries anywhere in a block. A hit of the cut prompt is the whole prompt's."""
         if not token_ids or request_id in self.model.tables:
             return
-        done = self._step("cached_prefix_tokens", token_ids)
+        done = self._step("cached_prefix_tokens", token_ids, cache_salt)
         assert isinstance(done, int)
         chunk = data.draw(st.integers(1, 7))
-        allocation = self._step("allocate_prompt", request_id, token_ids[: done + chunk])
+        prompt = token_ids[: done + chunk]
+        allocation = self._step("allocate_prompt", request_id, prompt, cache_salt)
         if allocation is None:
             return  # refused (out of blocks): nothing changed
         assert getattr(allocation, "cached_tokens", None) == done

@@ -4,7 +4,7 @@ They prove the checks can fail. Each is the smallest change to ``KVBlockManager`
 plants one kind of bug met in real allocators.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from impl import BlockAllocationError, KVBlockManager, ReleasedBlocks, RequestBlockTable
 from impl.block_pool import BlockPool
@@ -114,7 +114,11 @@ class _TrustingPrefixCache(PrefixCache):
     __slots__ = ()
 
     def lookup(
-        self, parent: BlockKey | None, token_ids: tuple[int, ...], hash_value: int
+        self,
+        parent: BlockKey | None,
+        token_ids: tuple[int, ...],
+        hash_value: int,
+        cache_salt: str | None,
     ) -> int | None:
         bucket = self.buckets.get(hash_value)
         return bucket[0] if bucket else None
@@ -320,6 +324,75 @@ class ResetKeepsTheKeysOfHeldBlocks(KVBlockManager):
     block_pool_class = _ResetsFreeKeysOnly
 
 
+class _SaltBlindPrefixCache(PrefixCache):
+    __slots__ = ()
+
+    def root_hash(self, cache_salt: str | None) -> int:
+        return super().root_hash(None)
+
+    def lookup(
+        self,
+        parent: BlockKey | None,
+        token_ids: tuple[int, ...],
+        hash_value: int,
+        cache_salt: str | None,
+    ) -> int | None:
+        return super().lookup(parent, token_ids, hash_value, None)
+
+
+class IgnoresTheSaltOnLookup(KVBlockManager):
+    """(q) A prompt's lookup ignores its cache salt (as SGLang's salt that never reached
+    the request, #23300): a salted tenant hits blocks cached with no salt."""
+
+    prefix_cache_class = _SaltBlindPrefixCache
+
+
+class _SaltsBlockZeroOnly(PrefixCache):
+    __slots__ = ()
+
+    def next_keys(
+        self,
+        token_ids: Sequence[int],
+        keys: Sequence[BlockKey],
+        new_token_ids: Sequence[int],
+        block_size: int,
+        cache_salt: str | None,
+    ) -> list[BlockKey]:
+        new_keys = super().next_keys(token_ids, keys, new_token_ids, block_size, cache_salt)
+        for key in new_keys:
+            if key.parent is not None:
+                key.cache_salt = None  # only the first block carries the salt
+        return new_keys
+
+
+class SaltsOnlyTheFirstBlock(KVBlockManager):
+    """(r) The salt keys a chain's first block but not the blocks after it, so a later
+    block of one tenant's chain is cached where another tenant finds it."""
+
+    prefix_cache_class = _SaltsBlockZeroOnly
+
+
+class _RevivesUnsalted(BlockPool):
+    __slots__ = ()
+
+    def revive(self, block_ids: Iterable[int], group: int) -> None:
+        block_ids = list(block_ids)
+        cache = self.caches[group]
+        for block_id in block_ids:
+            key = cache.block_keys[block_id]
+            if self.ref_counts[block_id] == 0 and key is not None and key.cache_salt is not None:
+                cache.evict(block_id)  # re-cached under no salt: the salt is dropped
+                cache.insert(BlockKey(key.parent, key.token_ids, key.hash_value, None), block_id)
+        super().revive(block_ids, group)
+
+
+class ReviveDropsTheSalt(KVBlockManager):
+    """(s) Reviving a cached free block for a prefix hit re-caches it without its salt, so
+    an unsalted prompt would hit one tenant's K/V."""
+
+    block_pool_class = _RevivesUnsalted
+
+
 PLANTED_BUGS: list[type[KVBlockManager]] = [
     ReleasesInTableOrder,
     LeaksOneBlockOnRelease,
@@ -334,6 +407,9 @@ PLANTED_BUGS: list[type[KVBlockManager]] = [
     TruncatedBlockStaysCached,
     TruncateUnsharesTheLastBlock,
     ResetKeepsTheKeysOfHeldBlocks,
+    IgnoresTheSaltOnLookup,
+    SaltsOnlyTheFirstBlock,
+    ReviveDropsTheSalt,
 ]
 
 # The bugs of the window rule: they live where only a pool with a sliding window goes, so
@@ -367,8 +443,8 @@ class PrefixQueryCoversTheLastToken(KVBlockManager):
 
     __slots__ = ()
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
-        hit = super().cached_prefix_tokens(token_ids)
+    def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        hit = super().cached_prefix_tokens(token_ids, cache_salt)
         ids = tuple(token_ids)
         whole = ids[: hit + self.block_size]
         if len(whole) == len(ids) and len(ids) % self.block_size == 0:
