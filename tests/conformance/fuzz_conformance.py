@@ -8,24 +8,14 @@ each of its configurations becomes a test case run under the loaded Hypothesis p
 
 import os
 
-from hypothesis.stateful import invariant
-
 from harness.conformance import ConformanceMachine, machine_for
 from harness.conformance.targets import CONFIGURATIONS, TARGETS
-from tests.support.fuzz_targets import Tally, _write_tally
+from tests.support.fuzz_targets import Tallied
 
 
 def _counting(base: type[ConformanceMachine]) -> type[ConformanceMachine]:
-    class CountingConformanceMachine(base):  # type: ignore[valid-type,misc]
-        @invariant()
-        def count_a_check(self) -> None:
-            Tally.checks += 1
-
-        def teardown(self) -> None:
-            Tally.cases += 1
-            if Tally.cases % 10 == 0:
-                _write_tally()
-            super().teardown()
+    class CountingConformanceMachine(Tallied, base):  # type: ignore[valid-type,misc]
+        """The target's conformance machine, tallied as ``scripts/fuzz.sh`` expects."""
 
     return CountingConformanceMachine
 

@@ -14,7 +14,7 @@ import os
 import signal
 from pathlib import Path
 
-from hypothesis.stateful import invariant
+from hypothesis.stateful import RuleBasedStateMachine, invariant
 
 from tests.support.lockstep import AllocatorMachine, WindowedAllocatorMachine
 from tests.support.planted_bugs import WeakHashOnly
@@ -31,8 +31,9 @@ class Tally:
         return cls.checks - cls.cases
 
 
-class CountingAllocatorMachine(AllocatorMachine):
-    """``AllocatorMachine`` that tallies its test cases and steps."""
+class Tallied(RuleBasedStateMachine):
+    """Put first among a machine's bases: it tallies the machine's test cases and steps
+    (the conformance kit's fuzz target uses it too)."""
 
     @invariant()
     def count_a_check(self) -> None:
@@ -43,6 +44,10 @@ class CountingAllocatorMachine(AllocatorMachine):
         if Tally.cases % 10 == 0:
             _write_tally()
         super().teardown()
+
+
+class CountingAllocatorMachine(Tallied, AllocatorMachine):
+    """``AllocatorMachine`` that tallies its test cases and steps."""
 
 
 class CountingWeakHashMachine(CountingAllocatorMachine):
