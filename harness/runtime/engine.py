@@ -3,10 +3,12 @@
 The lifecycle of a request is the article's: tokenize (done by the caller) -> allocate prompt
 blocks -> prefill -> sample -> append -> decode loop -> release. Per engine step:
 1. the scheduler (``harness.runtime.scheduler``) chooses every running request's tokens;
-   each gets their slots (``_grow``: ``append_token_slot``, or ``append_slot`` without
-   prefix caching, a chunk or drafts in one call), preempting the most recently admitted
-   when the pool is dry (``harness.runtime.preemption``), so no victim sits in the
-   step's forward; a copy-on-write copy an append asks for is made in the store at once;
+   each gets every group's table and its tokens' slots in one manager call (``_grow``:
+   ``append_token_id_slots``, or ``append_slots`` without prefix caching; a decode token,
+   a token and its drafts, or a chunk), preempting the most recently admitted when the
+   pool is dry (``harness.runtime.preemption``), so no victim sits in the step's forward;
+   the copy-on-write copies the appends ask for are made in the store before any
+   preemption and after the last append;
 2. waiting requests are admitted first-come-first-served while their prompt's blocks can
    be allocated (a prefix hit's ``cached_tokens`` are not fed again);
 3. one packed forward (``[1, T]``, prefills and decodes mixed; ``step_batch``) writes the

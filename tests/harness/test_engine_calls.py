@@ -46,8 +46,9 @@ class CountingManager(KVBlockManager):
 
 def calls_per_request(
     architecture: str, allocation: Allocation, engine_type: type[Engine] = Engine
-) -> tuple[dict[str, list[str]], dict[str, int]]:
-    """Three requests at once on a roomy pool: the calls naming each, and its tokens."""
+) -> tuple[dict[str, list[str]], dict[str, int], int]:
+    """Three requests at once on a roomy pool: the calls naming each, its tokens, and the
+    model's KV cache group count."""
     loaded = tiny_model(architecture, seed=0)
     layout = kv_layout(loaded)
     rng = random.Random(5)
@@ -61,7 +62,7 @@ def calls_per_request(
     for name, request_id in manager.calls:
         calls[request_id].append(name)
     tokens = {r.request_id: len(result.outputs[r.request_id].token_ids) for r in requests}
-    return calls, tokens
+    return calls, tokens, len(layout.group_windows)
 
 
 def assert_one_call_per_decode_step(
@@ -74,8 +75,7 @@ def assert_one_call_per_decode_step(
     """Each request's calls: admission, the prefill's slots, one ``append`` per decode step
     (the first token comes from the prefill), the release, and nothing else but the usage
     sample's one read-only ``snapshot_groups`` per step with several groups."""
-    calls, tokens = calls_per_request(architecture, allocation, engine_type)
-    groups = len(kv_layout(tiny_model(architecture, seed=0)).group_windows)
+    calls, tokens, groups = calls_per_request(architecture, allocation, engine_type)
     for request_id, names in calls.items():
         sampled = [name for name in names if name == "snapshot_groups"]
         allocating = [name for name in names if name != "snapshot_groups"]
