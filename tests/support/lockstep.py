@@ -277,6 +277,19 @@ class AllocatorMachine(RuleBasedStateMachine):
     def cached_prefix_tokens(self, token_ids: tuple[int, ...], cache_salt: str | None) -> None:
         self._step("cached_prefix_tokens", token_ids, cache_salt)
 
+    @precondition(lambda self: len(self.model.token_ids) > 0)
+    @rule(data=st.data())
+    def cached_prefix_tokens_of_a_held_prompt(self, data: st.DataObject) -> None:
+        """The query a second submission of a running prompt makes: a held request's
+        tokens cut at a block boundary, under its salt, so every full block of it is
+        cached (and the hit must still leave the last token out)."""
+        request_id = data.draw(st.sampled_from(sorted(self.model.token_ids)))
+        token_ids = self.model.token_ids[request_id]
+        block_size = self.model.block_size
+        cut = block_size * data.draw(st.integers(0, len(token_ids) // block_size))
+        salt = self.model.cache_salts.get(request_id)
+        self._step("cached_prefix_tokens", token_ids[:cut], salt)
+
     @rule()
     def reset_prefix_cache(self) -> None:
         self._step("reset_prefix_cache")
