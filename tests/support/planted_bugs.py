@@ -12,7 +12,13 @@ from impl.groups import KVCacheGroups, SlidingWindowGroup
 from impl.prefix_cache import BlockKey, EventSink, PrefixCache
 from impl.records import AppendedSlots
 from impl.tables import Table
-from spec import BlockRemoved, blocks_for_tokens, check_request_id, duplicate_request
+from spec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    blocks_for_tokens,
+    check_request_id,
+    duplicate_request,
+)
 
 
 class ReleasesInTableOrder(KVBlockManager):
@@ -316,6 +322,8 @@ class _ResetsFreeKeysOnly(BlockPool):
             dropped += 1
         self.free.extend(self.cached_free)
         self.cached_free.clear()
+        if self.event_sink is not None:
+            self.event_sink(AllBlocksCleared())  # it says it cleared everything
         return dropped
 
 
