@@ -221,27 +221,38 @@ class KVBlockManager(ManagerBase):
         block_size = self.block_size
         offset = position % block_size
         block_ids = table.group_block_ids[0]
+        if 0 < offset < block_size - 1 and self._exclusive_tables:
+            if self._ref_counts[block_ids[-1]] == 1:
+                # NOTE: the in-block case of ``KVCacheGroups.grow`` inlined for one
+                # full-attention group, before any key is read (a call or a test is a
+                # tenth of this path): the token lands in the request's own last block and
+                # fills nothing, so nothing is hashed.
+                table.token_count = position + 1
+                self._counters.allocated_tokens += 1
+                token_ids.append(token_id)
+                return block_ids[-1] * block_size + offset
         keys = table.keys
         assert keys is not None, "a table with token ids has keys"
-        new_keys = None
+        cache = self._groups.caches[0]
+        new_key = None
         if offset == block_size - 1:
-            # The token fills its block: hashed before anything changes, so that a hash
+            # The token fills its block: keyed before anything changes, so that a hash
             # that raises changes nothing.
-            new_keys = self._groups.caches[0].next_keys(
-                token_ids, keys, (token_id,), block_size, table.cache_salt
-            )
+            chunk = (*token_ids[position - offset :], token_id)
+            new_key = cache.chain_key(keys[-1] if keys else None, chunk, table.cache_salt)
         if offset and self._exclusive_tables and self._ref_counts[block_ids[-1]] == 1:
-            # NOTE: the fast case of ``KVCacheGroups.grow`` inlined for one full-attention
-            # group (a call is a third of this path): the token lands in the request's own
-            # last block.
+            # The same in-block case for the token that fills the block (keyed above).
             table.token_count = position + 1
             self._counters.allocated_tokens += 1
         else:
             self._groups.grow(request_id, table, 1)  # opens a block or copies a shared one
         token_ids.append(token_id)
-        if new_keys is not None:
-            keys.extend(new_keys)
-            self._groups.cache_full_blocks(table, position // block_size)
+        if new_key is not None:
+            keys.append(new_key)
+            if self._exclusive_tables:  # one full-attention group: its last block
+                cache.insert(new_key, block_ids[-1])
+            else:
+                self._groups.cache_full_blocks(table, position // block_size)
         return block_ids[-1] * block_size + offset
 
     def fork(self, parent_id: str, child_id: str) -> RequestBlockTable:
