@@ -221,16 +221,19 @@ class KVBlockManager(ManagerBase):
         block_size = self.block_size
         offset = position % block_size
         block_ids = table.group_block_ids[0]
-        if 0 < offset < block_size - 1 and self._exclusive_tables:
-            if self._ref_counts[block_ids[-1]] == 1:
-                # NOTE: the in-block case of ``KVCacheGroups.grow`` inlined for one
-                # full-attention group, before any key is read (a call or a test is a
-                # tenth of this path): the token lands in the request's own last block and
-                # fills nothing, so nothing is hashed.
-                table.token_count = position + 1
-                self._counters.allocated_tokens += 1
-                token_ids.append(token_id)
-                return block_ids[-1] * block_size + offset
+        if (
+            0 < offset < block_size - 1
+            and self._exclusive_tables
+            and self._ref_counts[block_ids[-1]] == 1
+        ):
+            # NOTE: the in-block case of ``KVCacheGroups.grow`` inlined for one
+            # full-attention group, before any key is read (a call or a test is a
+            # tenth of this path): the token lands in the request's own last block and
+            # fills nothing, so nothing is hashed.
+            table.token_count = position + 1
+            self._counters.allocated_tokens += 1
+            token_ids.append(token_id)
+            return block_ids[-1] * block_size + offset
         keys = table.keys
         assert keys is not None, "a table with token ids has keys"
         cache = self._groups.caches[0]
