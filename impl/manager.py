@@ -33,9 +33,11 @@ from spec import (
     blocks_for_request,
     blocks_for_tokens,
     check_cache_salt,
+    check_request_id,
     check_token_count,
     check_token_ids,
     check_truncate,
+    duplicate_request,
     first_window_token,
     tracks_token_ids,
     unknown_request,
@@ -58,21 +60,27 @@ class KVBlockManager(ManagerBase):
         """Give a new request blocks for ``token_count`` tokens whose ids are not tracked,
         in every group (group 0's first); returns group 0's table."""
         per_group = self._blocks_for(token_count)
-        needed = blocks_for_request(self.block_size, token_count, len(self.group_windows))
-        self._check_new(request_id)
-        available = self._pool.free_blocks
+        group_count = len(self.group_windows)
+        needed = blocks_for_request(self.block_size, token_count, group_count)
+        check_request_id(request_id)
+        tables = self._tables
+        if request_id in tables:
+            duplicate_request(request_id)
+        pool = self._pool
+        available = pool.free_blocks
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
-        groups = range(len(self.group_windows))
-        table = Table(
-            [self._pool.take(per_group, group) for group in groups],
-            token_count,
-            exclusive=self._exclusive_tables,
-        )
+        self._counters.allocated_tokens += token_count
+        if self._exclusive_tables:
+            # NOTE: one full-attention group, so one list and no window (measured: the
+            # general path below costs a fifth more per admission).
+            held = pool.take(per_group, 0)
+            tables[request_id] = Table([held], token_count, exclusive=True)
+            return RequestBlockTable(request_id, list(held), token_count)
+        table = Table([pool.take(per_group, group) for group in range(group_count)], token_count)
         if self._windowed:
             self._groups.set_next_skip(table)
-        self._tables[request_id] = table
-        self._counters.allocated_tokens += token_count
+        tables[request_id] = table
         return table.snapshot(request_id)
 
     def allocate_prompt(
@@ -221,27 +229,41 @@ class KVBlockManager(ManagerBase):
         block_size = self.block_size
         offset = position % block_size
         block_ids = table.group_block_ids[0]
+        if (
+            0 < offset < block_size - 1
+            and self._exclusive_tables
+            and self._ref_counts[block_ids[-1]] == 1
+        ):
+            # NOTE: the in-block case of ``KVCacheGroups.grow`` inlined for one
+            # full-attention group, before any key is read (a call or a test is a
+            # tenth of this path): the token lands in the request's own last block and
+            # fills nothing, so nothing is hashed.
+            table.token_count = position + 1
+            self._counters.allocated_tokens += 1
+            token_ids.append(token_id)
+            return block_ids[-1] * block_size + offset
         keys = table.keys
         assert keys is not None, "a table with token ids has keys"
-        new_keys = None
+        cache = self._groups.caches[0]
+        new_key = None
         if offset == block_size - 1:
-            # The token fills its block: hashed before anything changes, so that a hash
+            # The token fills its block: keyed before anything changes, so that a hash
             # that raises changes nothing.
-            new_keys = self._groups.caches[0].next_keys(
-                token_ids, keys, (token_id,), block_size, table.cache_salt
-            )
+            chunk = (*token_ids[position - offset :], token_id)
+            new_key = cache.chain_key(keys[-1] if keys else None, chunk, table.cache_salt)
         if offset and self._exclusive_tables and self._ref_counts[block_ids[-1]] == 1:
-            # NOTE: the fast case of ``KVCacheGroups.grow`` inlined for one full-attention
-            # group (a call is a third of this path): the token lands in the request's own
-            # last block.
+            # The same in-block case for the token that fills the block (keyed above).
             table.token_count = position + 1
             self._counters.allocated_tokens += 1
         else:
             self._groups.grow(request_id, table, 1)  # opens a block or copies a shared one
         token_ids.append(token_id)
-        if new_keys is not None:
-            keys.extend(new_keys)
-            self._groups.cache_full_blocks(table, position // block_size)
+        if new_key is not None:
+            keys.append(new_key)
+            if self._exclusive_tables:  # one full-attention group: its last block
+                cache.insert(new_key, block_ids[-1])
+            else:
+                self._groups.cache_full_blocks(table, position // block_size)
         return block_ids[-1] * block_size + offset
 
     def fork(self, parent_id: str, child_id: str) -> RequestBlockTable:

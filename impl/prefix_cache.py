@@ -165,11 +165,17 @@ class PrefixCache:
         new_keys: list[BlockKey] = []
         parent = keys[-1] if keys else None
         for offset in range(0, len(tail) - block_size + 1, block_size):
-            chunk = tuple(tail[offset : offset + block_size])
-            parent_hash = self.root_hash(cache_salt) if parent is None else parent.hash_value
-            parent = BlockKey(parent, chunk, self.block_hash(parent_hash, chunk), cache_salt)
+            parent = self.chain_key(parent, tuple(tail[offset : offset + block_size]), cache_salt)
             new_keys.append(parent)
         return new_keys
+
+    def chain_key(
+        self, parent: BlockKey | None, token_ids: tuple[int, ...], cache_salt: str | None
+    ) -> BlockKey:
+        """The key of a full block of ``token_ids`` after ``parent`` (``None``: the first
+        block, under ``cache_salt``)."""
+        parent_hash = self.root_hash(cache_salt) if parent is None else parent.hash_value
+        return BlockKey(parent, token_ids, self.block_hash(parent_hash, token_ids), cache_salt)
 
     def root_hash(self, cache_salt: str | None) -> int:
         """The parent hash of a chain's first block under ``cache_salt`` (``ROOT_HASH`` for
