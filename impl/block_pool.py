@@ -4,14 +4,17 @@ It owns the two free queues, the ref counts, the pending copy-on-write pairs and
 blocks sliding windows freed until the KV pool poisons them, and it takes, releases and
 evicts blocks in the order ``spec.allocator`` specifies (as vLLM v1 keeps a ``BlockPool``
 apart from its managers). It knows blocks, not requests: the tables are the caller's.
-Every operation is O(blocks it moves), with no scan of the pool or the queues.
+Every operation is O(blocks it moves), with no scan of the pool or the queues. Its
+caches emit the KV cache events of keys gained and evicted; a reset emits its one
+``AllBlocksCleared`` here.
 """
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
-from impl.prefix_cache import PrefixCache
+from impl.prefix_cache import EventSink, PrefixCache
 from impl.usage import UsageCounters
+from spec import AllBlocksCleared
 
 
 class BlockPool:
@@ -22,6 +25,7 @@ class BlockPool:
         "cached_free",
         "caches",
         "counters",
+        "event_sink",
         "free",
         "pending_copies",
         "pending_skipped",
@@ -29,8 +33,13 @@ class BlockPool:
     )
 
     def __init__(
-        self, total_blocks: int, caches: Sequence[PrefixCache], counters: UsageCounters
+        self,
+        total_blocks: int,
+        caches: Sequence[PrefixCache],
+        counters: UsageCounters,
+        event_sink: EventSink | None = None,
     ) -> None:
+        self.event_sink = event_sink
         self.free: deque[int] = deque(range(total_blocks))
         # NOTE: an OrderedDict, not a deque: a prefix hit revives a cached free block from
         # anywhere in the queue, and ``del`` is O(1) there where ``deque.remove`` scans
@@ -162,12 +171,14 @@ class BlockPool:
     def reset_caches(self) -> int:
         """Forget every cached prefix in every group: the cached free blocks join the tail
         of the free queue in their queue order, held blocks lose their keys. Returns how
-        many cached blocks were dropped. O(pool)."""
+        many cached blocks were dropped; emits one ``AllBlocksCleared``. O(pool)."""
         dropped = sum(cache.cached_blocks for cache in self.caches)
         for cache in self.caches:
             cache.clear()
         self.free.extend(self.cached_free)
         self.cached_free.clear()
+        if self.event_sink is not None:
+            self.event_sink(AllBlocksCleared())
         return dropped
 
     def take_copies(self) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ from typing import ClassVar
 from impl import checking
 from impl.block_pool import BlockPool
 from impl.groups import KVCacheGroups
-from impl.prefix_cache import BlockHash, PrefixCache, default_block_hash
+from impl.prefix_cache import BlockHash, EventSink, PrefixCache, default_block_hash
 from impl.records import AppendedSlots, RequestBlockTable
 from impl.tables import Blocks, RequestTables, Table
 from impl.usage import UsageCounters
@@ -46,10 +46,12 @@ class ManagerBase:
     """The fields, the parts and the read-only queries of ``impl.KVBlockManager``.
 
     Only the article's two parameters are positional; ``block_hash`` (the prefix cache's
-    hash of a parent hash and a block's token ids) and ``group_windows`` are keyword-only.
-    ``group_windows`` lists the KV cache groups that share the pool (``None``: full
-    attention; W: a sliding window of W tokens); the default is one full-attention group,
-    the allocator without groups.
+    hash of a parent hash and a block's token ids), ``group_windows`` and ``event_sink``
+    are keyword-only. ``group_windows`` lists the KV cache groups that share the pool
+    (``None``: full attention; W: a sliding window of W tokens); the default is one
+    full-attention group, the allocator without groups. ``event_sink`` (e.g. a list's
+    ``append``) is called with every KV cache event (``spec.events``) as the caches change;
+    with ``None`` no event is built and the decode paths never look at it.
     """
 
     total_blocks: int
@@ -57,6 +59,7 @@ class ManagerBase:
     _: KW_ONLY
     block_hash: BlockHash = field(default=default_block_hash, repr=False)
     group_windows: tuple[int | None, ...] = (None,)
+    event_sink: EventSink | None = field(default=None, repr=False)
 
     # The parts a subclass may swap for its own (the planted bugs of the tests do).
     prefix_cache_class: ClassVar[type[PrefixCache]] = PrefixCache
@@ -70,13 +73,20 @@ class ManagerBase:
                 f"block_hash must be callable, got {type(self.block_hash).__name__} "
                 f"{self.block_hash!r}"
             )
+        if self.event_sink is not None and not callable(self.event_sink):
+            raise TypeError(
+                f"event_sink must be callable or None, got {type(self.event_sink).__name__} "
+                f"{self.event_sink!r}"
+            )
         self.group_windows = check_group_windows(self.group_windows)
         self.blocks: Sequence[KVBlock] = Blocks(self.total_blocks, self.block_size)
         self._counters = UsageCounters(len(self.group_windows))
+        sink = self.event_sink
         caches = [
-            self.prefix_cache_class(self.total_blocks, self.block_hash) for _ in self.group_windows
+            self.prefix_cache_class(self.total_blocks, self.block_hash, group=g, event_sink=sink)
+            for g in range(len(self.group_windows))
         ]
-        self._pool = self.block_pool_class(self.total_blocks, caches, self._counters)
+        self._pool = self.block_pool_class(self.total_blocks, caches, self._counters, sink)
         self._groups = self.groups_class(
             self.block_size, self.group_windows, self._pool, self.block_hash
         )
