@@ -19,7 +19,9 @@ import spec
 from tests.support.lockstep import (
     GROUP_WINDOWS,
     NEW_REQUEST_IDS,
+    PROMPTS,
     REQUEST_IDS,
+    SALTS,
     AllocatorMachine,
     WindowedAllocatorMachine,
 )
@@ -97,6 +99,26 @@ class HostTierMachine(AllocatorMachine):
         """Swap-in before the copies out are taken: the copies in read what they write."""
         if self._step("swap_out", request_id) is not None:
             self._step("swap_in", request_id)
+
+    @precondition(lambda self: self.model.host.host_prefix_cache)
+    @rule(request_id=REQUEST_IDS, token_ids=PROMPTS, cache_salt=SALTS)
+    def demote_evict_and_revive_a_prefix(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None
+    ) -> None:
+        """The host prefix cache's round trip: a prompt's blocks cached, freed (demoted),
+        evicted from the device by a count allocation of every free block, then the same
+        prompt again under the same salt: its hit comes back from the host."""
+        if self._step("allocate_prompt", request_id, token_ids, cache_salt) is None:
+            return
+        self._step("release", request_id)
+        self._step("take_swap_copies")
+        filler = (
+            self.model.block_size * spec.free_blocks(self.model) // len(self.model.group_windows)
+        )
+        if self._step("allocate", request_id, filler) is not None:
+            self._step("release", request_id)
+        self._step("take_swap_copies")
+        self._step("allocate_prompt", request_id, token_ids, cache_salt)
 
     def teardown(self) -> None:
         for request_id in sorted(self.model.host.swapped) + sorted(self.model.tables):
