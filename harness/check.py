@@ -19,6 +19,7 @@ from harness.cli.limits import (
     model_context,
 )
 from harness.cli.parsing import UsageError
+from harness.kv_events import KVEventLog
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.equivalence import (
     EquivalenceReport,
@@ -64,6 +65,7 @@ def check_model(
     salts: int | None = None,
     name: str | None = None,
     observer: PoolObserver | None = None,
+    kv_events: KVEventLog | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> EquivalenceReport:
     """Generate every prompt with ``model`` (HF's dense cache) and through a paged KV pool,
@@ -73,8 +75,10 @@ def check_model(
     reused and requests preempted), at least one whole request. ``n``: continuations per
     prompt (forked, sharing the prompt's blocks). ``salts=K``: K cache salts (``tenant0`` ..
     ``tenant{K-1}``) assigned round-robin over the prompts, so a prompt hits only blocks of
-    its own tenant; ``None``: no salt. Refuses bad settings with ``CheckSettingsError``
-    (``UsageError`` for what the model cannot serve) before any generation.
+    its own tenant; ``None``: no salt. ``kv_events`` records the KV cache events of the
+    continuous-batching run (check 3), each with its engine step. Refuses bad settings
+    with ``CheckSettingsError`` (``UsageError`` for what the model cannot serve) before
+    any generation.
     """
     if attention not in ATTENTION_BACKENDS:
         known = sorted(ATTENTION_BACKENDS)
@@ -119,6 +123,7 @@ def check_model(
         pool_type=backend.poisoned_pool_type if poison_freed else PagedKVPool,
         allocation=PREFIX_CACHING if prefix_cache else NO_PREFIX_CACHING,
         observer=observer,
+        kv_events=kv_events,
         scheduling=Scheduling(speculate or 0, max_batch_tokens),
         attention=backend,
     )

@@ -4,7 +4,9 @@ It owns the two free queues, the ref counts, the pending copy-on-write pairs and
 blocks sliding windows freed until the KV pool poisons them, and it takes, releases and
 evicts blocks in the order ``spec.allocator`` specifies (as vLLM v1 keeps a ``BlockPool``
 apart from its managers). It knows blocks, not requests: the tables are the caller's.
-Every operation is O(blocks it moves), with no scan of the pool or the queues.
+Every operation is O(blocks it moves), with no scan of the pool or the queues. Its
+caches emit the KV cache events of keys gained and evicted; a reset emits its one
+``AllBlocksCleared`` here.
 """
 
 from collections import OrderedDict, deque
@@ -12,8 +14,9 @@ from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from impl.host_pool import HostPool
-from impl.prefix_cache import BlockKey, PrefixCache
+from impl.prefix_cache import BlockKey, EventSink, PrefixCache
 from impl.usage import UsageCounters
+from spec import AllBlocksCleared
 
 
 class BlockPool:
@@ -24,6 +27,7 @@ class BlockPool:
         "cached_free",
         "caches",
         "counters",
+        "event_sink",
         "free",
         "host",
         "pending_copies",
@@ -39,9 +43,12 @@ class BlockPool:
         total_blocks: int,
         caches: Sequence[PrefixCache],
         counters: UsageCounters,
+        event_sink: EventSink | None = None,
+        *,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,
     ) -> None:
+        self.event_sink = event_sink
         self.free: deque[int] = deque(range(total_blocks))
         # NOTE: an OrderedDict, not a deque: a prefix hit revives a cached free block from
         # anywhere in the queue, and ``del`` is O(1) there where ``deque.remove`` scans
@@ -57,7 +64,9 @@ class BlockPool:
         self.pending_skipped: dict[int, None] = {}
         # The host tier: a block a pending copy out reads waits there, in flight, when its
         # last reference is dropped.
-        host_caches = [type(cache)(host_blocks, cache.block_hash) for cache in caches]
+        host_caches = [
+            type(cache)(host_blocks, cache.block_hash, group=cache.group) for cache in caches
+        ]  # no event sink: host-tier events are not emitted yet
         self.host = self.host_pool_class(host_blocks, host_caches if host_prefix_cache else ())
 
     @property
@@ -221,12 +230,14 @@ class BlockPool:
     def reset_caches(self) -> int:
         """Forget every cached prefix in every group: the cached free blocks join the tail
         of the free queue in their queue order, held blocks lose their keys. Returns how
-        many cached blocks were dropped. O(pool)."""
+        many cached blocks were dropped; emits one ``AllBlocksCleared``. O(pool)."""
         dropped = sum(cache.cached_blocks for cache in self.caches)
         for cache in self.caches:
             cache.clear()
         self.free.extend(self.cached_free)
         self.cached_free.clear()
+        if self.event_sink is not None:
+            self.event_sink(AllBlocksCleared())
         self.host.reset()
         self.land()
         return dropped

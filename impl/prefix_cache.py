@@ -11,14 +11,18 @@ match alone was trusted).
 
 This module knows keys and blocks, not requests, ref counts or queues: ``impl.manager``
 decides when a block is cached (a prompt or an append fills it) and when it is evicted
-(a cached free block is taken for new tokens).
+(a cached free block is taken for new tokens). Every key it gains or drops one by one is
+a KV cache event (``spec.events``), handed to the ``event_sink`` if there is one; the
+caller clearing every cache at once emits the one ``AllBlocksCleared`` itself.
 """
 
 from collections.abc import Callable, Iterator, Sequence
 
-from spec import CacheKey
+from spec import BlockRemoved, BlockStored, CacheKey, KVCacheEvent
 
 BlockHash = Callable[[int, tuple[int, ...]], int]
+# Where events go: a callable taking one event (``list.append`` of a list will do).
+EventSink = Callable[[KVCacheEvent], object]
 
 ROOT_HASH = 0
 
@@ -78,15 +82,25 @@ class PrefixCache:
     ``block_keys[b]`` is the key block ``b`` is cached under, or ``None``; ``buckets`` maps
     a hash to the blocks cached under keys with that hash (one, but for collisions).
     Both are public to ``impl.manager`` so its hot paths can read them without a call.
+    ``group`` is the KV cache group this cache is, the one its events name.
     """
 
-    __slots__ = ("block_hash", "block_keys", "buckets", "cached_blocks")
+    __slots__ = ("block_hash", "block_keys", "buckets", "cached_blocks", "event_sink", "group")
 
-    def __init__(self, total_blocks: int, block_hash: BlockHash) -> None:
+    def __init__(
+        self,
+        total_blocks: int,
+        block_hash: BlockHash,
+        *,
+        group: int = 0,
+        event_sink: EventSink | None = None,
+    ) -> None:
         self.block_hash = block_hash
         self.buckets: dict[int, list[int]] = {}
         self.block_keys: list[BlockKey | None] = [None] * total_blocks
         self.cached_blocks = 0
+        self.group = group
+        self.event_sink = event_sink
 
     def lookup(
         self,
@@ -151,11 +165,17 @@ class PrefixCache:
         new_keys: list[BlockKey] = []
         parent = keys[-1] if keys else None
         for offset in range(0, len(tail) - block_size + 1, block_size):
-            chunk = tuple(tail[offset : offset + block_size])
-            parent_hash = self.root_hash(cache_salt) if parent is None else parent.hash_value
-            parent = BlockKey(parent, chunk, self.block_hash(parent_hash, chunk), cache_salt)
+            parent = self.chain_key(parent, tuple(tail[offset : offset + block_size]), cache_salt)
             new_keys.append(parent)
         return new_keys
+
+    def chain_key(
+        self, parent: BlockKey | None, token_ids: tuple[int, ...], cache_salt: str | None
+    ) -> BlockKey:
+        """The key of a full block of ``token_ids`` after ``parent`` (``None``: the first
+        block, under ``cache_salt``)."""
+        parent_hash = self.root_hash(cache_salt) if parent is None else parent.hash_value
+        return BlockKey(parent, token_ids, self.block_hash(parent_hash, token_ids), cache_salt)
 
     def root_hash(self, cache_salt: str | None) -> int:
         """The parent hash of a chain's first block under ``cache_salt`` (``ROOT_HASH`` for
@@ -166,11 +186,27 @@ class PrefixCache:
         return self.block_hash(ROOT_HASH, tuple(cache_salt.encode()))
 
     def insert(self, key: BlockKey, block_id: int) -> None:
-        """Cache ``block_id`` under ``key``, unless a block holds that prefix already."""
+        """Cache ``block_id`` under ``key``, unless a block holds that prefix already (then
+        nothing happens, and no event)."""
         if self.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt) is None:
             self.buckets.setdefault(key.hash_value, []).append(block_id)
             self.block_keys[block_id] = key
             self.cached_blocks += 1
+            if self.event_sink is not None:
+                self.event_sink(self.stored_event(key, block_id))
+
+    def stored_event(self, key: BlockKey, block_id: int) -> BlockStored:
+        """The ``BlockStored`` of ``block_id`` cached under ``key``: its parent is the block
+        this cache holds the parent prefix in; with none, the event carries the whole
+        prefix (``spec.events``). O(block_size), O(prefix) for an orphan."""
+        parent = key.parent
+        parent_id = None
+        if parent is not None:
+            parent_id = self.lookup(
+                parent.parent, parent.token_ids, parent.hash_value, parent.cache_salt
+            )
+        token_ids = key.token_ids if parent_id is not None else key.prefix()
+        return BlockStored(block_id, self.group, parent_id, token_ids, key.cache_salt)
 
     def evict(self, block_id: int) -> None:
         """Forget the prefix ``block_id`` holds: it is about to be overwritten."""
@@ -182,9 +218,11 @@ class PrefixCache:
             del self.buckets[key.hash_value]
         self.block_keys[block_id] = None
         self.cached_blocks -= 1
+        if self.event_sink is not None:
+            self.event_sink(BlockRemoved(block_id, self.group))
 
     def clear(self) -> None:
-        """Forget every cached prefix (O(pool))."""
+        """Forget every cached prefix (O(pool)); emits nothing (see the module docstring)."""
         self.buckets.clear()
         self.block_keys[:] = [None] * len(self.block_keys)
         self.cached_blocks = 0

@@ -3,7 +3,8 @@ the spec row of the allocator benchmark; not part of ``impl``'s public API (impo
 ``impl.spec_backed``). ``as_article`` is the one place spec's records map onto impl's.
 
 Each method threads an immutable spec state through ``spec.api``'s function of the same
-name and hands back the records impl hands out; it decides nothing itself. So a scenario
+name and hands back the records impl hands out; it decides nothing itself. The KV cache
+events a call emits go to ``event_sink``, as impl's do, and leave the state. So a scenario
 written against the manager runs on the spec unchanged, and the spec-side benchmark
 times exactly what the specification does. Slow on purpose: O(pool) per call.
 """
@@ -12,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import spec
+from impl.prefix_cache import EventSink
 from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable, SwapCopies
-from spec import AllocatorState, KVBlockUsage, ReleasedBlocks, SwappedOut
+from spec import AllocatorState, KVBlockUsage, ReleasedBlocks, SwappedOut, take_events
 from spec import init as spec_init
 from spec.api import OPERATIONS
 
@@ -48,16 +50,22 @@ class SpecBackedManager:
         block_size: int = 16,
         *,
         group_windows: tuple[int | None, ...] = (None,),
+        event_sink: EventSink | None = None,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,
     ) -> None:
         self.state: AllocatorState = spec_init(
             total_blocks, block_size, group_windows, host_blocks, host_prefix_cache
         )
+        self.event_sink = event_sink
 
     def call(self, name: str, *args: object) -> Any:  # Any: the method's own return type
         """Apply the API call ``name`` to the state; return its result as impl would."""
-        self.state, result = OPERATIONS[name](self.state, *args)
+        state, result = OPERATIONS[name](self.state, *args)
+        if self.event_sink is not None:
+            for event in state.events:
+                self.event_sink(event)
+        self.state = take_events(state)
         return as_article(result)
 
     @property

@@ -1,5 +1,5 @@
 """Preemption by swap in impl: ``spec.swap``'s transitions on the block pool, the host pool
-and a request's ``Table``.
+and a request's ``Table``; and a prompt's revival of prefixes from the host.
 
 A swapped-out request keeps its own ``Table`` object (token ids, keys, salt and skips
 stay as they were) in ``HostPool.swapped``, with its host blocks beside it; swap-in
@@ -13,6 +13,7 @@ from itertools import islice
 from impl.block_pool import BlockPool
 from impl.groups import KVCacheGroups
 from impl.host_pool import Swapped
+from impl.prefix_cache import BlockKey
 from impl.tables import Table
 from spec import ReleasedBlocks, SwappedOut
 
@@ -80,3 +81,32 @@ def release_swapped(pool: BlockPool, request_id: str) -> ReleasedBlocks:
     host.release(b for group in swapped.group_host_block_ids for b in reversed(group))
     freed, cached = pool.land()
     return ReleasedBlocks((), tuple(freed), tuple(cached))
+
+
+def held_after_host_hits(
+    pool: BlockPool,
+    groups: KVCacheGroups,
+    *,
+    cached_tokens: int,
+    group_hits: list[list[int]],
+    group_host_hits: list[list[tuple[int, int]]],
+    keys: list[BlockKey],
+    per_group: int,
+) -> list[list[int]]:
+    """Each group's blocks of a prompt whose hit is partly on the host only (the host
+    prefix cache), group by group: the host hits take their device blocks (copies in
+    queued, keys cached on the device again), then the blocks past the hit are taken;
+    held in block index order with the device hits (revived already)."""
+    block_size = groups.block_size
+    held: list[list[int]] = []
+    for group, (hits, host_hits) in enumerate(zip(group_hits, group_host_hits, strict=True)):
+        revived = pool.revive_from_host(group, host_hits, keys)
+        from_host = dict(zip((index for index, _ in host_hits), revived, strict=True))
+        first = groups.groups[group].skip_target(block_size, cached_tokens)
+        device_hits = iter(hits)
+        row = [
+            from_host[index] if index in from_host else next(device_hits)
+            for index in range(first, cached_tokens // block_size)
+        ]
+        held.append(row + pool.take(per_group, group))
+    return held

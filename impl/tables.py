@@ -60,6 +60,20 @@ class Table:
         self.exclusive = exclusive
         self.cache_salt = cache_salt
 
+    def copy(self) -> "Table":
+        """A table holding the same blocks, tokens and keys (a fork's child; it is
+        never exclusive: the blocks are shared from now on)."""
+        child = Table(
+            [list(held) for held in self.group_block_ids],
+            self.token_count,
+            None if self.token_ids is None else list(self.token_ids),
+            None if self.keys is None else list(self.keys),
+            cache_salt=self.cache_salt,
+        )
+        child.skipped_blocks = list(self.skipped_blocks)
+        child.next_skip_at = self.next_skip_at
+        return child
+
     def snapshot(self, request_id: str, group: int = 0) -> RequestBlockTable:
         """A copy of the table of ``group``, as the article's calls return it."""
         return RequestBlockTable(

@@ -49,117 +49,20 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import inspect  # noqa: E402
-import io  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Any  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from harness.bench import attention as bench_attention  # noqa: E402
-from harness.bench import decode as bench_decode  # noqa: E402
 from harness.cli.parsing import OneLineParser, UsageError, fail  # noqa: E402
-from harness.models import LoadedModel, ModelNotFoundError, load_model  # noqa: E402
-from harness.oracle.device_cases import (  # noqa: E402
-    paged_cache_generate_failures,
-    paged_equals_dense_failures,
-)
-from harness.oracle.equivalence import (  # noqa: E402
-    EquivalenceReport,
-    PoolConfig,
-    run_equivalence,
-    tight_total_blocks,
-)
-from harness.prompts import BUILTIN_PROMPTS, render_prompt  # noqa: E402
-from harness.runtime.engine import BatchInvariantEngine, Engine  # noqa: E402
-from harness.runtime.kv_pool import PoisonedKVPool  # noqa: E402
-from harness.runtime.requests import Request  # noqa: E402
+from harness.oracle.gpu_plan import FULL, SMOKE, Json, Plan  # noqa: E402
+from harness.oracle.gpu_stages import STAGES as STAGE_FUNCTIONS  # noqa: E402
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-Json = dict[str, object]  # what a stage reports: JSON-ready values
-# How far the paged read may drift from SDPA on contiguous K/V before the kernels stage
-# fails: a few output ulps (outputs are O(1)). Bitwise equality is reported beside it.
-KERNEL_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-STAGES = ("environment", "device_tests", "checks", "kernels", "decode_bench")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    """The sizes of a Llama; SmolLM2-135M's are the defaults."""
-
-    vocab_size: int = 49152
-    hidden_size: int = 576
-    intermediate_size: int = 1536
-    num_hidden_layers: int = 30
-    num_attention_heads: int = 9
-    num_key_value_heads: int = 3
-    head_dim: int = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """How big each stage runs: the full GPU run or the CPU smoke run."""
-
-    device: torch.device
-    model_shape: ModelShape  # of the random model
-    device_test_requests: int
-    cpu_threads: int | None  # None: torch's default
-    requests: int
-    max_new_tokens: int
-    kernel_shapes: tuple[tuple[int, int], ...]  # (batch, context tokens)
-    kernel_backends: tuple[str, ...]
-    kernel_repeats: int
-    bench_batch_sizes: tuple[int, ...]
-    bench_new_tokens: int
-    bench_repeats: int
-
-
-SMOLLM2_SHAPE = ModelShape()
-# Same heads (9 over 3), so GQA runs as in SmolLM2; small enough for a CPU minute.
-SMOKE_SHAPE = ModelShape(
-    vocab_size=512, hidden_size=144, intermediate_size=128, num_hidden_layers=2, head_dim=16
-)
-
-FULL = Plan(
-    device=torch.device("cuda"),
-    model_shape=SMOLLM2_SHAPE,
-    device_test_requests=6,
-    cpu_threads=None,
-    requests=14,
-    max_new_tokens=64,
-    kernel_shapes=((8, 512), (64, 4096)),
-    kernel_backends=("gather", "varlen", "flex"),
-    kernel_repeats=20,
-    bench_batch_sizes=(1, 8, 32),
-    bench_new_tokens=64,
-    bench_repeats=3,
-)
-SMOKE = Plan(
-    device=torch.device("cpu"),
-    model_shape=SMOKE_SHAPE,
-    device_test_requests=3,
-    cpu_threads=1,  # per-request attention is many small ops: one thread wins on CPU
-    requests=4,
-    max_new_tokens=6,
-    kernel_shapes=((2, 48),),
-    # NOTE: not flex: its first compile takes minutes on a 2-core CPU (the smoke run is CI's).
-    kernel_backends=("gather", "varlen-emulated", "varlen"),
-    kernel_repeats=2,
-    bench_batch_sizes=(2,),
-    bench_new_tokens=3,
-    bench_repeats=1,
-)
+STAGES = tuple(STAGE_FUNCTIONS)
 
 
 class Log:
@@ -226,13 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     if plan.cpu_threads is not None:
         torch.set_num_threads(plan.cpu_threads)
     run = Run(out, {"mode": "smoke" if args.smoke else "gpu", "deadline_s": args.deadline_s})
-    stages: dict[str, Callable[[Plan, Log], Json]] = {
-        "environment": stage_environment,
-        "device_tests": stage_device_tests,
-        "checks": stage_checks,
-        "kernels": stage_kernels,
-        "decode_bench": stage_decode_bench,
-    }
     try:
         for name in STAGES:
             elapsed = run.elapsed_s()
@@ -245,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 log(f"== {name} (at {elapsed:.0f} s)")
                 run.current = name
-                run.record(name, _run_stage(stages[name], plan, log))
+                run.record(name, _run_stage(STAGE_FUNCTIONS[name], plan, log))
     except KeyboardInterrupt:
         if run.current not in run.stages:  # not when Ctrl-C came just after it was recorded
             run.record(run.current, {"status": "interrupted"})
@@ -328,7 +224,9 @@ def _finite(value: object) -> object:
     return value
 
 
-def _run_stage(stage: Callable[[Plan, Log], Json], plan: Plan, log: Log) -> object:
+def _run_stage(
+    stage: Callable[[Plan, Callable[[str], None]], Json], plan: Plan, log: "Log"
+) -> object:
     """One stage, timed; an exception is the stage's error, logged, and the next one runs."""
     started = time.perf_counter()
     try:
@@ -343,363 +241,6 @@ def _run_stage(stage: Callable[[Plan, Log], Json], plan: Plan, log: Log) -> obje
 
 def _status(result: object) -> str:
     return str(result.get("status")) if isinstance(result, dict) else "not run"
-
-
-# -- stage 1: environment -------------------------------------------------------------------
-
-
-def stage_environment(plan: Plan, log: Log) -> Json:
-    """Versions, the device, SDPA's backend per call shape, ``varlen_attn``'s signature."""
-    env: Json = {
-        "status": "ok",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "transformers": transformers.__version__,
-        "transformers_path": str(Path(transformers.__file__).parent),
-        "cpu_count": os.cpu_count(),
-        "device": _device_text(plan.device),
-        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        "sdpa_backends": _sdpa_backends(plan.device),
-        "varlen_attn": _varlen_signature(),
-    }
-    for key, value in env.items():
-        log(f"   {key}: {value}")
-    return env
-
-
-def _device_text(device: torch.device) -> str:
-    if device.type != "cuda":
-        return f"cpu ({platform.processor() or platform.machine()})"
-    properties = torch.cuda.get_device_properties(device)
-    return (
-        f"{properties.name}, capability {properties.major}.{properties.minor}, "
-        f"{properties.total_memory / 2**30:.0f} GiB"
-    )
-
-
-def _sdpa_backends(device: torch.device) -> dict[str, str]:
-    """Which SDPA backend torch picks for each call our attention makes, bf16 and fp32.
-
-    SmolLM2's shapes: 9 query heads over 3 KV heads of 64. The calls: a whole prefill
-    (``is_causal``), a one-query decode, a partial prefill with a bottom-right bool mask.
-    """
-    from transformers.integrations.sdpa_attention import use_gqa_in_sdpa  # noqa: PLC0415
-
-    # Any: torch's pybind SDPBackend enum members.
-    names = {int(value): name for name, value in _sdp_backend_members().items()}
-    chosen: dict[str, str] = {}
-    for dtype_name, dtype in DTYPES.items():
-        for shape, (queries, keys, masked, causal) in {
-            "prefill_256": (256, 256, False, True),
-            "decode_1_of_512": (1, 512, False, False),
-            "partial_prefill_16_of_512": (16, 512, True, False),
-        }.items():
-            query = torch.randn(1, 9, queries, 64, dtype=dtype, device=device)
-            key = torch.randn(1, 3, keys, 64, dtype=dtype, device=device)
-            mask = None
-            if masked:
-                mask = torch.ones(queries, keys, dtype=torch.bool, device=device)
-                mask = mask.tril(keys - queries)[None, None]
-            gqa = bool(use_gqa_in_sdpa(mask, key, key))
-            if not gqa:  # HF's wrapper repeats the KV heads instead
-                key = key.repeat_interleave(3, dim=1)
-            try:
-                choice = torch._fused_sdp_choice(
-                    query, key, key, mask, 0.0, causal, scale=None, enable_gqa=gqa
-                )
-                chosen[f"{dtype_name}/{shape}"] = f"{names.get(int(choice), choice)} (gqa={gqa})"
-            except Exception as error:  # a private API: report, never fail the stage on it
-                chosen[f"{dtype_name}/{shape}"] = f"unknown: {type(error).__name__}: {error}"
-    return chosen
-
-
-def _sdp_backend_members() -> dict[str, Any]:  # Any: torch's pybind enum members
-    try:
-        from torch.nn.attention import SDPBackend  # noqa: PLC0415
-
-        members: dict[str, Any] = dict(SDPBackend.__members__)
-        return members
-    except (ImportError, AttributeError):
-        return {}
-
-
-def _varlen_signature() -> Json:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
-    except ImportError as error:
-        return {"available": False, "why": str(error)}
-    parameters = inspect.signature(varlen_attn).parameters
-    return {"available": True, "takes_block_table": "block_table" in parameters}
-
-
-# -- stage 2: the CUDA tests' cases ---------------------------------------------------------
-
-
-def stage_device_tests(plan: Plan, log: Log) -> Json:
-    """The cases ``tests/harness/test_cuda.py`` asserts, run without pytest."""
-    cases: dict[str, list[str]] = {}
-    with _deterministic():
-        for dtype_name, dtype in DTYPES.items():
-            for engine_type in (Engine, BatchInvariantEngine):
-                name = f"paged_equals_dense/{dtype_name}/{engine_type.__name__}"
-                cases[name] = paged_equals_dense_failures(
-                    plan.device, dtype, engine_type, plan.device_test_requests
-                )
-            cases[f"paged_cache_generate/{dtype_name}"] = paged_cache_generate_failures(
-                plan.device, dtype
-            )
-    for name, failures in cases.items():
-        log(f"   {name}: {'ok' if not failures else 'FAIL ' + '; '.join(failures)[:300]}")
-    status = "ok" if not any(cases.values()) else "failed"
-    return {"status": status, "cases": {name: failures or "ok" for name, failures in cases.items()}}
-
-
-@contextlib.contextmanager
-def _deterministic() -> Iterator[None]:
-    # warn_only: an op without a deterministic kernel warns (in the log) instead of raising.
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(False)
-
-
-# -- stage 3: the three checks on SmolLM2 (or its shapes) ----------------------------------
-
-
-def random_smollm2(
-    shape: ModelShape, dtype: torch.dtype, device: torch.device
-) -> Any:  # Any: a transformers LlamaForCausalLM
-    """A seeded random Llama of ``shape`` whose logits look like a trained model's.
-
-    NOTE: default init gives near-uniform logits (argmax ties everywhere). A gain of
-    1.5/sqrt(fan_in) on every matrix and embeddings of std 0.3 gave a median top-1 logit of
-    29.5 at SmolLM2's shapes, against 28.2 for the real model, so the bf16 grid spacing
-    at the top-1 logit (what the tie rule counts in) is the real run's.
-    Built in float32 from a CPU seed, then loaded into a model made with ``dtype=`` as
-    ``from_pretrained`` makes it: the rotary ``inv_freq`` stays float32.
-    """
-    config = LlamaConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.head_dim,
-        max_position_embeddings=8192,
-        rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    torch.manual_seed(0)
-    source = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, parameter in source.named_parameters():
-            if "embed_tokens" in name:
-                parameter.normal_(0.0, 0.3)
-            elif parameter.dim() == 2:
-                parameter.normal_(0.0, 1.5 / math.sqrt(parameter.shape[1]))
-    model = LlamaForCausalLM._from_config(config, dtype=dtype)
-    model.load_state_dict(source.state_dict())
-    model.to(device)
-    model.eval()
-    model.set_attn_implementation("sdpa")
-    return model
-
-
-def stage_checks(plan: Plan, log: Log) -> Json:
-    """The three checks for float32/bfloat16 x packed/batch-invariant, poisoned pool."""
-    runs: dict[str, Json] = {}
-    for dtype_name, dtype in DTYPES.items():
-        loaded = _checks_model(plan, dtype)
-        requests = _checks_requests(loaded, plan)
-        for engine_type in (Engine, BatchInvariantEngine):
-            pool = PoolConfig(
-                total_blocks=tight_total_blocks(requests, 16),
-                block_size=16,
-                engine_type=engine_type,
-                pool_type=PoisonedKVPool,
-            )
-            with _deterministic():
-                report = run_equivalence(loaded, requests, pool, lambda _: None)
-            name = f"{dtype_name}/{engine_type.__name__}"
-            runs[name] = _checks_summary(loaded.name, report)
-            log(f"   {name}: {json.dumps(runs[name])[:600]}")
-    status = "ok" if all(run["passed"] for run in runs.values()) else "failed"
-    return {"status": status, "runs": runs}
-
-
-def _checks_model(plan: Plan, dtype: torch.dtype) -> LoadedModel:
-    """The bundled SmolLM2 when it loads here (not in smoke runs), else the random one."""
-    if plan.device.type == "cuda":
-        try:
-            return load_model(None, plan.device, dtype)
-        except (ModelNotFoundError, ImportError, OSError):
-            pass  # a bare machine: no GGUF, no gguf package
-    model = random_smollm2(plan.model_shape, dtype, plan.device)
-    return LoadedModel(model=model, tokenizer=None, name="random-smollm2-shapes(seed=0)")
-
-
-def _checks_requests(loaded: LoadedModel, plan: Plan) -> list[Request]:
-    """The built-in prompts when there is a tokenizer; else seeded random prompts of their
-    lengths' range (31 to 370 tokens), arriving two steps apart."""
-    if loaded.tokenizer is not None:
-        prompts = [render_prompt(loaded.tokenizer, messages) for messages in BUILTIN_PROMPTS]
-    else:
-        generator = torch.Generator().manual_seed(1)
-        vocab = loaded.model.config.vocab_size
-        lengths = [31, 37, 40, 43, 67, 208, 370] if plan is FULL else [5, 9, 13]
-        prompts = [
-            tuple(torch.randint(vocab, (lengths[i % len(lengths)],), generator=generator).tolist())
-            for i in range(plan.requests)
-        ]
-    return [
-        Request(f"r{number:02d}", prompt, plan.max_new_tokens, arrival_step=2 * number)
-        for number, prompt in enumerate(prompts[: plan.requests])
-    ]
-
-
-def _checks_summary(model_name: str, report: EquivalenceReport) -> Json:
-    rows = report.rows
-    return {
-        "model": model_name,
-        "passed": report.passed,
-        "rows_passing": f"{sum(row.passed for row in rows)}/{len(rows)}",
-        "schedules_equal": report.schedules_equal,
-        "tie_rule": report.tie_rule.describe(),
-        "ties_ulps": [row.batch.margin_ulps for row in rows if row.batch.tie],
-        "failures": [
-            check.detail
-            for row in rows
-            for check in (row.gate, row.alone, row.batch)
-            if not check.passed
-        ],
-        "max_logprob_delta": max(row.max_logprob_delta for row in rows),
-        "paged_tokens_per_s": report.paged_tokens_per_s,
-    }
-
-
-# -- stage 4: the attention read ------------------------------------------------------------
-
-
-def stage_kernels(plan: Plan, log: Log) -> Json:
-    """Each attention backend's decode step at SmolLM2's shapes against SDPA on contiguous
-    K/V: agreement, a NaN (and a finite) poison in the rows past each request's tokens, one
-    request alone vs in the batch, and the time per call. ``varlen`` needs CUDA (skipped
-    without it); fp32 is gather's and flex's only (FlashAttention is fp16/bf16)."""
-    shapes: dict[str, Json] = {}
-    passed = True
-    backends = [name for name in plan.kernel_backends if name != "varlen" or _has_cuda(plan)]
-    for batch, context in plan.kernel_shapes:
-        for dtype_name, dtype in DTYPES.items():
-            for backend in backends:
-                if backend == "varlen" and dtype == torch.float32:
-                    continue
-                name = f"{backend}/{dtype_name}/B{batch}x{context}"
-                agreement = _kernel_agreement_and_time(plan, backend, batch, context, dtype)
-                passed = passed and agreement.passed(backend, dtype)
-                shapes[name] = agreement.as_json()
-                log(f"   {name}: {shapes[name]}")
-    return {"status": "ok" if passed else "failed", "backends": backends, "shapes": shapes}
-
-
-def _has_cuda(plan: Plan) -> bool:
-    return plan.device.type == "cuda"
-
-
-@dataclass(frozen=True, slots=True)
-class Agreement:
-    """A backend's decode step against SDPA on contiguous K/V, and its time.
-
-    ``nan_tail_clean`` / ``finite_tail_clean``: no NaN in the output with NaN / the
-    dtype's largest finite value in every row past each request's tokens (flex reads
-    those rows: its pool poisons with the finite value). ``alone_equals_batched``:
-    request 0 alone gives the bits it gives in the batch.
-    """
-
-    bitwise_equal: bool
-    max_abs_diff: float
-    nan_tail_clean: bool
-    finite_tail_clean: bool
-    alone_equals_batched: bool
-    median_ms: float
-
-    def passed(self, backend: str, dtype: torch.dtype) -> bool:
-        """Within tolerance and clean under the poison its pool uses."""
-        clean = self.finite_tail_clean if backend == "flex" else self.nan_tail_clean
-        return clean and self.max_abs_diff <= KERNEL_TOLERANCE[dtype]
-
-    def as_json(self) -> Json:
-        """The fields, for the results file."""
-        return {
-            "bitwise_equal": self.bitwise_equal,
-            "max_abs_diff": self.max_abs_diff,
-            "nan_tail_clean": self.nan_tail_clean,
-            "finite_tail_clean": self.finite_tail_clean,
-            "alone_equals_batched": self.alone_equals_batched,
-            "median_ms": round(self.median_ms, 4),
-        }
-
-
-def _kernel_agreement_and_time(
-    plan: Plan, backend: str, batch: int, context: int, dtype: torch.dtype
-) -> Agreement:
-    # NOTE: FlashAttention's block table wants blocks of a multiple of 256 tokens; every
-    # backend reads the same pool, so all run at 256 on CUDA (16 on the CPU smoke run).
-    block_size = 256 if _has_cuda(plan) else 16
-    case = bench_attention.decode_case(plan.device, dtype, batch, context, block_size)
-    with torch.no_grad():
-        ours, reference = case.decode(backend, batch), case.contiguous()
-        alone = case.decode(backend, 1)
-        _, call = case.step(backend, batch)
-        times = [bench_attention.timed(call, plan.device) for _ in range(plan.kernel_repeats)]
-        case.poison_tails(torch.finfo(dtype).max)
-        finite_clean = not bool(case.decode(backend, batch).isnan().any())
-        case.poison_tails(float("nan"))
-        nan_clean = not bool(case.decode(backend, batch).isnan().any())
-    difference = (ours.float() - reference.float()).abs().max()
-    return Agreement(
-        bool(torch.equal(ours, reference)),
-        float(difference),
-        nan_tail_clean=nan_clean,
-        finite_tail_clean=finite_clean,
-        alone_equals_batched=bool(torch.equal(alone[:, 0], ours[:, 0])),
-        median_ms=1000 * statistics.median(times),
-    )
-
-
-# -- stage 5: the decode benchmark ----------------------------------------------------------
-
-
-def stage_decode_bench(plan: Plan, log: Log) -> Json:
-    """bf16 decode tokens/s: dense ``generate``, the paged engine, HF ``generate_batch``."""
-    loaded = _checks_model(plan, torch.bfloat16)
-    if loaded.tokenizer is not None:
-        prompts = [render_prompt(loaded.tokenizer, messages) for messages in BUILTIN_PROMPTS]
-    else:
-        prompts = [request.prompt_ids for request in _checks_requests(loaded, plan)]
-    prompts = [prompts[i % len(prompts)] for i in range(max(plan.bench_batch_sizes))]
-    settings = bench_decode.Settings(
-        list(plan.bench_batch_sizes),
-        plan.bench_new_tokens,
-        16,
-        plan.bench_repeats,
-        {"dense", "paged", "hf-cb"},
-    )
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        rows = bench_decode.run_benchmark(loaded, prompts, settings)
-    for line in printed.getvalue().splitlines():
-        log(f"   {line}")
-    result = bench_decode.as_json(rows, loaded, None)
-    paged = [row for row in rows if row.method == "paged"]
-    result["status"] = "ok" if paged else "failed"
-    return result
 
 
 if __name__ == "__main__":

@@ -53,6 +53,18 @@ first. The default ``(None,)`` is the allocator without groups.
   the largest such h (vLLM's ``find_longest_cache_hit``: a sliding-window group needs
   ceil((W - 1) / block_size) contiguous cached blocks ending at the hit).
 
+KV cache events (``spec.events``). Every change to a group's prefix cache appends an event
+to ``events``, in the order the caches changed, until ``take_events`` drains them:
+- a key enters a cache only where a full block is cached (``allocate_prompt`` and
+  ``append_token_ids``, group by group, block index order): ``BlockStored``; a key some
+  block of the group caches already is refused and emits nothing;
+- a key leaves a cache when a cached free block is taken for new tokens (its eviction, in
+  the order taken, before the blocks the same call caches), and when ``truncate`` leaves
+  a cached block partly filled: ``BlockRemoved`` (of the group whose cache held it);
+- ``reset_prefix_cache`` drops every key: one ``AllBlocksCleared``, even of empty caches.
+Nothing else touches a cache: a revived block, a released one and a forked one keep
+their keys, and a refused operation emits nothing.
+
 Errors (``spec.errors``; checked in the order each operation lists; a refused operation
 changes nothing): ``TypeError`` for an argument of the wrong type; ``ValueError`` for bad
 configuration, a negative count, a token id out of range, a duplicate request id or the
@@ -79,6 +91,13 @@ from spec.errors import (
     duplicate_request,
     tracks_token_ids,
     unknown_request,
+)
+from spec.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CachedBlock,
+    KVCacheEvent,
 )
 from spec.frozen_map import FrozenMap
 from spec.host_tier import (
@@ -120,7 +139,8 @@ class AllocatorState:
     ``group_tables[g]`` and ``group_caches[g]`` are KV cache group g's tables (by request
     id) and prefix cache (salt and whole prefix -> block); a block belongs to one group at a
     time. ``tables`` and ``cache`` read group 0's. ``cache_salts`` holds the salt of each
-    request that has one (a request absent from it caches under ``None``).
+    request that has one (a request absent from it caches under ``None``). ``events`` are
+    the KV cache events emitted since the last ``take_events``.
     """
 
     block_size: int
@@ -136,6 +156,7 @@ class AllocatorState:
     group_windows: tuple[int | None, ...] = (None,)
     pending_skipped_block_ids: tuple[int, ...] = ()
     cache_salts: FrozenMap[str, str] = field(default_factory=FrozenMap[str, str])
+    events: tuple[KVCacheEvent, ...] = ()
     host: HostTier = field(default_factory=HostTier)
 
     @property
@@ -296,6 +317,16 @@ def _hit_keys(
         CacheKey(cache_salt, token_ids[: (index + 1) * block_size])
         for index in range(first, hit_tokens // block_size)
     ]
+
+
+def get_cached_blocks(state: AllocatorState) -> frozenset[CachedBlock]:
+    """Every (group, block id, key) the caches hold: what replaying every event emitted so
+    far gives (``spec.events.replay_events``)."""
+    return frozenset(
+        CachedBlock(group, block_id, key)
+        for group, cache in enumerate(state.group_caches)
+        for key, block_id in cache.items()
+    )
 
 
 def usage(state: AllocatorState) -> KVBlockUsage:
@@ -535,6 +566,7 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
         cache = state.group_caches[group]
         if token_count % state.block_size and kept[-1] in cache.values():
             cache = FrozenMap({key: b for key, b in cache.items() if b != kept[-1]})
+            state = _emit(state, BlockRemoved(kept[-1], group))
         state = _set_cache(state, group, cache)
         state = _set_table(state, group, replace(table, block_ids=kept, token_count=token_count))
     if request_id in state.token_ids:
@@ -554,7 +586,8 @@ def reset_prefix_cache(state: AllocatorState) -> AllocatorState:
     """Forget every cached prefix, in every group: the cached free blocks join the tail of
     the free queue as plain free blocks (least recently freed first, their queue order),
     and the blocks tables hold keep their K/V but lose their keys, so no later prompt hits
-    them. Blocks the tables fill later are cached again as usual. Never refused.
+    them. Blocks the tables fill later are cached again as usual. Never refused; emits one
+    ``AllBlocksCleared``.
 
     The host prefix cache forgets its keys too: its blocks join the host free queue's
     tail in their order (least recently used first), but one a pending copy in reads,
@@ -566,6 +599,7 @@ def reset_prefix_cache(state: AllocatorState) -> AllocatorState:
         cached_free_block_ids=(),
         group_caches=tuple(FrozenMap[CacheKey, int]() for _ in state.group_caches),
     )
+    state = _emit(state, AllBlocksCleared())
     host = state.host
     if not host.host_cached_block_ids:
         return state
@@ -591,12 +625,22 @@ def take_skipped_blocks(state: AllocatorState) -> AllocatorState:
     return replace(state, pending_skipped_block_ids=())
 
 
+def take_events(state: AllocatorState) -> AllocatorState:
+    """Clear ``events`` once they are delivered (read before). Not an operation of
+    ``spec.api``: impl hands each event to its sink as it happens and keeps none."""
+    return replace(state, events=())
+
+
 # -- building blocks ----------------------------------------------------------------------
 
 
 def _with_item(items: tuple[T, ...], index: int, item: T) -> tuple[T, ...]:
     """``items`` with the one at ``index`` replaced by ``item``."""
     return (*items[:index], item, *items[index + 1 :])
+
+
+def _emit(state: AllocatorState, *events: KVCacheEvent) -> AllocatorState:
+    return replace(state, events=state.events + events)
 
 
 def _set_group_tables(
@@ -744,13 +788,20 @@ def _revive_from_host(
     hit_keys: list[CacheKey],
 ) -> AllocatorState:
     """A prefix hit on keys ``group`` caches on the host only: each gets its device block
-    (``device_ids``, in order), cached on the device again, with a (host -> device) copy;
-    its host block becomes the most recently used."""
+    (``device_ids``, in order), cached on the device again (a ``BlockStored`` each, in
+    index order), with a (host -> device) copy; its host block becomes the most recently
+    used."""
     if not host_hits:
         return state
     cache = state.group_caches[group]
+    block_size = state.block_size
     for (index, _), device_id in zip(host_hits, device_ids, strict=True):
-        cache = cache.set(hit_keys[index], device_id)
+        key = hit_keys[index]
+        cache = cache.set(key, device_id)
+        before = key.token_ids[:-block_size]
+        parent = cache.get(CacheKey(key.cache_salt, before)) if before else None
+        added = key.token_ids[-block_size:] if parent is not None else key.token_ids
+        state = _emit(state, BlockStored(device_id, group, parent, added, key.cache_salt))
     used = {host_id for _, host_id in host_hits}
     host = state.host
     host = replace(
@@ -794,6 +845,13 @@ def _take_blocks(state: AllocatorState, count: int) -> tuple[AllocatorState, tup
     from_free = state.free_block_ids[:count]
     evicted = state.cached_free_block_ids[: count - len(from_free)]
     taken = from_free + evicted
+    removed = tuple(
+        BlockRemoved(block_id, group)
+        for block_id in evicted
+        for group, cache in enumerate(state.group_caches)
+        if block_id in cache.values()
+    )
+    state = _emit(state, *removed)
     return replace(
         state,
         free_block_ids=state.free_block_ids[len(from_free) :],
@@ -881,16 +939,24 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
 
 def _cache_full_blocks(state: AllocatorState, request_id: str, first_index: int) -> AllocatorState:
     """In each group, cache every full block the table holds from ``first_index`` on under
-    the request's salt, unless that group caches that key already."""
+    the request's salt, unless that group caches that key already; each one cached emits
+    ``BlockStored`` (its parent: the block the group caches the prefix before it in)."""
     token_ids = state.token_ids[request_id]
     cache_salt = get_cache_salt(state, request_id)
+    block_size = state.block_size
     for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
         cache = state.group_caches[group]
         start = max(first_index, table.skipped_blocks)
-        for index in range(start, len(token_ids) // state.block_size):
-            prefix = CacheKey(cache_salt, token_ids[: (index + 1) * state.block_size])
-            if prefix not in cache:
-                cache = cache.set(prefix, table.block_ids[index - table.skipped_blocks])
+        for index in range(start, len(token_ids) // block_size):
+            start_token, end_token = index * block_size, (index + 1) * block_size
+            prefix = CacheKey(cache_salt, token_ids[:end_token])
+            if prefix in cache:
+                continue
+            block_id = table.block_ids[index - table.skipped_blocks]
+            cache = cache.set(prefix, block_id)
+            parent = cache.get(CacheKey(cache_salt, token_ids[:start_token])) if index else None
+            added = token_ids[start_token:end_token] if parent is not None else prefix.token_ids
+            state = _emit(state, BlockStored(block_id, group, parent, added, cache_salt))
         state = _set_cache(state, group, cache)
     return state

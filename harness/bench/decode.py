@@ -45,13 +45,14 @@ from harness.bench.decode_methods import (
 from harness.cli.main import DTYPES
 from harness.cli.output import write_replacing
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
-from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
+from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.attention_backends import (
     ATTENTION_BACKENDS,
     AttentionBackend,
     AttentionBackendError,
 )
+from harness.tiny_models import tiny_llama
 
 PROG = "python -m harness.bench.decode"
 

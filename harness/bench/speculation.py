@@ -27,7 +27,7 @@ import torch
 from harness.bench.decode import Rates
 from harness.cli.main import DTYPES
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
-from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model, tiny_llama
+from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.prompts import BUILTIN_PROMPTS, Messages, render_prompt
 from harness.runtime.allocation import NO_PREFIX_CACHING
 from harness.runtime.engine import Engine
@@ -35,6 +35,7 @@ from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.requests import Request
 from harness.runtime.results import EngineResult
 from harness.runtime.scheduler import Scheduling
+from harness.tiny_models import tiny_llama
 from impl import KVBlockManager
 from spec import blocks_for_tokens
 

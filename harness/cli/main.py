@@ -20,10 +20,11 @@ import torch
 
 from harness.check import CheckSettingsError, check_model
 from harness.cli.limits import check_threads
-from harness.cli.output import DEFAULT_PLOT_NAME, plot_target, write_replacing
+from harness.cli.output import DEFAULT_PLOT_NAME, check_writable, plot_target, write_replacing
 from harness.cli.parsing import EXIT_INTERRUPTED, OneLineParser, UsageError, fail
 from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
+from harness.kv_events import KVEventLog, write_events
 from harness.models import (
     ModelLoadError,
     ModelNotFoundError,
@@ -193,6 +194,17 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "per step; preemptions marked) to FILE.png (any matplotlib format; a directory gets "
         f"{DEFAULT_PLOT_NAME}, a name without extension .png)",
     )
+    parser.add_argument(
+        "--events",
+        type=Path,
+        default=None,
+        metavar="FILE.jsonl",
+        help="write the KV cache events of the continuous-batching run to FILE.jsonl, one "
+        "JSON object per line in the order the cache changed: type (BlockStored, "
+        "BlockRemoved, AllBlocksCleared), step, block_id, group, and for BlockStored "
+        "parent_block_id, token_ids (past the parent's key) and cache_salt; "
+        "spec.replay_events rebuilds the cache from them",
+    )
     return parser
 
 
@@ -213,6 +225,9 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         device, dtype = _device_and_dtype(args.device, args.dtype)
         _check_flags(args)
         plot = None if args.plot is None else plot_target("--plot", args.plot)
+        if args.events is not None:
+            check_writable("--events", args.events)
+        kv_events = None if args.events is None else KVEventLog()
         if args.threads is not None:
             check_threads(args.threads)
             torch.set_num_threads(args.threads)
@@ -244,6 +259,7 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             salts=args.salts,
             name=loaded.name,
             observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
+            kv_events=kv_events,
             progress=progress,
         )
     except (
@@ -258,7 +274,10 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     ) as error:
         progress.finish()
         return fail(prog, str(error))
-    plot_error = None if plot is None else _write_plot(report, plot, progress)
+    # A file that cannot be written fails the command after the table, in one line.
+    output_error = None if plot is None else _write_plot(report, plot, progress)
+    if kv_events is not None:
+        output_error = _write_events(kv_events, args.events, progress) or output_error
     progress("done")
     progress.finish()
     if args.json:
@@ -267,7 +286,7 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         print_table(report)
     if not report.passed:
         return EXIT_FAILED
-    return EXIT_OK if plot_error is None else fail(prog, plot_error)
+    return EXIT_OK if output_error is None else fail(prog, output_error)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -303,6 +322,17 @@ def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> st
     except (OSError, ValueError) as error:
         return f"--plot: cannot write {str(path)!r}: {error}"
     progress(f"wrote {path}")
+    return None
+
+
+def _write_events(log: KVEventLog, path: Path, progress: Progress) -> str | None:
+    """Write the run's KV cache events to ``path``; the one-line error if it fails."""
+    progress(f"writing {path}")
+    try:
+        write_replacing(path, lambda file: write_events(file, log.events))
+    except OSError as error:
+        return f"--events: cannot write {str(path)!r}: {error}"
+    progress(f"wrote {len(log.events)} events to {path}")
     return None
 
 

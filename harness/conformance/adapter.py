@@ -16,6 +16,7 @@ from typing import Protocol
 
 # The operations an adapter may support, named and shaped as in ``spec.api``:
 #   allocate_prompt(request_id, token_ids) -> cached (hit) tokens
+#     (allocate_prompt(request_id, token_ids, cache_salt) too, if it supports CACHE_SALT)
 #   allocate(request_id, token_count), append_tokens(request_id, token_count),
 #   append_token_ids(request_id, token_ids), fork(parent_id, child_id),
 #   release(request_id), preempt(request_id), truncate(request_id, token_count)
@@ -29,6 +30,9 @@ OPERATION_NAMES = (
     "preempt",
     "truncate",
 )
+# Not an operation: in ``supports``, it says ``allocate_prompt`` takes a ``cache_salt`` (a
+# ``str``; the machine then draws prompts under no salt and under a few salts).
+CACHE_SALT = "cache_salt"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import spec
-from harness.conformance.adapter import Adapter, Observation
+from harness.conformance.adapter import CACHE_SALT, Adapter, Observation
 from harness.conformance.properties import (
     Finding,
     Outcome,
@@ -40,6 +40,10 @@ PROMPTS = st.builds(
     st.sampled_from(SHARED_PREFIXES),
     st.lists(st.integers(0, 3), min_size=1, max_size=6).map(tuple),
 )
+# Cache salts for an adapter that takes them: no salt half the time, two tenants. Not the
+# empty salt: vLLM's API refuses one and its hasher takes it for none (docs/conformance.md
+# finding 7); pagedkv's own lockstep covers it.
+CACHE_SALTS = st.sampled_from([None, None, "a", "b"])
 NEW_TOKEN_IDS = st.lists(st.integers(0, 3), min_size=1, max_size=8).map(tuple)
 TOKEN_COUNTS = st.integers(1, 12)
 
@@ -66,6 +70,7 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.bijection = Bijection(self.adapter.pool_block_ids)
         self.contents = Contents(len(self.adapter.group_windows))
         self.token_ids: dict[str, tuple[int, ...]] = {}
+        self.cache_salts: dict[str, str] = {}
         self.steps: list[StepRecord] = []
         self.observation = self.adapter.observe()
         self.state = self._view(self.observation)
@@ -77,9 +82,12 @@ class ConformanceMachine(RuleBasedStateMachine):
     # accepts and shrinking deletes steps freely.
 
     @precondition(lambda self: "allocate_prompt" in self.adapter.supports and self._has_room)
-    @rule(token_ids=PROMPTS)
-    def allocate_prompt(self, token_ids: tuple[int, ...]) -> None:
-        self._step("allocate_prompt", self._new_id(), token_ids)
+    @rule(token_ids=PROMPTS, cache_salt=CACHE_SALTS)
+    def allocate_prompt(self, token_ids: tuple[int, ...], cache_salt: str | None) -> None:
+        if CACHE_SALT in self.adapter.supports:
+            self._step("allocate_prompt", self._new_id(), token_ids, cache_salt)
+        else:
+            self._step("allocate_prompt", self._new_id(), token_ids)
 
     @precondition(lambda self: "allocate" in self.adapter.supports and self._has_room)
     @rule(token_count=TOKEN_COUNTS)
@@ -157,7 +165,9 @@ class ConformanceMachine(RuleBasedStateMachine):
         if outcome.refusal is None:
             self._track_tokens(operation, args)
         self.observation = self.adapter.observe()
-        self.contents.learn(self.observation, self.token_ids, self.adapter.block_size)
+        self.contents.learn(
+            self.observation, self.token_ids, self.adapter.block_size, self.cache_salts
+        )
         self.state = self._view(self.observation)
         findings = raised + state_findings(self.state, self._observes_ref_counts)
         duplicates = duplicate_cached_blocks(self.observation, self.contents)
@@ -213,38 +223,45 @@ class ConformanceMachine(RuleBasedStateMachine):
             bijection=self.bijection,
             contents=self.contents,
             token_ids=self.token_ids,
+            cache_salts=self.cache_salts,
         )
 
-    def _cached_prefixes(self, observation: Observation) -> list[dict[int, tuple[int, ...]]]:
-        found: list[dict[int, tuple[int, ...]]] = []
+    def _cached_prefixes(self, observation: Observation) -> list[dict[int, spec.CacheKey]]:
+        found: list[dict[int, spec.CacheKey]] = []
         for group, cached in enumerate(observation.cached_block_ids):
-            prefixes = {}
+            keys = {}
             for block_id in cached:
-                prefix = self.contents.prefix(group, block_id)
-                if prefix is not None:
-                    prefixes[block_id] = prefix
-            found.append(prefixes)
+                key = self.contents.key(group, block_id)
+                if key is not None:
+                    keys[block_id] = key
+            found.append(keys)
         found += [{} for _ in range(len(self.adapter.group_windows) - len(found))]
         return found
 
     def _track_tokens(self, operation: str, args: tuple[object, ...]) -> None:
-        """Keep the token ids of every request that tracks them, as the spec does."""
+        """Keep the token ids and the salt of every request that tracks them, as the spec
+        does (a fork keeps its parent's salt)."""
         request_id = args[0]
         assert isinstance(request_id, str)
         if operation == "allocate_prompt":
             assert isinstance(args[1], tuple)
             self.token_ids[request_id] = args[1]
+            if len(args) > 2 and isinstance(args[2], str):
+                self.cache_salts[request_id] = args[2]
         elif operation == "append_token_ids" and request_id in self.token_ids:
             assert isinstance(args[1], tuple)
             self.token_ids[request_id] += args[1]
         elif operation == "fork" and request_id in self.token_ids:
             assert isinstance(args[1], str)
             self.token_ids[args[1]] = self.token_ids[request_id]
+            if request_id in self.cache_salts:
+                self.cache_salts[args[1]] = self.cache_salts[request_id]
         elif operation == "truncate" and request_id in self.token_ids:
             assert isinstance(args[1], int)
             self.token_ids[request_id] = self.token_ids[request_id][: args[1]]
         elif operation in ("release", "preempt"):
             self.token_ids.pop(request_id, None)
+            self.cache_salts.pop(request_id, None)
 
 
 def machine_for(

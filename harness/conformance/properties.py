@@ -32,6 +32,7 @@ STATE_PROPERTIES: Mapping[str, Callable[[spec.AllocatorState], bool]] = {
         "token_tracking",
         "cache_sound",
         "cached_content_exact",
+        "salt_isolated",
         "shared_over_common_prefix",
         "grouped_consistently",
         "window_readable",
@@ -131,11 +132,11 @@ def step_findings(
     outcome: Outcome,
     expected_step: Expected,
     exact: bool,
-    cached_before: list[dict[int, tuple[int, ...]]],
+    cached_before: list[dict[int, spec.CacheKey]],
     target_tables_after: list[dict[str, tuple[int, ...]]],
 ) -> list[Finding]:
     """The step properties that one step broke. ``cached_before[g]`` maps each block the
-    target could find by a hit in group g before the step (target ids) to its prefix;
+    target could find by a hit in group g before the step (target ids) to its key;
     ``target_tables_after[g]`` holds the tables after, in target ids."""
     expected, expected_result, refusal = (
         expected_step.state,
@@ -214,11 +215,13 @@ def _hit_findings(
     outcome: Outcome,
     expected: spec.PromptAllocation,
     after: spec.AllocatorState,
-    cached_before: list[dict[int, tuple[int, ...]]],
+    cached_before: list[dict[int, spec.CacheKey]],
     target_tables_after: list[dict[str, tuple[int, ...]]],
 ) -> list[Finding]:
     request_id, token_ids = args[0], args[1]
+    cache_salt = args[2] if len(args) > 2 else None
     assert isinstance(request_id, str) and isinstance(token_ids, tuple)
+    assert cache_salt is None or isinstance(cache_salt, str)
     hit = outcome.result
     findings = []
     if hit != expected.cached_tokens:
@@ -232,7 +235,7 @@ def _hit_findings(
         skipped = after.group_tables[group][request_id].skipped_blocks
         for index in range(skipped, hit // block_size):
             block_id = tables[request_id][index - skipped]
-            prefix = token_ids[: (index + 1) * block_size]
+            prefix = spec.CacheKey(cache_salt, token_ids[: (index + 1) * block_size])
             if cached_before[group].get(block_id) != prefix:
                 findings.append(
                     Finding(

@@ -2,8 +2,9 @@
 
 The kit renames the target's block ids through a bijection onto the spec's 0..N-1 (its
 pool ids in ascending order, so a target that lends 0..N-1 keeps its ids and can be
-compared exactly), and remembers what each block holds: the tokens of the prefix it ends,
-learned from the tables while the block sat full in one. A block the target can find by a
+compared exactly), and remembers what each block holds: the tokens of the prefix it ends
+and the cache salt it was filled under, learned from the tables while the block sat full
+in one. A block the target can find by a
 prefix hit becomes a spec cache entry keyed by that prefix. With the state in hand, every
 rule of the spec applies to the target as it is: ``spec.invariants`` and the operations of
 ``spec.api`` on it say what must hold and what the next step must give.
@@ -46,32 +47,39 @@ class Bijection:
 
 
 class Contents:
-    """What each target block holds, per KV cache group: the prefix its last token ends."""
+    """What each target block holds, per KV cache group: the key of the prefix its last
+    token ends (the salt of the table it sat full in, and the prefix)."""
 
     def __init__(self, groups: int) -> None:
-        self.prefixes: list[dict[int, TokenIds]] = [{} for _ in range(groups)]
+        self.keys: list[dict[int, spec.CacheKey]] = [{} for _ in range(groups)]
 
     def learn(
-        self, observation: Observation, token_ids: Mapping[str, TokenIds], block_size: int
+        self,
+        observation: Observation,
+        token_ids: Mapping[str, TokenIds],
+        block_size: int,
+        cache_salts: Mapping[str, str] | None = None,
     ) -> None:
-        """Record the prefix of every full block in a table whose tokens the kit knows; a
-        block in a table tracked by count, or not yet full, holds nothing findable."""
+        """Record the key of every full block in a table whose tokens the kit knows, under
+        the salt of that table's request (``cache_salts``; none if absent); a block in a
+        table tracked by count, or not yet full, holds nothing findable."""
+        salts = cache_salts or {}
         for group, tables in enumerate(observation.tables):
-            prefixes = self.prefixes[group]
+            keys = self.keys[group]
             for request_id, table in tables.items():
                 ids = token_ids.get(request_id)
                 for index, block_id in enumerate(table.block_ids, start=table.skipped_blocks):
                     end = (index + 1) * block_size
                     if ids is not None and end <= len(ids):
-                        prefixes[block_id] = ids[:end]
+                        keys[block_id] = spec.CacheKey(salts.get(request_id), ids[:end])
                     else:
-                        prefixes.pop(block_id, None)
-                    for other in self.prefixes:
-                        if other is not prefixes:
+                        keys.pop(block_id, None)
+                    for other in self.keys:
+                        if other is not keys:
                             other.pop(block_id, None)
 
-    def prefix(self, group: int, block_id: int) -> TokenIds | None:
-        return self.prefixes[group].get(block_id)
+    def key(self, group: int, block_id: int) -> spec.CacheKey | None:
+        return self.keys[group].get(block_id)
 
 
 def to_state(
@@ -82,12 +90,14 @@ def to_state(
     bijection: Bijection,
     contents: Contents,
     token_ids: Mapping[str, TokenIds],
+    cache_salts: Mapping[str, str] | None = None,
 ) -> spec.AllocatorState:
     """The spec state the target is in, in spec ids. Without the target's ref counts, each
     block counts its holders (so ``ref_counts`` then checks nothing); a cached block whose
     content the kit never saw gets an impossible key, which breaks ``cache_sound``. A second
     cached block for a prefix (``duplicate_cached_blocks``) is left out of the cache, and
-    counted free if it is free: a hit finds the prefix in one block."""
+    counted free if it is free: a hit finds the prefix in one block. ``cache_salts`` are
+    the salts of the live requests that have one."""
     group_tables = tuple(
         spec.FrozenMap(
             {
@@ -114,9 +124,7 @@ def to_state(
         cached = observation.cached_block_ids[group] if observation.cached_block_ids else ()
         cache: dict[spec.CacheKey, int] = {}
         for block_id in sorted(set(cached) - duplicates):
-            prefix = contents.prefix(group, block_id)
-            # The observed allocators have no cache salts: every key is unsalted.
-            key = spec.CacheKey(None, prefix if prefix is not None else ())
+            key = contents.key(group, block_id) or spec.CacheKey(None, ())
             cache[key] = bijection.spec_id(block_id)
         caches.append(spec.FrozenMap(cache))
     # A second cached block for a prefix cannot be a spec cache entry; free, it is free.
@@ -136,21 +144,25 @@ def to_state(
         pending_copies=(),
         counters=spec.SharingCounters(),
         group_windows=tuple(group_windows),
+        cache_salts=spec.FrozenMap(
+            {r: salt for r, salt in (cache_salts or {}).items() if r in requests}
+        ),
     )
 
 
 def duplicate_cached_blocks(observation: Observation, contents: Contents) -> list[int]:
-    """Cached blocks whose prefix an earlier block (by id) of the same group caches too."""
+    """Cached blocks whose key (salt and prefix) an earlier block (by id) of the same group
+    caches too."""
     duplicates = []
     for group, cached in enumerate(observation.cached_block_ids):
-        seen: set[TokenIds] = set()
+        seen: set[spec.CacheKey] = set()
         for block_id in sorted(cached):
-            prefix = contents.prefix(group, block_id)
-            if prefix is None:
+            key = contents.key(group, block_id)
+            if key is None:
                 continue
-            if prefix in seen:
+            if key in seen:
                 duplicates.append(block_id)
-            seen.add(prefix)
+            seen.add(key)
     return duplicates
 
 

@@ -10,12 +10,13 @@ import random
 import torch
 
 from harness.kv_layout import KVLayout
-from harness.models import LoadedModel, kv_layout, tiny_model
+from harness.models import LoadedModel, kv_layout
 from harness.oracle.equivalence import PoolConfig, run_equivalence
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool, new_manager
 from harness.runtime.paged_cache import PagedCache
 from harness.runtime.requests import Request
+from harness.tiny_models import tiny_model
 
 
 def tiny_on(device: torch.device, dtype: torch.dtype, architecture: str = "llama") -> LoadedModel:

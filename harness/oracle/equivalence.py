@@ -18,6 +18,7 @@ and gathers a row per continuation and the run's totals. It is *not* the command
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from harness.kv_events import KVEventLog
 from harness.kv_layout import KVLayout
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.checks import (
@@ -54,7 +55,8 @@ Progress = Callable[[str], None]
 class PoolConfig:
     """The paged pool to run on, the engine and pool classes, and how prompts get blocks.
 
-    ``observer`` watches the pool during the continuous-batching run (check 3) only.
+    ``observer`` watches the pool during the continuous-batching run (check 3) only, and
+    ``kv_events`` records that run's KV cache events (``harness.kv_events``).
     ``scheduling`` (speculation, a token budget) applies to the continuous-batching runs
     (check 3 and both sides of the gate), not to the requests run alone (check 2): a
     verify forward or a prefill chunk has other shapes than ``generate``'s, so it cannot be
@@ -69,6 +71,7 @@ class PoolConfig:
     pool_type: type[PagedKVPool] = PagedKVPool
     allocation: Allocation = PREFIX_CACHING
     observer: PoolObserver | None = None
+    kv_events: KVEventLog | None = None
     scheduling: Scheduling = NO_SCHEDULING
     attention: AttentionBackend = GATHER
 
@@ -204,9 +207,11 @@ def run_equivalence(
         allocation: Allocation,
         observer: PoolObserver = ignore_pool_events,
         attention: AttentionBackend = pool.attention,
+        kv_events: KVEventLog | None = None,
     ) -> EngineResult:
         """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
-        manager = new_manager(layout, pool.total_blocks, pool.block_size)
+        sink = None if kv_events is None else kv_events.record
+        manager = new_manager(layout, pool.total_blocks, pool.block_size, sink)
         engine = pool.engine_type(
             loaded.model,
             manager,
@@ -217,6 +222,8 @@ def run_equivalence(
             scheduling=pool.scheduling,
             attention=attention,
         )
+        if kv_events is not None:
+            kv_events.step_of = lambda: engine.step
         return engine.run(requests)
 
     progress(f"paged, continuous batching ({pool.attention.name}): {len(requests)} requests")
@@ -226,6 +233,7 @@ def run_equivalence(
         pool.allocation,
         pool.observer or ignore_pool_events,  # the CLI gives None without --pool-map
         measured(pool.attention, agreement),
+        pool.kv_events,
     )
     gate_paged = batched
     if pool.allocation.prefix_caching:

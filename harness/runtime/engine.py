@@ -91,6 +91,11 @@ class Engine:
         self._prefill_tokens = 0
         self._step = 0
 
+    @property
+    def step(self) -> int:
+        """The engine step under way (the last one, once ``run`` has returned)."""
+        return self._step
+
     def run(self, requests: list[Request]) -> EngineResult:
         """Serve ``requests`` (arrival order by ``arrival_step``, then list order) to the end."""
         scheduler = self.scheduler

@@ -27,12 +27,18 @@ import torch
 from harness.kv_layout import KVLayout
 from harness.runtime.kv_store import GroupPlan, KVPlan, sdpa_layout
 from impl import KVBlockManager, RequestBlockTable
+from impl.prefix_cache import EventSink
 from spec import slot_index
 
 
-def new_manager(layout: KVLayout, total_blocks: int, block_size: int) -> KVBlockManager:
-    """A manager for a pool of ``layout``: one KV cache group per group of its layers."""
-    return KVBlockManager(total_blocks, block_size, group_windows=layout.group_windows)
+def new_manager(
+    layout: KVLayout, total_blocks: int, block_size: int, event_sink: EventSink | None = None
+) -> KVBlockManager:
+    """A manager for a pool of ``layout``: one KV cache group per group of its layers; its
+    KV cache events go to ``event_sink`` (``impl.KVBlockManager``'s)."""
+    return KVBlockManager(
+        total_blocks, block_size, group_windows=layout.group_windows, event_sink=event_sink
+    )
 
 
 class PagedKVPool:

@@ -26,6 +26,7 @@ from tests.support.planted_bugs import (
     WINDOW_PLANTED_BUGS,
     DecodeSlotFromStaleBlock,
     EvictedBlockStaysFindable,
+    EvictsWithoutRemoval,
     FreesSkippedBlocksButKeepsThem,
     IgnoresTheSaltOnLookup,
     LeaksAHostBlockOnSwapIn,
@@ -35,6 +36,7 @@ from tests.support.planted_bugs import (
     RefusedAllocateTakesBlocks,
     ReleasesInTableOrder,
     ResetKeepsTheKeysOfHeldBlocks,
+    ResetRemovesEachBlock,
     ReusesABlockBeforeItsCopyOut,
     ReviveDropsTheSalt,
     RevivesADemotedPrefixUnsalted,
@@ -42,6 +44,7 @@ from tests.support.planted_bugs import (
     SkipsABlockOneStepEarly,
     SkipsCopyOnWrite,
     SkipsSharedDecrement,
+    StoresARefusedKey,
     SwapInForgetsTheOtherHolder,
     TruncatedBlockStaysCached,
     TruncateKeepsTheCutBlocks,
@@ -132,6 +135,22 @@ SHORTEST_FAILURES: dict[type[KVBlockManager], tuple[str, int, int, list[str]]] =
             "allocate_prompt('r0', (0, 1), 'a')",
         ],
     ),
+    # Block 0, cached free after the rollback, is evicted for r1 with no BlockRemoved.
+    EvictsWithoutRemoval: (
+        "sharing",
+        1,
+        1,
+        ["allocate_prompt('r0', (0,))", "truncate('r0', 0)", "allocate('r1', 1)"],
+    ),
+    # Block 0 caches (0,) already: r1's block 1 is refused that key, but reported stored.
+    StoresARefusedKey: (
+        "sharing",
+        2,
+        1,
+        ["allocate_prompt('r0', (0,))", "allocate_prompt('r1', (0,))"],
+    ),
+    # A reset of empty caches still emits its one AllBlocksCleared.
+    ResetRemovesEachBlock: ("sharing", 1, 1, ["reset_prefix_cache()"]),
 }
 WALKS = {"count": FAST, "sharing": FAST_SHARING, "salts": SALTS}
 # KV cache groups with sliding windows: 4 count-based and 3 sharing shapes, one request id
@@ -415,6 +434,26 @@ def test_a_spec_step_that_raises_an_unspecified_error_is_reported(
     assert violation is not None
     assert violation.path == (Operation("snapshot_request", ("r0",)),)
     assert violation.reason == "spec raised an unspecified IndexError(tuple index out of range)"
+
+
+def test_a_spec_step_whose_events_do_not_replay_to_its_caches_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def truncate_without_its_removal(
+        state: AllocatorState, request_id: str, token_count: int
+    ) -> tuple[AllocatorState, object]:
+        after, table = OPERATIONS["truncate"](state, request_id, token_count)
+        kept = tuple(e for e in after.events if not isinstance(e, spec.BlockRemoved))
+        return dataclasses.replace(after, events=kept), table
+
+    _patch_spec_step(monkeypatch, "truncate", truncate_without_its_removal)
+    violation = check(FAST_SHARING[1]).violation
+    assert violation is not None
+    assert [str(op) for op in violation.path] == [
+        "allocate_prompt('r0', (0, 0))",
+        "truncate('r0', 1)",
+    ]
+    assert violation.reason.startswith("spec's events [] replay to [CachedBlock(group=0, ")
 
 
 def _patch_spec_step(monkeypatch: pytest.MonkeyPatch, name: str, step: Step) -> None:

@@ -31,9 +31,21 @@ class FreesTheLastBlockTwice(KVBlockManager):
 class ReportsAHitOneBlockLong(PagedKVAdapter):
     """An off-by-one hit: the adapter reports one block more of the prompt as cached."""
 
-    def allocate_prompt(self, request_id: str, token_ids: tuple[int, ...]) -> int:
-        hit = super().allocate_prompt(request_id, token_ids)
+    def allocate_prompt(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None = None
+    ) -> int:
+        hit = super().allocate_prompt(request_id, token_ids, cache_salt)
         return hit + self.block_size if hit else hit
+
+
+class DropsTheSalt(PagedKVAdapter):
+    """A salt that never reaches the allocator (SGLang #23300's shape): every prompt is
+    cached and looked up under no salt, so tenants hit each other's blocks."""
+
+    def allocate_prompt(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None = None
+    ) -> int:
+        return super().allocate_prompt(request_id, token_ids)
 
 
 # -- refinement mode: transformers' PagedAttentionCache, wrapped --------------------------
@@ -107,4 +119,18 @@ def vllm_frees_one_block_early() -> Any:
     skipped = manager.get_num_skipped_tokens
     manager.get_num_skipped_tokens = lambda computed: skipped(computed) + adapter.block_size
     adapter.name += " (window one block early)"
+    return adapter
+
+
+def vllm_drops_the_salt() -> Any:
+    """A salt that never reaches vLLM (SGLang #23300's shape in vLLM's place): the request
+    is built without its ``cache_salt``, so tenants hit each other's blocks."""
+    from harness.conformance.targets.vllm_v1 import VLLMAdapter  # noqa: PLC0415
+
+    adapter = VLLMAdapter()
+    allocate_prompt = adapter.allocate_prompt
+    adapter.allocate_prompt = (  # type: ignore[method-assign]
+        lambda request_id, token_ids, cache_salt=None: allocate_prompt(request_id, token_ids)
+    )
+    adapter.name += " (salt dropped)"
     return adapter

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+import spec
 from harness.conformance.targets.transformers_cb import TransformersAdapter
 
 needs_vllm = pytest.mark.skipif(
@@ -47,11 +48,18 @@ def _vllm_manager(groups: int) -> tuple[Any, Any]:  # Any: vLLM's objects
     return manager, get_request_block_hasher(4, sha256)
 
 
-def _admit(manager: Any, hasher: Any, request_id: str, prompt: list[int]) -> Any:
+def _request(hasher: Any, request_id: str, prompt: list[int], cache_salt: str | None) -> Any:
     from vllm.sampling_params import SamplingParams  # noqa: PLC0415
     from vllm.v1.request import Request  # noqa: PLC0415
 
-    request = Request(request_id, prompt, SamplingParams(max_tokens=64), None, block_hasher=hasher)
+    params = SamplingParams(max_tokens=64)
+    return Request(request_id, prompt, params, None, cache_salt=cache_salt, block_hasher=hasher)
+
+
+def _admit(
+    manager: Any, hasher: Any, request_id: str, prompt: list[int], cache_salt: str | None = None
+) -> Any:
+    request = _request(hasher, request_id, prompt, cache_salt)
     blocks, hit, _ = manager.get_computed_blocks(request)
     assert manager.allocate_slots(request, len(prompt) - hit, hit, blocks) is not None
     request.num_computed_tokens = request.num_tokens
@@ -131,3 +139,18 @@ def test_vllm_hits_the_evictable_copy_of_a_prefix_and_refuses_what_the_held_copy
     # refused. Reusing block 3, held by r1 with the same tokens, would need just one.
     assert hit == 8 and blocks.get_block_ids() == ([1, 2],)
     assert manager.allocate_slots(r2, 1, hit, blocks) is None
+
+
+@needs_vllm
+def test_vllm_takes_an_empty_cache_salt_for_none_where_the_spec_keeps_it_apart() -> None:
+    # Finding 7: kv_cache_utils mixes the salt in only `if request.cache_salt`.
+    manager, hasher = _vllm_manager(groups=1)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2, 0]
+    _admit(manager, hasher, "r0", prompt)  # unsalted: blocks 1..2 cache (1..8)
+    hits = {
+        salt: manager.get_computed_blocks(_request(hasher, f"q{salt}", prompt, salt))[1]
+        for salt in ("", "a")
+    }
+    assert hits == {"": 8, "a": 0}
+    state = spec.allocate_prompt(spec.init(12, 4), "r0", tuple(prompt))
+    assert spec.cached_prefix_tokens(state, tuple(prompt), "") == 0

@@ -19,6 +19,7 @@ EXACT_CASES: list[Case] = [
         "partition",
     ),
     ("off-by-one hit", planted.ReportsAHitOneBlockLong, "hit_maximal"),
+    ("salt dropped", planted.DropsTheSalt, "hit_maximal"),
     (
         "leaked block",
         lambda: PagedKVAdapter(manager_class=planted_bugs.LeaksOneBlockOnRelease),
@@ -75,3 +76,8 @@ def test_refinement_mode_catches_the_planted_bug_in_transformers(
 def test_refinement_mode_catches_a_window_freeing_one_block_early_in_vllm() -> None:
     pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs it)")
     _assert_caught(planted.vllm_frees_one_block_early, "window_untouched")
+
+
+def test_refinement_mode_catches_a_salt_that_never_reaches_vllm() -> None:
+    pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs it)")
+    _assert_caught(planted.vllm_drops_the_salt, "hit_maximal")

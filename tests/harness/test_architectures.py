@@ -20,7 +20,7 @@ import torch
 
 import harness.runtime.paged_attention
 from harness.cli.main import main
-from harness.models import check_supported, kv_layout, tiny_model
+from harness.models import check_supported, kv_layout
 from harness.oracle.checks import TokenTrace, check_alone
 from harness.oracle.dense import generate_dense
 from harness.oracle.device_cases import paged_cache_generate_failures
@@ -31,6 +31,7 @@ from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool, new_manager
 from harness.runtime.paged_attention import sliding_window_mask, visible_start
 from harness.runtime.paged_cache import PagedCache
 from harness.runtime.requests import Request
+from harness.tiny_models import tiny_model
 from impl import KVBlockManager
 from tests.support.harness_cases import ReportsAHeldBlockAsSkipped, save_model_directory
 

@@ -11,6 +11,7 @@ from harness.check import CheckSettingsError, prompt_ids
 from harness.cli.parsing import UsageError
 from harness.kv_layout import KVLayout
 from impl import KVBlockManager
+from impl.prefix_cache import EventSink
 from tests.support.harness_cases import SwappedBlockManager, save_model_directory, tiny_model
 
 TOKEN_PROMPTS = [[5, 9, 13, 2, 7, 30, 31], [40, 41, 42], [5, 9, 13, 2, 7, 30, 31, 8, 8]]
@@ -49,8 +50,10 @@ def test_token_id_prompts_pass_the_three_checks_without_a_tokenizer() -> None:
 def test_a_corrupted_block_table_fails_with_one_line_per_failed_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def swapped(layout: KVLayout, total_blocks: int, block_size: int) -> KVBlockManager:
-        return SwappedBlockManager(total_blocks, block_size)
+    def swapped(
+        layout: KVLayout, total_blocks: int, block_size: int, event_sink: EventSink | None = None
+    ) -> KVBlockManager:
+        return SwappedBlockManager(total_blocks, block_size, event_sink=event_sink)
 
     monkeypatch.setattr(harness.oracle.equivalence, "new_manager", swapped)
     report = harness.check_model(

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from harness.models import kv_layout, tiny_model
+from harness.models import kv_layout
 from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.requests import Request
+from harness.tiny_models import tiny_model
 from impl import KVBlockManager
 
 BLOCK_SIZE = 4

@@ -116,7 +116,7 @@ def test_the_json_says_null_where_a_figure_is_not_finite(
     def environment(plan: object, log: object) -> dict[str, object]:
         return {"status": "ok", "max_abs_diff": math.nan, "times": [math.inf, 1.5]}
 
-    monkeypatch.setattr(driver, "stage_environment", environment)
+    monkeypatch.setitem(driver.STAGE_FUNCTIONS, "environment", environment)
     assert driver.main(["--smoke", "--out", str(tmp_path), *_only_environment(driver)]) == 0
     stage = _results(tmp_path)["stages"]
     assert isinstance(stage, dict)
@@ -130,7 +130,7 @@ def test_a_stage_that_raises_fails_the_run(
     def environment(plan: object, log: object) -> dict[str, object]:
         raise RuntimeError("no such kernel")
 
-    monkeypatch.setattr(driver, "stage_environment", environment)
+    monkeypatch.setitem(driver.STAGE_FUNCTIONS, "environment", environment)
     assert driver.main(["--smoke", "--out", str(tmp_path), *_only_environment(driver)]) == 1
     assert _results(tmp_path)["failed_stages"] == ["environment"]
 
@@ -177,7 +177,7 @@ def test_ctrl_c_in_a_stage_is_one_line_exit_130_and_no_half_written_file(
     def environment(plan: object, log: object) -> dict[str, object]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(driver, "stage_environment", environment)
+    monkeypatch.setitem(driver.STAGE_FUNCTIONS, "environment", environment)
     assert driver.main(["--smoke", "--out", str(tmp_path), *_only_environment(driver)]) == 130
     captured = capsys.readouterr()
     assert "Traceback" not in captured.out + captured.err

@@ -31,12 +31,12 @@ from harness.models import (
     kv_layout,
     layer_windows,
     load_model,
-    tiny_llama,
 )
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool, new_manager
 from harness.runtime.paged_attention import check_attention_kwargs
 from harness.runtime.requests import Request
+from harness.tiny_models import tiny_llama
 from impl import KVBlockManager
 from tests.support.harness_cases import save_model_directory, tiny_model
 

@@ -14,6 +14,11 @@ At every (state, operation) it checks that:
   same result or the same error (type and message), ends in the same state with the same
   usage report and passes its own invariant check; a refused operation changes nothing.
 
+KV cache events too: the spec's events of the transition replayed onto the view of the
+state before (``spec.replay_events``) give exactly the caches after, so replaying every
+event from ``init`` gives the caches of every reached state; impl's events (a list sink)
+are exactly the spec's, and a refused operation emits none.
+
 With KV cache groups (``Bounds.group_windows``) it also takes skipped blocks, reads every
 group's table, and after every operation that adds tokens checks the window rule
 (``spec.invariants.is_window_tight``: the request's windowed tables skipped exactly the
@@ -37,7 +42,13 @@ from dataclasses import dataclass, replace
 import spec
 from impl import KVBlockManager, PromptAllocation
 from impl.spec_backed import as_article
-from spec import AllocatorState, BlockAllocationError, HostCounters, SharingCounters
+from spec import (
+    AllocatorState,
+    BlockAllocationError,
+    HostCounters,
+    KVCacheEvent,
+    SharingCounters,
+)
 from spec.api import OPERATIONS
 from spec.invariants import is_window_tight
 
@@ -134,6 +145,10 @@ def _spec_step(state: AllocatorState, op: Operation) -> tuple[AllocatorState, ob
     return OPERATIONS[op.name](state, *op.args)
 
 
+class EventLog(list[KVCacheEvent]):
+    """A pool's event sink: the events of the transition being checked."""
+
+
 def _impl_step(pool: KVBlockManager, op: Operation) -> object:
     return getattr(pool, op.name)(*op.args)
 
@@ -218,6 +233,15 @@ def _check_spec_step(
     broken = spec.violated_invariants(after)
     if broken:
         return f"spec breaks invariant(s) {', '.join(broken)}"
+    cached = spec.get_cached_blocks(after)
+    try:
+        replayed = spec.replay_events(after.events, spec.get_cached_blocks(before))
+    except spec.EventReplayError as error:
+        return f"spec's events {list(after.events)} do not replay: {error}"
+    if replayed != cached:
+        return (
+            f"spec's events {list(after.events)} replay to {sorted(replayed)}, not {sorted(cached)}"
+        )
     if op.name in ADDING_OPERATIONS:
         request_id = op.args[0]
         assert isinstance(request_id, str)
@@ -251,17 +275,18 @@ def _check_impl_state(pool: KVBlockManager, expected: AllocatorState) -> str | N
 
 
 def check_transition(
-    before: AllocatorState, op: Operation, pool: KVBlockManager
+    before: AllocatorState, op: Operation, pool: KVBlockManager, events: EventLog
 ) -> tuple[AllocatorState, str | None]:
-    """Apply ``op`` to the spec state and to ``pool`` (in that state); return the new spec
-    state and what went wrong, if anything."""
+    """Apply ``op`` to the spec state and to ``pool`` (in that state, its sink ``events``
+    empty); return the new spec state, its events taken, and what went wrong, if anything."""
     try:
-        after, expected = _spec_step(before, op)
+        emitted, expected = _spec_step(before, op)
     except SPECIFIED_ERRORS as error:
-        return before, _check_refusal(error, op, pool, before)
+        return before, _check_refusal(error, op, pool, events, before)
     except Exception as error:
         return before, f"spec raised an unspecified {_describe(error)}"
-    problem = _check_spec_step(before, op, after, expected)
+    after = spec.take_events(emitted)
+    problem = _check_spec_step(before, op, emitted, expected)
     if problem is not None:
         return after, problem
     try:
@@ -270,17 +295,25 @@ def check_transition(
         return after, f"spec returned {expected!r} but impl raised {_describe(error)}"
     if actual != as_article(expected):
         return after, f"spec returned {expected!r} but impl returned {actual!r}"
+    if events != list(emitted.events):
+        return after, f"spec emitted events {list(emitted.events)}, impl {events}"
     return after, _check_impl_state(pool, after)
 
 
 def _check_refusal(
-    expected: BaseException, op: Operation, pool: KVBlockManager, before: AllocatorState
+    expected: BaseException,
+    op: Operation,
+    pool: KVBlockManager,
+    events: EventLog,
+    before: AllocatorState,
 ) -> str | None:
     try:
         actual = _impl_step(pool, op)
     except Exception as error:
         if not _same_error(expected, error):
             return f"spec raised {_describe(expected)} but impl raised {_describe(error)}"
+        if events:
+            return f"refused {op} emitted events {events}"
         problem = _check_impl_state(pool, before)
         return None if problem is None else f"refused {op} was not atomic: {problem}"
     return f"spec raised {_describe(expected)} but impl returned {actual!r}"
@@ -289,13 +322,38 @@ def _check_refusal(
 # -- the breadth-first walk ----------------------------------------------------------------
 
 
+def _new_pool(
+    target_class: type[KVBlockManager], bounds: Bounds
+) -> tuple[KVBlockManager, EventLog]:
+    events = EventLog()
+    if not bounds.host_blocks:  # a planted bug's own constructor may not take a host tier
+        pool = target_class(
+            bounds.total_blocks,
+            bounds.block_size,
+            group_windows=bounds.group_windows,
+            event_sink=events.append,
+        )
+        return pool, events
+    pool = target_class(
+        bounds.total_blocks,
+        bounds.block_size,
+        group_windows=bounds.group_windows,
+        event_sink=events.append,
+        host_blocks=bounds.host_blocks,
+        host_prefix_cache=bounds.host_prefix_cache,
+    )
+    return pool, events
+
+
 def _replay(
     target_class: type[KVBlockManager], bounds: Bounds, path: Sequence[Operation]
-) -> KVBlockManager:
-    pool = _new_pool(target_class, bounds)
+) -> tuple[KVBlockManager, EventLog]:
+    """A pool in the state ``path`` leads to, and its sink, empty."""
+    pool, events = _new_pool(target_class, bounds)
     for op in path:
         _impl_step(pool, op)
-    return pool
+    events.clear()
+    return pool, events
 
 
 def _initial_state(bounds: Bounds) -> AllocatorState:
@@ -305,20 +363,6 @@ def _initial_state(bounds: Bounds) -> AllocatorState:
         bounds.group_windows,
         bounds.host_blocks,
         bounds.host_prefix_cache,
-    )
-
-
-def _new_pool(target_class: type[KVBlockManager], bounds: Bounds) -> KVBlockManager:
-    if not bounds.host_blocks:  # a planted bug's own constructor may not take a host tier
-        return target_class(
-            bounds.total_blocks, bounds.block_size, group_windows=bounds.group_windows
-        )
-    return target_class(
-        bounds.total_blocks,
-        bounds.block_size,
-        group_windows=bounds.group_windows,
-        host_blocks=bounds.host_blocks,
-        host_prefix_cache=bounds.host_prefix_cache,
     )
 
 
@@ -376,7 +420,7 @@ def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -
         seconds = time.perf_counter() - started
         return Report(bounds, len(parents), transitions, depth, seconds, violation)
 
-    problem = _check_impl_state(_replay(target_class, bounds, ()), initial)
+    problem = _check_impl_state(_replay(target_class, bounds, ())[0], initial)
     if problem is not None:
         return report(Violation(bounds, (), f"after init: {problem}"))
     while frontier:
@@ -384,8 +428,8 @@ def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -
         path = _path_to(_identity(state), parents)
         for op in ops:
             transitions += 1
-            pool = _replay(target_class, bounds, path)
-            after, problem = check_transition(state, op, pool)
+            pool, events = _replay(target_class, bounds, path)
+            after, problem = check_transition(state, op, pool, events)
             if problem is not None:
                 return report(Violation(bounds, (*path, op), problem))
             if _identity(after) not in parents and _is_walked_from(after, bounds):
@@ -399,12 +443,13 @@ def check_path(
 ) -> Violation | None:
     """Run one path from ``init`` with every check of the walk; the first violation, if any."""
     state = _initial_state(bounds)
-    pool = _new_pool(target_class, bounds)
+    pool, events = _new_pool(target_class, bounds)
     problem = _check_impl_state(pool, state)
     if problem is not None:
         return Violation(bounds, (), f"after init: {problem}")
     for steps, op in enumerate(path, start=1):
-        state, problem = check_transition(state, op, pool)
+        events.clear()
+        state, problem = check_transition(state, op, pool, events)
         if problem is not None:
             return Violation(bounds, tuple(path[:steps]), problem)
     return None

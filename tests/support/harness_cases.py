@@ -14,7 +14,7 @@ from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast
 
 from harness.kv_layout import KVLayout
-from harness.models import LoadedModel, kv_layout, tiny_llama
+from harness.models import LoadedModel, kv_layout
 from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
 from harness.oracle.device_cases import poisoned_pool as layout_poisoned_pool
@@ -27,6 +27,7 @@ from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 from harness.runtime.kv_store import KVStore
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.results import EngineResult
+from harness.tiny_models import tiny_llama
 from impl import AppendedSlots, KVBlockManager, ReleasedBlocks, RequestBlockTable
 from spec import slot_index
 

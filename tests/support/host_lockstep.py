@@ -43,7 +43,11 @@ class HostTierMachine(AllocatorMachine):
             total_blocks, block_size, host_blocks=host_blocks, host_prefix_cache=host_prefix_cache
         )
         self.target = self.target_class(
-            total_blocks, block_size, host_blocks=host_blocks, host_prefix_cache=host_prefix_cache
+            total_blocks,
+            block_size,
+            event_sink=self.events.append,
+            host_blocks=host_blocks,
+            host_prefix_cache=host_prefix_cache,
         )
 
     @rule(request_id=NEW_REQUEST_IDS)
@@ -158,6 +162,7 @@ class WindowedHostTierMachine(HostTierMachine, WindowedAllocatorMachine):
             total_blocks,
             block_size,
             group_windows=group_windows,
+            event_sink=self.events.append,
             host_blocks=host_blocks,
             host_prefix_cache=host_prefix_cache,
         )

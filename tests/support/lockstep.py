@@ -4,7 +4,10 @@ Every rule applies one operation to both by name (spec through ``spec.api.OPERAT
 with valid and malformed arguments alike, and compares the return value or the raised
 error (type and message). After every step the
 invariants compare the whole states and run both invariant checks; a run ends by
-releasing everything and asserting that the pool is full again.
+releasing everything and asserting that the pool is full again. impl's KV cache events go
+to a list: after every step they must be exactly the spec's for that step (none for a
+refused one), and replaying every event from the start must give exactly the blocks the
+spec's caches hold (``spec.replay_events``).
 
 ``machine_for(cls)`` builds the machine against any ``KVBlockManager`` subclass, which is
 how the planted-bug tests point it at broken allocators. ``WindowedAllocatorMachine`` is
@@ -29,7 +32,7 @@ from hypothesis.stateful import (
 import spec
 from impl import KVBlockManager, PromptAllocation
 from impl.spec_backed import as_article
-from spec import AllocatorState
+from spec import AllocatorState, CachedBlock, KVCacheEvent
 from spec.api import OPERATIONS
 from spec.invariants import is_window_tight
 
@@ -85,12 +88,15 @@ class AllocatorMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model: AllocatorState = spec.init(1, 1)
-        self.target: KVBlockManager = self.target_class(1, 1)
+        # The events impl emitted since the last step, and the view replaying all gives.
+        self.events: list[KVCacheEvent] = []
+        self.view: frozenset[CachedBlock] = frozenset()
+        self.target: KVBlockManager = self.target_class(1, 1, event_sink=self.events.append)
 
     @initialize(total_blocks=st.integers(1, 12), block_size=st.integers(1, 5))
     def init_pool(self, total_blocks: int, block_size: int) -> None:
         self.model = spec.init(total_blocks, block_size)
-        self.target = self.target_class(total_blocks, block_size)
+        self.target = self.target_class(total_blocks, block_size, event_sink=self.events.append)
 
     def _step(self, name: str, *args: object) -> object:
         """Call ``name`` on both (spec through ``spec.api.OPERATIONS``); assert they agree
@@ -105,11 +111,32 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert str(actual_error) == str(expected_error), (
                 f"{name}{args}: messages differ: {expected_error} / {actual_error}"
             )
+            assert self.events == [], (
+                f"{name}{args}: refused, but impl emitted events {self.events}"
+            )
             return None
         assert expected is not None
         self.model, result = expected
         assert actual == as_article(result), f"{name}{args}: spec gave {result!r}, impl {actual!r}"
+        self._check_events(f"{name}{args}")
         return actual
+
+    def _check_events(self, step: str) -> None:
+        """impl's events of the step are the spec's, and replaying every event so far gives
+        the spec's caches; then the spec's are drained."""
+        assert self.events == list(self.model.events), (
+            f"{step}: spec emitted events {list(self.model.events)}, impl {self.events}"
+        )
+        try:
+            self.view = spec.replay_events(self.events, self.view)
+        except spec.EventReplayError as error:
+            raise AssertionError(f"{step}: impl's events do not replay: {error}") from error
+        assert self.view == spec.get_cached_blocks(self.model), (
+            f"{step}: replaying every event gives {sorted(self.view)}, "
+            f"the caches hold {sorted(spec.get_cached_blocks(self.model))}"
+        )
+        self.events.clear()
+        self.model = spec.take_events(self.model)
 
     @rule(request_id=NEW_REQUEST_IDS, token_count=COUNTS)
     def allocate(self, request_id: str, token_count: int) -> None:
@@ -252,6 +279,19 @@ class AllocatorMachine(RuleBasedStateMachine):
     def cached_prefix_tokens(self, token_ids: tuple[int, ...], cache_salt: str | None) -> None:
         self._step("cached_prefix_tokens", token_ids, cache_salt)
 
+    @precondition(lambda self: len(self.model.token_ids) > 0)
+    @rule(data=st.data())
+    def cached_prefix_tokens_of_a_held_prompt(self, data: st.DataObject) -> None:
+        """The query a second submission of a running prompt makes: a held request's
+        tokens cut at a block boundary, under its salt, so every full block of it is
+        cached (and the hit must still leave the last token out)."""
+        request_id = data.draw(st.sampled_from(sorted(self.model.token_ids)))
+        token_ids = self.model.token_ids[request_id]
+        block_size = self.model.block_size
+        cut = block_size * data.draw(st.integers(0, len(token_ids) // block_size))
+        salt = self.model.cache_salts.get(request_id)
+        self._step("cached_prefix_tokens", token_ids[:cut], salt)
+
     @rule()
     def reset_prefix_cache(self) -> None:
         self._step("reset_prefix_cache")
@@ -367,7 +407,9 @@ class WindowedAllocatorMachine(AllocatorMachine):
         self, total_blocks: int, block_size: int, group_windows: tuple[int | None, ...]
     ) -> None:
         self.model = spec.init(total_blocks, block_size, group_windows)
-        self.target = self.target_class(total_blocks, block_size, group_windows=group_windows)
+        self.target = self.target_class(
+            total_blocks, block_size, group_windows=group_windows, event_sink=self.events.append
+        )
 
     def _step(self, name: str, *args: object) -> object:
         """``AllocatorMachine._step``, then the window rule for an operation that added

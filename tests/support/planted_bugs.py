@@ -16,10 +16,16 @@ from impl import (
 from impl.block_pool import BlockPool
 from impl.groups import KVCacheGroups, SlidingWindowGroup
 from impl.host_pool import HostPool
-from impl.prefix_cache import BlockHash, BlockKey, PrefixCache
+from impl.prefix_cache import BlockKey, EventSink, PrefixCache
 from impl.records import AppendedSlots
 from impl.tables import Table
-from spec import blocks_for_tokens, check_request_id, duplicate_request
+from spec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    blocks_for_tokens,
+    check_request_id,
+    duplicate_request,
+)
 
 
 class ReleasesInTableOrder(KVBlockManager):
@@ -111,9 +117,14 @@ class WeakHashOnly(KVBlockManager):
         block_size: int = 16,
         *,
         group_windows: tuple[int | None, ...] = (None,),
+        event_sink: EventSink | None = None,
     ) -> None:
         super().__init__(
-            total_blocks, block_size, block_hash=weak_block_hash, group_windows=group_windows
+            total_blocks,
+            block_size,
+            block_hash=weak_block_hash,
+            group_windows=group_windows,
+            event_sink=event_sink,
         )
 
 
@@ -214,11 +225,8 @@ class TruncateKeepsTheCutBlocks(KVBlockManager):
 
 
 class _EvictionRefusingPrefixCache(PrefixCache):
-    __slots__ = ("refusing",)
-
-    def __init__(self, total_blocks: int, block_hash: BlockHash) -> None:
-        super().__init__(total_blocks, block_hash)
-        self.refusing = False
+    # No __slots__: ``refusing`` is set on an instance, over this class-level default.
+    refusing = False
 
     def evict(self, block_id: int) -> None:
         if not self.refusing:
@@ -321,6 +329,8 @@ class _ResetsFreeKeysOnly(BlockPool):
             dropped += 1
         self.free.extend(self.cached_free)
         self.cached_free.clear()
+        if self.event_sink is not None:
+            self.event_sink(AllBlocksCleared())  # it says it cleared everything
         return dropped
 
 
@@ -400,6 +410,68 @@ class ReviveDropsTheSalt(KVBlockManager):
     block_pool_class = _RevivesUnsalted
 
 
+class _SilentEvictionPool(BlockPool):
+    __slots__ = ()
+
+    def evict(self, block_id: int) -> None:
+        sink = self.event_sink
+        for cache in self.caches:
+            cache.event_sink = None
+        super().evict(block_id)
+        for cache in self.caches:
+            cache.event_sink = sink
+
+
+class EvictsWithoutRemoval(KVBlockManager):
+    """(t) Taking a cached free block drops its key but emits no ``BlockRemoved``: a router
+    still sends prompts to a prefix the replica lost."""
+
+    block_pool_class = _SilentEvictionPool
+
+
+class _StoresRefusedKeys(PrefixCache):
+    __slots__ = ()
+
+    def insert(self, key: BlockKey, block_id: int) -> None:
+        held = self.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt)
+        if held is not None and self.event_sink is not None:
+            self.event_sink(self.stored_event(key, block_id))
+        super().insert(key, block_id)
+
+
+class StoresARefusedKey(KVBlockManager):
+    """(u) A full block whose key another block caches already is refused, but a
+    ``BlockStored`` goes out for it anyway (vLLM #44451's kind: events that disagree with
+    the cache)."""
+
+    prefix_cache_class = _StoresRefusedKeys
+
+
+class _ResetRemovesEachBlock(BlockPool):
+    __slots__ = ()
+
+    def reset_caches(self) -> int:
+        sink = self.event_sink
+        if sink is not None:
+            for cache in self.caches:
+                for block_id, key in enumerate(cache.block_keys):
+                    if key is not None:
+                        sink(BlockRemoved(block_id, cache.group))
+        self.event_sink = None
+        try:
+            return super().reset_caches()
+        finally:
+            self.event_sink = sink
+
+
+class ResetRemovesEachBlock(KVBlockManager):
+    """(v) ``reset_prefix_cache`` reports a ``BlockRemoved`` per cached block instead of
+    the one ``AllBlocksCleared``: the router's view ends right, the stream is not the
+    specified one."""
+
+    block_pool_class = _ResetRemovesEachBlock
+
+
 PLANTED_BUGS: list[type[KVBlockManager]] = [
     ReleasesInTableOrder,
     LeaksOneBlockOnRelease,
@@ -417,6 +489,9 @@ PLANTED_BUGS: list[type[KVBlockManager]] = [
     IgnoresTheSaltOnLookup,
     SaltsOnlyTheFirstBlock,
     ReviveDropsTheSalt,
+    EvictsWithoutRemoval,
+    StoresARefusedKey,
+    ResetRemovesEachBlock,
 ]
 
 # The bugs of the window rule: they live where only a pool with a sliding window goes, so

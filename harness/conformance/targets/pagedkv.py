@@ -8,7 +8,7 @@ or a planted bug in the tests).
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from harness.conformance.adapter import OPERATION_NAMES, Observation, TargetTable
+from harness.conformance.adapter import CACHE_SALT, OPERATION_NAMES, Observation, TargetTable
 from impl import KVBlockManager
 
 
@@ -16,7 +16,7 @@ class PagedKVAdapter:
     """``KVBlockManager`` (or ``manager_class``) seen through the spec's operations."""
 
     exact = True
-    supports = frozenset(OPERATION_NAMES)
+    supports = frozenset({*OPERATION_NAMES, CACHE_SALT})
     differences: Mapping[str, str] = MappingProxyType({})
 
     def __init__(
@@ -41,8 +41,10 @@ class PagedKVAdapter:
     def pool_block_ids(self) -> Sequence[int]:
         return range(self.manager.total_blocks)
 
-    def allocate_prompt(self, request_id: str, token_ids: tuple[int, ...]) -> int:
-        return self.manager.allocate_prompt(request_id, token_ids).cached_tokens
+    def allocate_prompt(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None = None
+    ) -> int:
+        return self.manager.allocate_prompt(request_id, token_ids, cache_salt).cached_tokens
 
     def allocate(self, request_id: str, token_count: int) -> None:
         self.manager.allocate(request_id, token_count)

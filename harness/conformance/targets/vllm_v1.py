@@ -4,9 +4,11 @@ The real package (``pip install -e '.[conformance]'``, see ``scripts/setup.sh``)
 a ``KVCacheConfig`` with one full-attention group, or a full group beside a sliding-window
 group (a hybrid model), prefix caching on, real ``Request``s with vLLM's block hasher. The
 adapter drives it as vLLM's scheduler does: ``get_computed_blocks`` then ``allocate_slots``
-to admit a prompt, ``append_output_token_ids`` then ``allocate_slots`` for each decode
-step (``num_computed_tokens`` advanced after each, as a forward pass does), ``free`` to
-finish or preempt. vLLM has no fork and no rollback.
+to admit a prompt (the request carries the step's ``cache_salt``, which vLLM's block
+hasher mixes into the extra keys of each chain's first block, so the whole chain hashes
+apart; ``kv_cache_utils.generate_block_hash_extra_keys``), ``append_output_token_ids``
+then ``allocate_slots`` for each decode step (``num_computed_tokens`` advanced after
+each, as a forward pass does), ``free`` to finish or preempt. vLLM has no fork and no rollback.
 
 vLLM's own order policy is not the spec's (freed blocks go to one free queue, cached or
 not, and eviction takes its head; block 0 is the null block standing for skipped blocks),
@@ -31,7 +33,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request
 
 import spec
-from harness.conformance.adapter import Observation, TargetTable
+from harness.conformance.adapter import CACHE_SALT, Observation, TargetTable
 
 _WHICH_COPY = (
     "with two cached blocks for a prefix, a hit takes the one cached first, evictable or "
@@ -63,7 +65,7 @@ class VLLMAdapter:
     """A real vLLM v1 ``KVCacheManager`` over ``total_blocks`` usable blocks (plus the null one)."""
 
     exact = False
-    supports = frozenset({"allocate_prompt", "append_token_ids", "release", "preempt"})
+    supports = frozenset({"allocate_prompt", "append_token_ids", "release", "preempt", CACHE_SALT})
 
     def __init__(
         self, *, sliding_window: int | None = None, block_size: int = 4, total_blocks: int = 12
@@ -112,12 +114,15 @@ class VLLMAdapter:
 
     # -- operations -----------------------------------------------------------------------
 
-    def allocate_prompt(self, request_id: str, token_ids: tuple[int, ...]) -> int:
+    def allocate_prompt(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None = None
+    ) -> int:
         request = Request(
             request_id,
             list(token_ids),
             SamplingParams(max_tokens=1 << 20),
             None,
+            cache_salt=cache_salt,
             block_hasher=self.hasher,
         )
         blocks, hit, _ = self.manager.get_computed_blocks(request)
