@@ -22,7 +22,8 @@ copies to make; for windows, the blocks to poison), and harness/ decides what li
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from impl.manager_base import ManagerBase
+from impl import swap
+from impl.host_operations import HostTierOperations
 from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable
 from impl.tables import Table
 from spec import (
@@ -45,7 +46,7 @@ from spec import (
 
 
 @dataclass(eq=False)
-class KVBlockManager(ManagerBase):
+class KVBlockManager(HostTierOperations):
     """A pool of ``total_blocks`` blocks of ``block_size`` tokens, lent to requests.
 
     A dataclass, as in the article: a subclass may define ``__post_init__``, call
@@ -64,7 +65,7 @@ class KVBlockManager(ManagerBase):
         needed = blocks_for_request(self.block_size, token_count, group_count)
         check_request_id(request_id)
         tables = self._tables
-        if request_id in tables:
+        if request_id in tables or request_id in self._host.swapped:
             duplicate_request(request_id)
         pool = self._pool
         available = pool.free_blocks
@@ -96,12 +97,12 @@ class KVBlockManager(ManagerBase):
         ids = tuple(token_ids)
         check_token_ids(ids)
         check_cache_salt(cache_salt)
-        cached_tokens, group_hits, keys = self._groups.match(ids, cache_salt)
+        cached_tokens, group_hits, group_host_hits, keys = self._groups.match(ids, cache_salt)
         pool = self._pool
         per_group = blocks_for_tokens(self.block_size, len(ids)) - cached_tokens // self.block_size
-        needed = per_group * len(self.group_windows)
-        ref_counts = pool.ref_counts
-        revived = sum(1 for hits in group_hits for b in hits if ref_counts[b] == 0)
+        needed = per_group * len(self.group_windows) + sum(map(len, group_host_hits))
+        cached_free = pool.cached_free  # an in-flight hit is unreferenced but not free
+        revived = sum(1 for hits in group_hits for b in hits if b in cached_free)
         available = pool.free_blocks - revived
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
@@ -109,7 +110,18 @@ class KVBlockManager(ManagerBase):
         self._groups.caches[0].extend_keys(ids, keys, self.block_size, cache_salt)
         for group, hits in enumerate(group_hits):
             pool.revive(hits, group)
-        held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
+        if any(group_host_hits):
+            held = swap.held_after_host_hits(
+                self._pool,
+                self._groups,
+                cached_tokens=cached_tokens,
+                group_hits=group_hits,
+                group_host_hits=group_host_hits,
+                keys=keys,
+                per_group=per_group,
+            )
+        else:
+            held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
         table = Table(held, len(ids), list(ids), keys, cache_salt=cache_salt)
         self._groups.set_skipped(table, cached_tokens)
         self._tables[request_id] = table
@@ -291,8 +303,8 @@ class KVBlockManager(ManagerBase):
         cached prefix, else the tail of the free queue. ``release_blocks`` does the same
         and also says which blocks became free.
         """
-        table = self._table(request_id)
-        if not table.exclusive:
+        table = self._tables.get(request_id)
+        if table is None or not table.exclusive:  # a swapped-out request too
             return list(self.release_blocks(request_id).block_ids)
         del self._tables[request_id]
         self._counters.allocated_tokens -= table.token_count
@@ -302,8 +314,13 @@ class KVBlockManager(ManagerBase):
 
     def release_blocks(self, request_id: str) -> ReleasedBlocks:
         """``release``, reporting which of the request's blocks became free, and where to:
-        every group's blocks, group 0's first, each group's last block first."""
-        table = self._table(request_id)
+        every group's blocks, group 0's first, each group's last block first. A swapped-out
+        request's host blocks are freed (it holds no device block)."""
+        table = self._tables.get(request_id)
+        if table is None:
+            if request_id in self._host.swapped:
+                return swap.release_swapped(self._pool, request_id)
+            unknown_request(request_id)
         del self._tables[request_id]
         self._counters.allocated_tokens -= table.token_count
         return self._groups.release(table)

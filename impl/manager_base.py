@@ -30,6 +30,7 @@ from spec import (
     check_cache_salt,
     check_group,
     check_group_windows,
+    check_host_tier,
     check_new_tokens,
     check_pool_shape,
     check_request_id,
@@ -52,6 +53,8 @@ class ManagerBase:
     full-attention group, the allocator without groups. ``event_sink`` (e.g. a list's
     ``append``) is called with every KV cache event (``spec.events``) as the caches change;
     with ``None`` no event is built and the decode paths never look at it.
+    ``host_blocks`` sizes the host tier ``swap_out`` copies a request to (0: none);
+    ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``).
     """
 
     total_blocks: int
@@ -60,6 +63,8 @@ class ManagerBase:
     block_hash: BlockHash = field(default=default_block_hash, repr=False)
     group_windows: tuple[int | None, ...] = (None,)
     event_sink: EventSink | None = field(default=None, repr=False)
+    host_blocks: int = 0
+    host_prefix_cache: bool = False
 
     # The parts a subclass may swap for its own (the planted bugs of the tests do).
     prefix_cache_class: ClassVar[type[PrefixCache]] = PrefixCache
@@ -79,6 +84,7 @@ class ManagerBase:
                 f"{self.event_sink!r}"
             )
         self.group_windows = check_group_windows(self.group_windows)
+        check_host_tier(self.host_blocks, self.host_prefix_cache)
         self.blocks: Sequence[KVBlock] = Blocks(self.total_blocks, self.block_size)
         self._counters = UsageCounters(len(self.group_windows))
         sink = self.event_sink
@@ -86,7 +92,15 @@ class ManagerBase:
             self.prefix_cache_class(self.total_blocks, self.block_hash, group=g, event_sink=sink)
             for g in range(len(self.group_windows))
         ]
-        self._pool = self.block_pool_class(self.total_blocks, caches, self._counters, sink)
+        self._pool = self.block_pool_class(
+            self.total_blocks,
+            caches,
+            self._counters,
+            sink,
+            host_blocks=self.host_blocks,
+            host_prefix_cache=self.host_prefix_cache,
+        )
+        self._host = self._pool.host
         self._groups = self.groups_class(
             self.block_size, self.group_windows, self._pool, self.block_hash
         )
@@ -167,6 +181,7 @@ class ManagerBase:
             self._pool.free_blocks,
             len(self._tables),
             sum(cache.cached_blocks for cache in self._groups.caches),
+            host=self._host,
         )
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
@@ -179,7 +194,7 @@ class ManagerBase:
         ids = tuple(token_ids)
         check_token_ids(ids)
         check_cache_salt(cache_salt)
-        cached_tokens, _, _ = self._groups.match(ids, cache_salt)
+        cached_tokens, _, _, _ = self._groups.match(ids, cache_salt)
         return cached_tokens
 
     # -- checking ----------------------------------------------------------------------
@@ -218,5 +233,5 @@ class ManagerBase:
 
     def _check_new(self, request_id: str) -> None:
         check_request_id(request_id)
-        if request_id in self._tables:
+        if request_id in self._tables or request_id in self._host.swapped:
             duplicate_request(request_id)
