@@ -7,17 +7,27 @@ and the error are the spec's own classes.
 
 from impl.manager import KVBlockManager
 from impl.prefix_cache import default_block_hash
-from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable
-from spec import BlockAllocationError, KVBlock, KVBlockUsage, ReleasedBlocks
+from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable, SwapCopies
+from spec import (
+    BlockAllocationError,
+    HostBlockAllocationError,
+    KVBlock,
+    KVBlockUsage,
+    ReleasedBlocks,
+    SwappedOut,
+)
 
 __all__ = [
     "AppendedSlots",
     "BlockAllocationError",
+    "HostBlockAllocationError",
     "KVBlock",
     "KVBlockManager",
     "KVBlockUsage",
     "PromptAllocation",
     "ReleasedBlocks",
     "RequestBlockTable",
+    "SwapCopies",
+    "SwappedOut",
     "default_block_hash",
 ]

@@ -9,8 +9,10 @@ Every operation is O(blocks it moves), with no scan of the pool or the queues.
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
-from impl.prefix_cache import PrefixCache
+from impl.host_pool import HostPool
+from impl.prefix_cache import BlockKey, PrefixCache
 from impl.usage import UsageCounters
 
 
@@ -23,13 +25,22 @@ class BlockPool:
         "caches",
         "counters",
         "free",
+        "host",
         "pending_copies",
         "pending_skipped",
         "ref_counts",
     )
 
+    # The host pool's class; a subclass may swap it (the planted bugs of the tests do).
+    host_pool_class: ClassVar[type[HostPool]] = HostPool
+
     def __init__(
-        self, total_blocks: int, caches: Sequence[PrefixCache], counters: UsageCounters
+        self,
+        total_blocks: int,
+        caches: Sequence[PrefixCache],
+        counters: UsageCounters,
+        host_blocks: int = 0,
+        host_prefix_cache: bool = False,
     ) -> None:
         self.free: deque[int] = deque(range(total_blocks))
         # NOTE: an OrderedDict, not a deque: a prefix hit revives a cached free block from
@@ -44,6 +55,10 @@ class BlockPool:
         # Blocks windows made free and uncached, in order, until ``take_skipped``; a dict
         # so that an allocation taking one drops it in O(1).
         self.pending_skipped: dict[int, None] = {}
+        # The host tier: a block a pending copy out reads waits there, in flight, when its
+        # last reference is dropped.
+        host_caches = [type(cache)(host_blocks, cache.block_hash) for cache in caches]
+        self.host = self.host_pool_class(host_blocks, host_caches if host_prefix_cache else ())
 
     @property
     def free_blocks(self) -> int:
@@ -86,12 +101,16 @@ class BlockPool:
 
     def revive(self, block_ids: Iterable[int], group: int) -> None:
         """Add a reference to each of ``block_ids`` (prefix hits of ``group``); a cached
-        free block among them leaves its queue. The caller counted them as available."""
+        free block among them leaves its queue, an in-flight one stops being in flight
+        (its K/V is whole: a copy out only reads it). The caller counted them."""
         ref_counts = self.ref_counts
         used = self.counters.group_used_blocks
         for block_id in block_ids:
             if ref_counts[block_id] == 0:
-                del self.cached_free[block_id]
+                if block_id in self.cached_free:
+                    del self.cached_free[block_id]
+                else:  # in flight: held again, it will not land when its copy is taken
+                    del self.host.in_flight[block_id]
                 used[group] += 1
             self.add_reference(block_id)
 
@@ -101,29 +120,43 @@ class BlockPool:
         if count == 2:
             self.counters.shared_blocks += 1
 
-    def release(self, block_ids: Iterable[int], group: int) -> tuple[list[int], list[int]]:
+    def release(
+        self, block_ids: Iterable[int], group: int, *, demote: bool = True
+    ) -> tuple[list[int], list[int]]:
         """Drop one reference from each of ``block_ids`` (of ``group``) in the order given;
         a block left with none joins the tail of the cached free queue if that group caches
         it, else of the free queue. Returns the blocks that went to each."""
         ref_counts = self.ref_counts
         block_keys = self.caches[group].block_keys
         counters = self.counters
+        host = self.host
+        copying_out = host.copying_out
+        copying_in = host.copying_in
         freed: list[int] = []
         cached: list[int] = []
+        flown = 0
         for block_id in block_ids:
             count = ref_counts[block_id] - 1
             ref_counts[block_id] = count
             if count == 1:
                 counters.shared_blocks -= 1
             elif count == 0:
-                if block_keys[block_id] is None:
+                if (copying_out or copying_in) and (
+                    block_id in copying_out or block_id in copying_in
+                ):
+                    host.in_flight[block_id] = group  # queued by ``land``
+                    flown += 1
+                elif (key := block_keys[block_id]) is None:
                     freed.append(block_id)
+                elif demote and host.caches and host.demote(block_id, group, key):
+                    host.in_flight[block_id] = group  # its copy to the host is pending
+                    flown += 1
                 else:
                     cached.append(block_id)
                     self.cached_free[block_id] = None
         self.free.extend(freed)
-        counters.group_used_blocks[group] -= len(freed) + len(cached)
-        if self.pending_copies and (freed or cached):
+        counters.group_used_blocks[group] -= len(freed) + len(cached) + flown
+        if self.pending_copies and (freed or cached or flown):
             # A copy into a block nobody holds any more is moot (see spec.release).
             self.pending_copies = [
                 (source, destination)
@@ -131,6 +164,32 @@ class BlockPool:
                 if ref_counts[destination]
             ]
         return freed, cached
+
+    def land(self) -> tuple[list[int], list[int]]:
+        """Queue the in-flight blocks no pending copy reads any more, in the order they went
+        in flight, where ``release`` would have put them; returns those that went to each
+        queue. O(blocks in flight)."""
+        host = self.host
+        busy = host.copying_out.keys() | host.copying_in.keys()
+        landed = [item for item in host.in_flight.items() if item[0] not in busy]
+        freed: list[int] = []
+        cached: list[int] = []
+        for block_id, group in landed:
+            del host.in_flight[block_id]
+            if self.caches[group].block_keys[block_id] is None:
+                freed.append(block_id)
+            else:
+                cached.append(block_id)
+                self.cached_free[block_id] = None
+        self.free.extend(freed)
+        return freed, cached
+
+    def take_swap_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Hand over the copies between the tiers (``HostPool.take_copies``); every
+        in-flight block then lands."""
+        copies = self.host.take_copies()
+        self.land()
+        return copies
 
     def release_exclusive(self, block_ids: list[int]) -> None:
         """Free ``block_ids``, each held once and uncached (group 0 of a request allocated
@@ -144,7 +203,7 @@ class BlockPool:
     def skip(self, block_ids: Iterable[int], group: int) -> None:
         """Release blocks a sliding window no longer reads, in block index order; those that
         became free and uncached wait for ``take_skipped``."""
-        freed, _ = self.release(block_ids, group)
+        freed, _ = self.release(block_ids, group, demote=False)  # as spec: never demoted
         for block_id in freed:
             self.pending_skipped[block_id] = None
 
@@ -168,7 +227,22 @@ class BlockPool:
             cache.clear()
         self.free.extend(self.cached_free)
         self.cached_free.clear()
+        self.host.reset()
+        self.land()
         return dropped
+
+    def revive_from_host(
+        self, group: int, host_hits: list[tuple[int, int]], keys: list[BlockKey]
+    ) -> list[int]:
+        """A prefix hit on blocks ``group`` caches on the host only, (block index, host
+        block) each: take a device block for each, cache it on the device under its key
+        and queue the copy in. Returns the device blocks, in order."""
+        device_ids = self.take(len(host_hits), group)
+        cache = self.caches[group]
+        for (index, _), device_id in zip(host_hits, device_ids, strict=True):
+            cache.insert(keys[index], device_id)
+        self.host.revive([host_id for _, host_id in host_hits], device_ids)
+        return device_ids
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies = self.pending_copies

@@ -11,7 +11,17 @@ import spec
 from impl.block_pool import BlockPool
 from impl.prefix_cache import PrefixCache
 from impl.tables import Table
-from spec import AllocatorState, FrozenMap, KVBlockUsage, SharingCounters, violated_invariants
+from spec import (
+    AllocatorState,
+    CacheKey,
+    FrozenMap,
+    HostCounters,
+    HostTier,
+    KVBlockUsage,
+    SharingCounters,
+    SwappedRequest,
+    violated_invariants,
+)
 
 
 def to_spec(
@@ -69,6 +79,40 @@ def to_spec(
         ),
         group_windows=group_windows,
         pending_skipped_block_ids=tuple(pool.pending_skipped),
+        host=_host_tier(pool, len(group_windows)),
+    )
+
+
+def _host_tier(pool: BlockPool, group_count: int) -> HostTier:
+    """The spec state of the pool's host tier."""
+    host = pool.host
+    return HostTier(
+        host_blocks=host.host_blocks,
+        free_host_block_ids=tuple(host.free),
+        swapped=FrozenMap(
+            {
+                request_id: SwappedRequest(
+                    tuple(tuple(group) for group in swapped.group_host_block_ids),
+                    swapped.table.token_count,
+                    tuple(swapped.table.skipped_blocks),
+                    None if swapped.table.token_ids is None else tuple(swapped.table.token_ids),
+                    swapped.table.cache_salt,
+                )
+                for request_id, swapped in host.swapped.items()
+            }
+        ),
+        pending_device_to_host=tuple(host.pending_out),
+        pending_host_to_device=tuple(host.pending_in),
+        in_flight_block_ids=tuple(host.in_flight),
+        counters=HostCounters(
+            swapped_out_blocks=host.swapped_out_blocks,
+            swapped_in_blocks=host.swapped_in_blocks,
+            host_hit_blocks=host.host_hit_blocks,
+        ),
+        host_prefix_cache=host.prefix_cache,
+        host_caches=tuple(FrozenMap(dict(cache.prefixes())) for cache in host.caches)
+        or tuple(FrozenMap[CacheKey, int]() for _ in range(group_count)),
+        host_cached_block_ids=tuple(host.lru),
     )
 
 

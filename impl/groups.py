@@ -170,12 +170,19 @@ class KVCacheGroups:
         copies: list[bool] = []
         needed: list[int] = []
         freed_by_skips = 0
+        host = self.pool.host
+        # A skipped block a pending copy between the tiers touches goes in flight: not free.
+        busy: set[int] = set()
+        if host.copying_out or host.copying_in:
+            busy = host.copying_out.keys() | host.copying_in.keys()
         for kind, held, skipped in zip(
             self.groups, table.group_block_ids, table.skipped_blocks, strict=True
         ):
             drop = max(kind.skip_target(block_size, position) - skipped, 0)
             # O(drop): each block of a table is skipped once, so O(1) amortised per token.
-            freed_by_skips += sum(1 for block_id in held[:drop] if ref_counts[block_id] == 1)
+            freed_by_skips += sum(
+                1 for block_id in held[:drop] if ref_counts[block_id] == 1 and block_id not in busy
+            )
             copy_on_write = (
                 token_count > 0 and position % block_size != 0 and ref_counts[held[-1]] > 1
             )
@@ -261,9 +268,11 @@ class KVCacheGroups:
 
     def match(
         self, token_ids: tuple[int, ...], cache_salt: str | None
-    ) -> tuple[int, list[list[int]], list[BlockKey]]:
+    ) -> tuple[int, list[list[int]], list[list[tuple[int, int]]], list[BlockKey]]:
         """The hit rule of ``spec.allocator`` under ``cache_salt``: the cached tokens, each
-        group's hit blocks (those not born skipped) and the keys made (one per block hashed).
+        group's hit blocks on the device (those not born skipped), each group's hits on the
+        host only ((block index, host block), with the host prefix cache) and the keys
+        made (one per block hashed).
 
         Hashes every full block before the last token, but stops at the first block a full
         group misses (no hit can pass it); O(blocks x groups), as vLLM's hybrid hit search.
@@ -278,6 +287,10 @@ class KVCacheGroups:
         keys: list[BlockKey] = []
         # found[g][i]: group g's cached block for block index i, or None.
         found: list[list[int | None]] = [[] for _ in caches]
+        # host_found[g][i]: the host block caching block index i where group g's device
+        # cache misses it (the host prefix cache; none without one).
+        host_caches = self.pool.host.caches
+        host_found: list[dict[int, int]] = [{} for _ in caches]
         parent: BlockKey | None = None
         parent_hash = caches[0].root_hash(cache_salt)
         longest = hit_limit
@@ -292,6 +305,13 @@ class KVCacheGroups:
             for group, cache in enumerate(caches):
                 block_id = cache.lookup(parent, chunk, hash_value, cache_salt)
                 found[group].append(block_id)
+                if block_id is None and host_caches:
+                    host_cache = host_caches[group]
+                    host_id = host_cache.lookup(parent, chunk, hash_value, cache_salt)
+                    if host_id is not None:
+                        host_found[group][index] = host_id
+                        key = key or host_cache.block_keys[host_id]
+                        continue
                 if block_id is None:
                     missed = missed or groups[group].window is None
                 elif key is None:
@@ -302,7 +322,10 @@ class KVCacheGroups:
                 longest = index
                 break
             parent, parent_hash = keys[-1], hash_value
-        runs = [_hit_runs(group_found) for group_found in found]
+        runs = [
+            _hit_runs([b if b is not None else on_host.get(i) for i, b in enumerate(group_found)])
+            for group_found, on_host in zip(found, host_found, strict=True)
+        ]
         for hit_blocks in range(longest, 0, -1):
             firsts = [group.skip_target(block_size, hit_blocks * block_size) for group in groups]
             if all(
@@ -314,8 +337,12 @@ class KVCacheGroups:
                     [b for b in group_found[first:hit_blocks] if b is not None]
                     for group_found, first in zip(found, firsts, strict=True)
                 ]
-                return hit_blocks * block_size, hits, keys
-        return 0, [[] for _ in caches], keys
+                host_hits = [
+                    [(i, on_host[i]) for i in range(first, hit_blocks) if group_found[i] is None]
+                    for group_found, on_host, first in zip(found, host_found, firsts, strict=True)
+                ]
+                return hit_blocks * block_size, hits, host_hits, keys
+        return 0, [[] for _ in caches], [[] for _ in caches], keys
 
     def cache_full_blocks(self, table: Table, first_index: int) -> None:
         """Key and cache every full block from ``first_index`` on, in every group, unless

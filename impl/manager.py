@@ -22,27 +22,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import ClassVar
 
-from impl import checking
+from impl import checking, swap
 from impl.block_pool import BlockPool
 from impl.groups import KVCacheGroups
-from impl.prefix_cache import BlockHash, PrefixCache, default_block_hash
-from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable
+from impl.prefix_cache import BlockHash, BlockKey, PrefixCache, default_block_hash
+from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable, SwapCopies
 from impl.tables import Blocks, RequestTables, Table
 from impl.usage import UsageCounters
 from spec import (
     MAX_TOKEN_ID,
     AllocatorState,
     BlockAllocationError,
+    HostBlockAllocationError,
     KVBlock,
     KVBlockUsage,
     ReleasedBlocks,
+    SwappedOut,
     allocated_by_count,
+    awaits_copy,
     blocks_for_request,
     blocks_for_tokens,
     check_block_id,
     check_cache_salt,
     check_group,
     check_group_windows,
+    check_host_tier,
     check_new_tokens,
     check_pool_shape,
     check_request_id,
@@ -51,6 +55,7 @@ from spec import (
     check_truncate,
     duplicate_request,
     first_window_token,
+    not_swapped,
     slot_index,
     tracks_token_ids,
     unknown_request,
@@ -67,6 +72,7 @@ class KVBlockManager:
     and a block's token ids) and ``group_windows`` are keyword-only. ``group_windows`` lists the
     KV cache groups that share the pool (``None``: full attention; W: a sliding window of
     W tokens); the default is one full-attention group, the allocator without groups.
+    ``host_blocks`` sizes the host tier that ``swap_out`` copies a request to (0: none).
     """
 
     total_blocks: int
@@ -74,6 +80,8 @@ class KVBlockManager:
     _: KW_ONLY
     block_hash: BlockHash = field(default=default_block_hash, repr=False)
     group_windows: tuple[int | None, ...] = (None,)
+    host_blocks: int = 0
+    host_prefix_cache: bool = False
 
     # The parts a subclass may swap for its own (the planted bugs of the tests do).
     prefix_cache_class: ClassVar[type[PrefixCache]] = PrefixCache
@@ -88,12 +96,16 @@ class KVBlockManager:
                 f"{self.block_hash!r}"
             )
         self.group_windows = check_group_windows(self.group_windows)
+        check_host_tier(self.host_blocks, self.host_prefix_cache)
         self.blocks: Sequence[KVBlock] = Blocks(self.total_blocks, self.block_size)
         self._counters = UsageCounters(len(self.group_windows))
         caches = [
             self.prefix_cache_class(self.total_blocks, self.block_hash) for _ in self.group_windows
         ]
-        self._pool = self.block_pool_class(self.total_blocks, caches, self._counters)
+        self._pool = self.block_pool_class(
+            self.total_blocks, caches, self._counters, self.host_blocks, self.host_prefix_cache
+        )
+        self._host = self._pool.host
         self._groups = self.groups_class(
             self.block_size, self.group_windows, self._pool, self.block_hash
         )
@@ -174,6 +186,7 @@ class KVBlockManager:
             self._pool.free_blocks,
             len(self._tables),
             sum(cache.cached_blocks for cache in self._groups.caches),
+            host=self._host,
         )
 
     # -- operations --------------------------------------------------------------------
@@ -212,12 +225,12 @@ class KVBlockManager:
         ids = tuple(token_ids)
         check_token_ids(ids)
         check_cache_salt(cache_salt)
-        cached_tokens, group_hits, keys = self._groups.match(ids, cache_salt)
+        cached_tokens, group_hits, group_host_hits, keys = self._groups.match(ids, cache_salt)
         pool = self._pool
         per_group = blocks_for_tokens(self.block_size, len(ids)) - cached_tokens // self.block_size
-        needed = per_group * len(self.group_windows)
-        ref_counts = pool.ref_counts
-        revived = sum(1 for hits in group_hits for b in hits if ref_counts[b] == 0)
+        needed = per_group * len(self.group_windows) + sum(map(len, group_host_hits))
+        cached_free = pool.cached_free  # an in-flight hit is unreferenced but not free
+        revived = sum(1 for hits in group_hits for b in hits if b in cached_free)
         available = pool.free_blocks - revived
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
@@ -225,7 +238,12 @@ class KVBlockManager:
         self._groups.caches[0].extend_keys(ids, keys, self.block_size, cache_salt)
         for group, hits in enumerate(group_hits):
             pool.revive(hits, group)
-        held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
+        if any(group_host_hits):
+            held = self._held_after_host_hits(
+                cached_tokens, group_hits, group_host_hits, keys, per_group
+            )
+        else:
+            held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
         table = Table(held, len(ids), list(ids), keys, cache_salt=cache_salt)
         self._groups.set_skipped(table, cached_tokens)
         self._tables[request_id] = table
@@ -401,8 +419,8 @@ class KVBlockManager:
         cached prefix, else the tail of the free queue. ``release_blocks`` does the same
         and also says which blocks became free.
         """
-        table = self._table(request_id)
-        if not table.exclusive:
+        table = self._tables.get(request_id)
+        if table is None or not table.exclusive:  # a swapped-out request too
             return list(self.release_blocks(request_id).block_ids)
         del self._tables[request_id]
         self._counters.allocated_tokens -= table.token_count
@@ -412,8 +430,13 @@ class KVBlockManager:
 
     def release_blocks(self, request_id: str) -> ReleasedBlocks:
         """``release``, reporting which of the request's blocks became free, and where to:
-        every group's blocks, group 0's first, each group's last block first."""
-        table = self._table(request_id)
+        every group's blocks, group 0's first, each group's last block first. A swapped-out
+        request's host blocks are freed (it holds no device block)."""
+        table = self._tables.get(request_id)
+        if table is None:
+            if request_id in self._host.swapped:
+                return swap.release_swapped(self._pool, request_id)
+            unknown_request(request_id)
         del self._tables[request_id]
         self._counters.allocated_tokens -= table.token_count
         return self._groups.release(table)
@@ -458,7 +481,7 @@ class KVBlockManager:
         ids = tuple(token_ids)
         check_token_ids(ids)
         check_cache_salt(cache_salt)
-        cached_tokens, _, _ = self._groups.match(ids, cache_salt)
+        cached_tokens, _, _, _ = self._groups.match(ids, cache_salt)
         return cached_tokens
 
     def preempt(self, request_id: str) -> ReleasedBlocks:
@@ -488,6 +511,71 @@ class KVBlockManager:
         read it again. A block an allocation took meanwhile is not among them."""
         return self._pool.take_skipped()
 
+    # -- the host tier: preemption by swap ---------------------------------------------
+
+    def swap_out(self, request_id: str) -> SwappedOut:
+        """Copy every block the request holds (every group's; skipped ones are not held) to
+        the host tier and drop its references as ``release`` does; the request is swapped
+        out until ``swap_in`` or ``release``. O(blocks + copies pending).
+
+        Refused while a pending copy writes into one of its blocks (``ValueError``: take the
+        copies first) and when the host tier is short (``HostBlockAllocationError``).
+        """
+        table = self._table(request_id)
+        host = self._host
+        awaited = {destination for _, destination in self._pool.pending_copies}
+        awaited.update(destination for _, destination in host.pending_in)
+        if awaited:
+            for held in table.group_block_ids:
+                for block_id in held:
+                    if block_id in awaited:
+                        awaits_copy(request_id, block_id)
+        needed = sum(len(held) for held in table.group_block_ids)
+        available = host.free_blocks
+        if needed > available:
+            raise HostBlockAllocationError.out_of_blocks(request_id, needed, available)
+        del self._tables[request_id]
+        self._counters.allocated_tokens -= table.token_count
+        return swap.swap_out(self._pool, self._groups, request_id, table)
+
+    def swap_in(self, request_id: str) -> tuple[RequestBlockTable, ...]:
+        """Give a swapped-out request fresh device blocks (sharing is not restored) and queue
+        the copies from its host blocks; returns every group's table. O(blocks).
+
+        Refused when the device is short (``BlockAllocationError``)."""
+        swapped = self._host.swapped.get(request_id)
+        if swapped is None:
+            not_swapped(request_id)
+        needed = sum(len(host_ids) for host_ids in swapped.group_host_block_ids)
+        available = self._pool.free_blocks
+        if needed > available:
+            raise BlockAllocationError.out_of_blocks(request_id, needed, available)
+        del self._host.swapped[request_id]
+        table = swap.swap_in(self._pool, swapped)
+        self._tables[request_id] = table
+        self._counters.allocated_tokens += table.token_count
+        return tuple(table.snapshot(request_id, g) for g in range(len(table.group_block_ids)))
+
+    def take_swap_copies(self) -> SwapCopies:
+        """The copies between the tiers to make now, in order; clears them. The KV pool makes
+        every (device -> host) copy, then ``take_copies``' ones, then every (host -> device)
+        copy. The device blocks that were in flight then join the queues."""
+        device_to_host, host_to_device = self._pool.take_swap_copies()
+        return SwapCopies(device_to_host, host_to_device)
+
+    def is_swapped(self, request_id: str) -> bool:
+        """Whether the request is swapped out to the host tier."""
+        return request_id in self._host.swapped
+
+    def can_swap_in(self, request_id: str) -> bool:
+        """Whether ``swap_in`` would find its device blocks now; ``KeyError`` if the request
+        is not swapped out."""
+        swapped = self._host.swapped.get(request_id)
+        if swapped is None:
+            not_swapped(request_id)
+        needed = sum(len(host_ids) for host_ids in swapped.group_host_block_ids)
+        return needed <= self._pool.free_blocks
+
     # -- checking ----------------------------------------------------------------------
 
     def to_spec(self) -> AllocatorState:
@@ -516,6 +604,30 @@ class KVBlockManager:
             ),
         )
 
+    def _held_after_host_hits(
+        self,
+        cached_tokens: int,
+        group_hits: list[list[int]],
+        group_host_hits: list[list[tuple[int, int]]],
+        keys: list[BlockKey],
+        per_group: int,
+    ) -> list[list[int]]:
+        """Each group's blocks of a prompt whose hit is partly on the host only, group by
+        group: the host hits take their device blocks (copies in queued), then the blocks
+        past the hit are taken; held in block index order with the device hits."""
+        held: list[list[int]] = []
+        for group, (hits, host_hits) in enumerate(zip(group_hits, group_host_hits, strict=True)):
+            revived = self._pool.revive_from_host(group, host_hits, keys)
+            from_host = dict(zip((index for index, _ in host_hits), revived, strict=True))
+            first = self._groups.groups[group].skip_target(self.block_size, cached_tokens)
+            device_hits = iter(hits)
+            row = [
+                from_host[index] if index in from_host else next(device_hits)
+                for index in range(first, cached_tokens // self.block_size)
+            ]
+            held.append(row + self._pool.take(per_group, group))
+        return held
+
     def _table(self, request_id: str) -> Table:
         try:
             return self._tables[request_id]
@@ -524,5 +636,5 @@ class KVBlockManager:
 
     def _check_new(self, request_id: str) -> None:
         check_request_id(request_id)
-        if request_id in self._tables:
+        if request_id in self._tables or request_id in self._host.swapped:
             duplicate_request(request_id)

@@ -42,3 +42,14 @@ class AppendedSlots:
 
     tables: tuple[RequestBlockTable, ...]
     slots: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SwapCopies:
+    """What ``take_swap_copies`` hands over: ``device_to_host`` (device block, host block)
+    and ``host_to_device`` (host block, device block) copies in the order they were made.
+    The KV pool makes every copy out first, then ``take_copies``' copy-on-write ones,
+    then every copy in, then runs the forward. The twin of ``spec.SwapCopies``."""
+
+    device_to_host: list[tuple[int, int]]
+    host_to_device: list[tuple[int, int]]

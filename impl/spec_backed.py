@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import spec
-from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable
-from spec import AllocatorState, KVBlockUsage, ReleasedBlocks
+from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable, SwapCopies
+from spec import AllocatorState, KVBlockUsage, ReleasedBlocks, SwappedOut
 from spec import init as spec_init
 from spec.api import OPERATIONS
 
@@ -30,6 +30,8 @@ def as_article(value: object) -> object:
         return AppendedSlots(tables, value.slots)  # type: ignore[arg-type]
     if isinstance(value, tuple) and value and isinstance(value[0], spec.RequestBlockTable):
         return tuple(as_article(table) for table in value)
+    if isinstance(value, spec.SwapCopies):
+        return SwapCopies(list(value.device_to_host), list(value.host_to_device))
     if isinstance(value, spec.PromptAllocation):
         table = as_article(value.table)
         assert isinstance(table, RequestBlockTable)
@@ -46,8 +48,12 @@ class SpecBackedManager:
         block_size: int = 16,
         *,
         group_windows: tuple[int | None, ...] = (None,),
+        host_blocks: int = 0,
+        host_prefix_cache: bool = False,
     ) -> None:
-        self.state: AllocatorState = spec_init(total_blocks, block_size, group_windows)
+        self.state: AllocatorState = spec_init(
+            total_blocks, block_size, group_windows, host_blocks, host_prefix_cache
+        )
 
     def call(self, name: str, *args: object) -> Any:  # Any: the method's own return type
         """Apply the API call ``name`` to the state; return its result as impl would."""
@@ -182,4 +188,24 @@ class SpecBackedManager:
 
     def usage(self) -> KVBlockUsage:
         result: KVBlockUsage = self.call("usage")
+        return result
+
+    def swap_out(self, request_id: str) -> SwappedOut:
+        result: SwappedOut = self.call("swap_out", request_id)
+        return result
+
+    def swap_in(self, request_id: str) -> tuple[RequestBlockTable, ...]:
+        result: tuple[RequestBlockTable, ...] = self.call("swap_in", request_id)
+        return result
+
+    def take_swap_copies(self) -> SwapCopies:
+        result: SwapCopies = self.call("take_swap_copies")
+        return result
+
+    def is_swapped(self, request_id: str) -> bool:
+        result: bool = self.call("is_swapped", request_id)
+        return result
+
+    def can_swap_in(self, request_id: str) -> bool:
+        result: bool = self.call("can_swap_in", request_id)
         return result

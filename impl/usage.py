@@ -4,6 +4,7 @@ The block pool counts what happens to blocks (sharing, eviction, copies, skips, 
 group's used blocks); the front counts tokens and preemptions. Neither scans a table.
 """
 
+from impl.host_pool import HostPool
 from spec import KVBlockUsage
 
 
@@ -39,8 +40,11 @@ class UsageCounters:
         free_blocks: int,
         request_count: int,
         cached_blocks: int,
+        *,
+        host: HostPool,
     ) -> KVBlockUsage:
-        """The usage report of a pool with ``free_blocks`` free and these totals."""
+        """The usage report of a pool with ``free_blocks`` free, these totals and the host
+        tier ``host``."""
         used_blocks = total_blocks - free_blocks
         return KVBlockUsage(
             block_size=block_size,
@@ -58,4 +62,12 @@ class UsageCounters:
             preemptions=self.preemptions,
             group_reserved_tokens=tuple(used * block_size for used in self.group_used_blocks),
             skipped_blocks=self.skipped_blocks,
+            host_blocks=host.host_blocks,
+            host_free_blocks=host.free_blocks,
+            host_swapped_blocks=host.swapped_host_blocks,
+            host_cached_blocks=len(host.lru),
+            swapped_requests=len(host.swapped),
+            swapped_out_blocks=host.swapped_out_blocks,
+            swapped_in_blocks=host.swapped_in_blocks,
+            host_hit_blocks=host.host_hit_blocks,
         )

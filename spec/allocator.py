@@ -70,6 +70,7 @@ from spec.errors import (
     check_cache_salt,
     check_group,
     check_group_windows,
+    check_host_tier,
     check_pool_shape,
     check_request_id,
     check_token_count,
@@ -80,6 +81,15 @@ from spec.errors import (
     unknown_request,
 )
 from spec.frozen_map import FrozenMap
+from spec.host_tier import (
+    HostTier,
+    busy_block_ids,
+    host_free_blocks,
+    init_host_tier,
+    release_host_blocks,
+    swapped_host_block_ids,
+    take_host_blocks,
+)
 from spec.records import CacheKey, KVBlockUsage, RequestBlockTable
 from spec.rules import (
     blocks_for_request,
@@ -126,6 +136,7 @@ class AllocatorState:
     group_windows: tuple[int | None, ...] = (None,)
     pending_skipped_block_ids: tuple[int, ...] = ()
     cache_salts: FrozenMap[str, str] = field(default_factory=FrozenMap[str, str])
+    host: HostTier = field(default_factory=HostTier)
 
     @property
     def tables(self) -> FrozenMap[str, RequestBlockTable]:
@@ -139,16 +150,23 @@ class AllocatorState:
 
 
 def init(
-    total_blocks: int, block_size: int, group_windows: Sequence[int | None] = (None,)
+    total_blocks: int,
+    block_size: int,
+    group_windows: Sequence[int | None] = (None,),
+    host_blocks: int = 0,
+    host_prefix_cache: bool = False,
 ) -> AllocatorState:
     """An empty pool of ``total_blocks`` blocks of ``block_size`` tokens, all free, in id order,
-    shared by the KV cache groups ``group_windows`` (``None``: full attention; W: a window).
+    shared by the KV cache groups ``group_windows`` (``None``: full attention; W: a window),
+    and a host tier of ``host_blocks`` blocks (``spec.host_tier``), all free, in id order.
 
     Checks: both sizes ``int`` (TypeError), in [1, MAX_TOTAL_BLOCKS] and [1, MAX_BLOCK_SIZE]
-    (ValueError); ``group_windows`` as ``spec.errors.check_group_windows`` says.
+    (ValueError); ``group_windows`` as ``spec.errors.check_group_windows`` says; the host
+    tier as ``spec.errors.check_host_tier`` says.
     """
     check_pool_shape(total_blocks, block_size)
     windows = check_group_windows(group_windows)
+    check_host_tier(host_blocks, host_prefix_cache)
     return AllocatorState(
         block_size=block_size,
         total_blocks=total_blocks,
@@ -161,6 +179,7 @@ def init(
         pending_copies=(),
         counters=SharingCounters(),
         group_windows=windows,
+        host=init_host_tier(host_blocks, host_prefix_cache, len(windows)),
     )
 
 
@@ -188,6 +207,11 @@ def compute_skipped_blocks(state: AllocatorState, group: int, computed_tokens: i
     return skipped_blocks_at(state.block_size, computed_tokens, state.group_windows[group])
 
 
+def is_request_known(state: AllocatorState, request_id: str) -> bool:
+    """Whether ``request_id`` is taken: it holds device blocks, or is swapped out."""
+    return request_id in state.tables or request_id in state.host.swapped
+
+
 def get_cache_salt(state: AllocatorState, request_id: str) -> str | None:
     """The salt ``request_id`` caches under (``None`` if it has none)."""
     return state.cache_salts.get(request_id)
@@ -201,15 +225,22 @@ def is_hit_cached(
     cache_salt: str | None = None,
 ) -> bool:
     """Whether ``group`` caches, under ``cache_salt``, every block a hit of ``hit_tokens``
-    tokens needs there: the blocks from ``compute_skipped_blocks(hit_tokens)`` up to
-    ``hit_tokens``."""
+    tokens needs there (on the device or the host: ``is_key_cached``): the blocks from
+    ``compute_skipped_blocks(hit_tokens)`` up to ``hit_tokens``."""
     block_size = state.block_size
-    cache = state.group_caches[group]
     first = compute_skipped_blocks(state, group, hit_tokens)
     return all(
-        CacheKey(cache_salt, token_ids[: (index + 1) * block_size]) in cache
+        is_key_cached(state, group, CacheKey(cache_salt, token_ids[: (index + 1) * block_size]))
         for index in range(first, hit_tokens // block_size)
     )
+
+
+def is_key_cached(state: AllocatorState, group: int, key: CacheKey) -> bool:
+    """Whether ``group`` caches ``key`` on the device or, with the host prefix cache, on
+    the host (a demoted prefix a hit brings back)."""
+    if key in state.group_caches[group]:
+        return True
+    return state.host.host_prefix_cache and key in state.host.host_caches[group]
 
 
 def cached_prefix_tokens(
@@ -230,17 +261,41 @@ def cached_prefix_tokens(
 def cached_prefix_blocks(
     state: AllocatorState, token_ids: TokenIds, group: int = 0, cache_salt: str | None = None
 ) -> tuple[int, ...]:
-    """The cached blocks a prompt of ``token_ids`` under ``cache_salt`` would reuse in
-    ``group``: those of the hit of ``cached_prefix_tokens`` tokens that are not born
-    skipped, in index order."""
+    """The cached device blocks a prompt of ``token_ids`` under ``cache_salt`` would reuse
+    in ``group``: those of the hit of ``cached_prefix_tokens`` tokens that are not born
+    skipped and are cached on the device, in index order."""
+    cache = state.group_caches[group]
+    return tuple(
+        cache[key] for key in _hit_keys(state, token_ids, group, cache_salt) if key in cache
+    )
+
+
+def host_prefix_hits(
+    state: AllocatorState, token_ids: TokenIds, group: int = 0, cache_salt: str | None = None
+) -> tuple[tuple[int, int], ...]:
+    """The blocks of that hit that ``group`` caches on the host only: (index among the
+    hit's blocks, host block), in index order. Each takes a device block and a
+    (host -> device) copy."""
+    cache = state.group_caches[group]
+    host_cache = state.host.host_caches[group] if state.host.host_caches else FrozenMap()
+    return tuple(
+        (index, host_cache[key])
+        for index, key in enumerate(_hit_keys(state, token_ids, group, cache_salt))
+        if key not in cache
+    )
+
+
+def _hit_keys(
+    state: AllocatorState, token_ids: TokenIds, group: int, cache_salt: str | None
+) -> list[CacheKey]:
+    """The keys of the blocks a hit needs in ``group``, in index order."""
     hit_tokens = cached_prefix_tokens(state, token_ids, cache_salt)
     block_size = state.block_size
-    cache = state.group_caches[group]
     first = compute_skipped_blocks(state, group, hit_tokens)
-    return tuple(
-        cache[CacheKey(cache_salt, token_ids[: (index + 1) * block_size])]
+    return [
+        CacheKey(cache_salt, token_ids[: (index + 1) * block_size])
         for index in range(first, hit_tokens // block_size)
-    )
+    ]
 
 
 def usage(state: AllocatorState) -> KVBlockUsage:
@@ -267,6 +322,14 @@ def usage(state: AllocatorState) -> KVBlockUsage:
         preemptions=state.counters.preemptions,
         group_reserved_tokens=tuple(len(blocks) * state.block_size for blocks in group_blocks),
         skipped_blocks=state.counters.skipped_blocks,
+        host_blocks=state.host.host_blocks,
+        host_free_blocks=host_free_blocks(state.host),
+        host_swapped_blocks=len(swapped_host_block_ids(state.host)),
+        host_cached_blocks=len(state.host.host_cached_block_ids),
+        swapped_requests=len(state.host.swapped),
+        swapped_out_blocks=state.host.counters.swapped_out_blocks,
+        swapped_in_blocks=state.host.counters.swapped_in_blocks,
+        host_hit_blocks=state.host.counters.host_hit_blocks,
     )
 
 
@@ -284,7 +347,7 @@ def allocate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
     per_group = blocks_for_tokens(state.block_size, token_count)
     needed = blocks_for_request(state.block_size, token_count, len(state.group_windows))
     check_request_id(request_id)
-    if request_id in state.tables:
+    if is_request_known(state, request_id):
         duplicate_request(request_id)
     if needed > free_blocks(state):
         raise BlockAllocationError.out_of_blocks(request_id, needed, free_blocks(state))
@@ -305,19 +368,24 @@ def allocate_prompt(
     (TypeError), enough blocks beyond the cache hits (BlockAllocationError). The hit is
     ``cached_prefix_tokens(state, token_ids, cache_salt)`` of the state before; in each
     group its ``cached_prefix_blocks`` gain a reference (a cached free block is revived),
-    the blocks before them are born skipped, the blocks past the hit come from the queues
-    (group 0's first); every block the prompt fills is cached under ``cache_salt``.
+    the blocks before them are born skipped; then, group by group (group 0's first), each
+    of its ``host_prefix_hits`` takes a device block from the queues, cached again on the
+    device under its key, with a (host -> device) copy (the host keeps its copy), and the
+    blocks past the hit come from the queues; every block the prompt fills is cached
+    under ``cache_salt``.
     """
     check_request_id(request_id)
-    if request_id in state.tables:
+    if is_request_known(state, request_id):
         duplicate_request(request_id)
     check_token_ids(token_ids)
     check_cache_salt(cache_salt)
     groups = range(len(state.group_windows))
     hit_tokens = cached_prefix_tokens(state, token_ids, cache_salt)
     hits = [cached_prefix_blocks(state, token_ids, group, cache_salt) for group in groups]
+    host_hits = [host_prefix_hits(state, token_ids, group, cache_salt) for group in groups]
+    hit_keys = [_hit_keys(state, token_ids, group, cache_salt) for group in groups]
     per_group = blocks_for_tokens(state.block_size, len(token_ids)) - hit_tokens // state.block_size
-    needed = per_group * len(groups)
+    needed = per_group * len(groups) + sum(len(group_hits) for group_hits in host_hits)
     revived = [b for group_hits in hits for b in group_hits if b in state.cached_free_block_ids]
     available = free_blocks(state) - len(revived)
     if needed > available:
@@ -331,11 +399,20 @@ def allocate_prompt(
         counters=replace(
             state.counters, prefix_hit_tokens=state.counters.prefix_hit_tokens + hit_tokens
         ),
+        host=_hold_in_flight(state.host, {b for h in hits for b in h}),
     )
     for group in groups:
+        state, from_host = _take_blocks(state, len(host_hits[group]))
+        state = _revive_from_host(state, group, host_hits[group], from_host, hit_keys[group])
         state, taken = _take_blocks(state, per_group)
+        device_hits = iter(hits[group])
+        revived_from_host = dict(zip((i for i, _ in host_hits[group]), from_host, strict=True))
+        held = tuple(
+            revived_from_host[index] if index in revived_from_host else next(device_hits)
+            for index in range(len(hit_keys[group]))
+        )
         skipped = compute_skipped_blocks(state, group, hit_tokens)
-        table = RequestBlockTable(request_id, hits[group] + taken, len(token_ids), skipped)
+        table = RequestBlockTable(request_id, held + taken, len(token_ids), skipped)
         state = _set_table(state, group, table)
     state = replace(state, token_ids=state.token_ids.set(request_id, tuple(token_ids)))
     if cache_salt is not None:
@@ -384,7 +461,7 @@ def fork(state: AllocatorState, parent_id: str, child_id: str) -> AllocatorState
     """
     snapshot_request(state, parent_id)
     check_request_id(child_id)
-    if child_id in state.tables:
+    if is_request_known(state, child_id):
         duplicate_request(child_id)
     for group, tables in enumerate(state.group_tables):
         parent = tables[parent_id]
@@ -405,7 +482,13 @@ def release(state: AllocatorState, request_id: str) -> AllocatorState:
     cached free queue if it holds a cached prefix (it stays findable), else of the free
     queue; a pending copy into it is dropped. The ids released, in table order, are the
     group tables' ``block_ids``, group 0's first.
+
+    A swapped-out request holds no device block: its host blocks join the host free
+    queue's tail, group by group, last block first; a pending copy into one is dropped
+    (its device block, in flight, goes where this release would have sent it).
     """
+    if request_id in state.host.swapped:
+        return _release_swapped(state, request_id)
     snapshot_request(state, request_id)
     for group, tables in enumerate(state.group_tables):
         state = _drop_references(state, tables[request_id].block_ids)
@@ -471,13 +554,31 @@ def reset_prefix_cache(state: AllocatorState) -> AllocatorState:
     """Forget every cached prefix, in every group: the cached free blocks join the tail of
     the free queue as plain free blocks (least recently freed first, their queue order),
     and the blocks tables hold keep their K/V but lose their keys, so no later prompt hits
-    them. Blocks the tables fill later are cached again as usual. Never refused."""
-    return replace(
+    them. Blocks the tables fill later are cached again as usual. Never refused.
+
+    The host prefix cache forgets its keys too: its blocks join the host free queue's
+    tail in their order (least recently used first), but one a pending copy in reads,
+    which waits for ``take_swap_copies``; a copy out into one is dropped and its device
+    block lands, uncached."""
+    state = replace(
         state,
         free_block_ids=state.free_block_ids + state.cached_free_block_ids,
         cached_free_block_ids=(),
         group_caches=tuple(FrozenMap[CacheKey, int]() for _ in state.group_caches),
     )
+    host = state.host
+    if not host.host_cached_block_ids:
+        return state
+    copying_in = {h for h, _ in host.pending_host_to_device}
+    host = release_host_blocks(
+        replace(
+            host,
+            host_caches=tuple(FrozenMap[CacheKey, int]() for _ in host.host_caches),
+            host_cached_block_ids=(),
+        ),
+        (h for h in host.host_cached_block_ids if h not in copying_in),
+    )
+    return _with_host(state, host)
 
 
 def take_copies(state: AllocatorState) -> AllocatorState:
@@ -529,21 +630,37 @@ def _drop_references(state: AllocatorState, block_ids: tuple[int, ...]) -> Alloc
     return _release_in_order(state, tuple(reversed(block_ids)))
 
 
-def _release_in_order(state: AllocatorState, block_ids: tuple[int, ...]) -> AllocatorState:
+def _release_in_order(
+    state: AllocatorState, block_ids: tuple[int, ...], *, demote: bool = True
+) -> AllocatorState:
     """Drop one reference from each of ``block_ids`` in the order given; a block left with
     none joins the tail of the cached free queue if it holds a cached prefix, else of the
-    free queue. A pending copy into a block that became free is moot and is dropped, so a
+    free queue, unless a pending copy between the tiers reads or writes it: then it is in
+    flight (``spec.host_tier``) and joins a queue when ``take_swap_copies`` hands that copy
+    over. With the host prefix cache, a cached block left with none gets a host copy
+    (``_demote``) and is in flight too, unless ``demote`` is off (a window's skips). A
+    pending copy-on-write copy into a block that became free is moot and is dropped, so a
     pending copy never writes into a block that is free or lent to another request."""
     cached = {block_id for cache in state.group_caches for block_id in cache.values()}
+    busy = busy_block_ids(state.host)
     ref_counts = dict(state.ref_counts)
     freed: list[int] = []
     freed_cached: list[int] = []
+    flown: list[int] = []
     for block_id in block_ids:
         ref_counts[block_id] -= 1
         if ref_counts[block_id] == 0:
             del ref_counts[block_id]
-            (freed_cached if block_id in cached else freed).append(block_id)
-    return replace(
+            if block_id in busy:
+                flown.append(block_id)
+            elif block_id not in cached:
+                freed.append(block_id)
+            elif demote and state.host.host_prefix_cache and _can_demote(state, block_id):
+                state = _demote(state, block_id)
+                flown.append(block_id)
+            else:
+                freed_cached.append(block_id)
+    state = replace(
         state,
         free_block_ids=state.free_block_ids + tuple(freed),
         cached_free_block_ids=state.cached_free_block_ids + tuple(freed_cached),
@@ -553,6 +670,120 @@ def _release_in_order(state: AllocatorState, block_ids: tuple[int, ...]) -> Allo
             for source, destination in state.pending_copies
             if destination in ref_counts
         ),
+    )
+    if not flown:
+        return state
+    flying = state.host.in_flight_block_ids + tuple(flown)
+    return replace(state, host=replace(state.host, in_flight_block_ids=flying))
+
+
+def _cache_key_of(state: AllocatorState, block_id: int) -> tuple[int, CacheKey]:
+    """The group caching ``block_id`` and its key (the block is cached)."""
+    for group, cache in enumerate(state.group_caches):
+        for key, cached_block in cache.items():
+            if cached_block == block_id:
+                return group, key
+    raise AssertionError(f"block {block_id} is not cached")
+
+
+def _can_demote(state: AllocatorState, block_id: int) -> bool:
+    """Whether a cached block left unreferenced gets a host copy: its key is not on the host
+    yet and the host tier has a block for it (free, or an evictable host-cached one)."""
+    group, key = _cache_key_of(state, block_id)
+    return key not in state.host.host_caches[group] and host_free_blocks(state.host) > 0
+
+
+def _demote(state: AllocatorState, block_id: int) -> AllocatorState:
+    """Write-through at free time: a host block for the cached ``block_id`` (the host free
+    queue's head, else the least recently used evictable host-cached block), its key on
+    the host as the most recently used, and a (device -> host) copy, so the block goes in
+    flight until the copy is taken (its K/V is whole now; a copy taken at eviction could
+    not precede the evicting allocation's writes)."""
+    group, key = _cache_key_of(state, block_id)
+    host, (host_id,) = take_host_blocks(state.host, 1)
+    host = replace(
+        host,
+        host_caches=tuple(
+            cache.set(key, host_id) if g == group else cache
+            for g, cache in enumerate(host.host_caches)
+        ),
+        host_cached_block_ids=(*host.host_cached_block_ids, host_id),
+        pending_device_to_host=(*host.pending_device_to_host, (block_id, host_id)),
+    )
+    return replace(state, host=host)
+
+
+def _release_swapped(state: AllocatorState, request_id: str) -> AllocatorState:
+    """``release`` of a swapped-out request: its host blocks join the host free queue's tail
+    (group by group, last block first)."""
+    swapped = state.host.swapped[request_id]
+    host = release_host_blocks(
+        replace(state.host, swapped=state.host.swapped.delete(request_id)),
+        (b for group in swapped.group_host_block_ids for b in reversed(group)),
+    )
+    return _with_host(state, host)
+
+
+def _with_host(state: AllocatorState, host: HostTier) -> AllocatorState:
+    """``state`` with the host tier ``host``, which may have dropped pending copies out: an
+    in-flight block no copy reads any more joins a queue's tail as ``release`` sends a
+    block there, in the order it went in flight."""
+    busy = busy_block_ids(host)
+    landed = [b for b in host.in_flight_block_ids if b not in busy]
+    if landed:
+        flying = tuple(b for b in host.in_flight_block_ids if b in busy)
+        host = replace(host, in_flight_block_ids=flying)
+    return _queue_unreferenced(replace(state, host=host), landed)
+
+
+def _revive_from_host(
+    state: AllocatorState,
+    group: int,
+    host_hits: tuple[tuple[int, int], ...],
+    device_ids: tuple[int, ...],
+    hit_keys: list[CacheKey],
+) -> AllocatorState:
+    """A prefix hit on keys ``group`` caches on the host only: each gets its device block
+    (``device_ids``, in order), cached on the device again, with a (host -> device) copy;
+    its host block becomes the most recently used."""
+    if not host_hits:
+        return state
+    cache = state.group_caches[group]
+    for (index, _), device_id in zip(host_hits, device_ids, strict=True):
+        cache = cache.set(hit_keys[index], device_id)
+    used = {host_id for _, host_id in host_hits}
+    host = state.host
+    host = replace(
+        host,
+        pending_host_to_device=host.pending_host_to_device
+        + tuple((h, d) for (_, h), d in zip(host_hits, device_ids, strict=True)),
+        host_cached_block_ids=tuple(h for h in host.host_cached_block_ids if h not in used)
+        + tuple(h for _, h in host_hits),
+        counters=replace(
+            host.counters, host_hit_blocks=host.counters.host_hit_blocks + len(host_hits)
+        ),
+    )
+    return _set_cache(replace(state, host=host), group, cache)
+
+
+def _hold_in_flight(host: HostTier, block_ids: set[int]) -> HostTier:
+    """``host`` with these blocks (prefix hits, held again) no longer in flight: a hit may
+    revive an in-flight cached block, whose K/V a copy out only reads."""
+    if not block_ids & set(host.in_flight_block_ids):
+        return host
+    flying = tuple(b for b in host.in_flight_block_ids if b not in block_ids)
+    return replace(host, in_flight_block_ids=flying)
+
+
+def _queue_unreferenced(state: AllocatorState, block_ids: Sequence[int]) -> AllocatorState:
+    """Put unreferenced blocks no copy reads any more at the queues' tails, in order: the
+    cached free queue if a group caches them, else the free queue."""
+    cached = {block_id for cache in state.group_caches for block_id in cache.values()}
+    return replace(
+        state,
+        free_block_ids=state.free_block_ids + tuple(b for b in block_ids if b not in cached),
+        cached_free_block_ids=state.cached_free_block_ids
+        + tuple(b for b in block_ids if b in cached),
     )
 
 
@@ -591,7 +822,9 @@ def _skip_out_of_window(
             continue
         dropped = table.block_ids[: skipped - table.skipped_blocks]
         free_before = len(state.free_block_ids)
-        state = _release_in_order(state, dropped)
+        # NOTE: not demoted to the host: the skip is part of an append whose refusal is
+        # decided first, and it would then depend on the host tier's room too.
+        state = _release_in_order(state, dropped, demote=False)
         counters = replace(
             state.counters, skipped_blocks=state.counters.skipped_blocks + len(dropped)
         )

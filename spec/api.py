@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from spec import allocator, rules
+from spec import allocator, rules, swap
 from spec.allocator import AllocatorState
 from spec.errors import (
     check_block_id,
@@ -30,6 +30,8 @@ from spec.records import (
     PromptAllocation,
     ReleasedBlocks,
     RequestBlockTable,
+    SwapCopies,
+    SwappedOut,
 )
 
 # Any: each step takes its own method's arguments; the table is checked by the tests
@@ -232,6 +234,50 @@ def truncate_blocks(
     )
 
 
+# -- the host tier: preemption by swap ------------------------------------------------------
+
+
+def swap_out(state: AllocatorState, request_id: str) -> tuple[AllocatorState, SwappedOut]:
+    """Every device block the request held (every group's, group 0's first, table order),
+    the host block each is copied to, and which became free or cached free once the copies
+    are taken (release order)."""
+    after = swap.swap_out(state, request_id)
+    block_ids = tuple(b for tables in state.group_tables for b in tables[request_id].block_ids)
+    landing = set(after.host.in_flight_block_ids) - set(state.host.in_flight_block_ids)
+    cached = {b for cache in after.group_caches for b in cache.values()}
+    in_release_order = [
+        b for tables in state.group_tables for b in reversed(tables[request_id].block_ids)
+    ]
+    return after, SwappedOut(
+        block_ids,
+        after.host.swapped[request_id].host_block_ids,
+        tuple(b for b in in_release_order if b in landing and b not in cached),
+        tuple(b for b in in_release_order if b in landing and b in cached),
+    )
+
+
+def swap_in(
+    state: AllocatorState, request_id: str
+) -> tuple[AllocatorState, tuple[RequestBlockTable, ...]]:
+    """The request's table in every group, group 0's first, on its fresh device blocks."""
+    after = swap.swap_in(state, request_id)
+    return after, tuple(tables[request_id] for tables in after.group_tables)
+
+
+def take_swap_copies(state: AllocatorState) -> tuple[AllocatorState, SwapCopies]:
+    host = state.host
+    copies = SwapCopies(host.pending_device_to_host, host.pending_host_to_device)
+    return swap.take_swap_copies(state), copies
+
+
+def is_swapped(state: AllocatorState, request_id: str) -> tuple[AllocatorState, bool]:
+    return state, swap.is_swapped(state, request_id)
+
+
+def can_swap_in(state: AllocatorState, request_id: str) -> tuple[AllocatorState, bool]:
+    return state, swap.can_swap_in(state, request_id)
+
+
 OPERATIONS: Mapping[str, Step] = MappingProxyType(
     {
         "allocate": allocate,
@@ -258,6 +304,11 @@ OPERATIONS: Mapping[str, Step] = MappingProxyType(
         "can_allocate": can_allocate,
         "ref_count": ref_count,
         "usage": usage,
+        "swap_out": swap_out,
+        "swap_in": swap_in,
+        "take_swap_copies": take_swap_copies,
+        "is_swapped": is_swapped,
+        "can_swap_in": can_swap_in,
     }
 )
 
@@ -304,7 +355,15 @@ def _stale_slots(
 
 def _released(before: AllocatorState, after: AllocatorState, request_id: str) -> ReleasedBlocks:
     """Every group's blocks in table order (group 0's first), and which became free, in
-    release order (group by group, last block first)."""
+    release order (group by group, last block first). A swapped-out request holds no
+    device block; the in-flight blocks whose copies into its host blocks were dropped
+    joined the queues' tails."""
+    if request_id in before.host.swapped:
+        return ReleasedBlocks(
+            (),
+            after.free_block_ids[len(before.free_block_ids) :],
+            after.cached_free_block_ids[len(before.cached_free_block_ids) :],
+        )
     tables = [tables[request_id].block_ids for tables in before.group_tables]
     block_ids = tuple(block_id for table in tables for block_id in table)
     newly_cached = set(after.cached_free_block_ids) - set(before.cached_free_block_ids)

@@ -14,7 +14,7 @@ and pagedkv's numbers follow, so code matching the article's messages keeps matc
 """
 
 from collections.abc import Iterable, Sequence
-from typing import NoReturn
+from typing import ClassVar, NoReturn
 
 # The largest pool and block a manager accepts. NOTE: impl keeps a few words per block
 # (free queue, ref counts, cache keys), so 2**24 blocks cost ~0.5 GiB and ~3 s to set up;
@@ -37,6 +37,8 @@ class BlockAllocationError(RuntimeError):
     request_id: str | None = None
     needed_blocks: int | None = None
     free_blocks: int | None = None
+    # The blocks the message names ("not enough free KV blocks").
+    blocks: ClassVar[str] = "KV blocks"
 
     @classmethod
     def out_of_blocks(
@@ -44,13 +46,20 @@ class BlockAllocationError(RuntimeError):
     ) -> "BlockAllocationError":
         """The error for ``request_id``: ``needed_blocks`` more blocks, ``free_blocks`` free."""
         error = cls(
-            f"not enough free KV blocks: needed={needed_blocks} free={free_blocks} "
+            f"not enough free {cls.blocks}: needed={needed_blocks} free={free_blocks} "
             f"(request {request_id!r})"
         )
         error.request_id = request_id
         error.needed_blocks = needed_blocks
         error.free_blocks = free_blocks
         return error
+
+
+class HostBlockAllocationError(BlockAllocationError):
+    """Raised when the host tier cannot take a swap-out: too few free host blocks
+    (``HostBlockAllocationError.out_of_blocks``: "not enough free host blocks: ...")."""
+
+    blocks: ClassVar[str] = "host blocks"
 
 
 def check_pool_shape(total_blocks: object, block_size: object) -> None:
@@ -210,3 +219,33 @@ def check_new_tokens(request_id: str, token_count: int, held_tokens: int) -> Non
             f"cannot give the slots of the last {token_count} tokens of request "
             f"{request_id!r}: it holds {held_tokens}"
         )
+
+
+def check_host_tier(host_blocks: object, host_prefix_cache: object) -> None:
+    """Refuse a host tier that cannot be served: ``host_blocks`` not an ``int`` (TypeError)
+    in [0, MAX_TOTAL_BLOCKS] (ValueError), ``host_prefix_cache`` not a ``bool`` (TypeError)."""
+    if type(host_blocks) is not int:
+        raise TypeError(
+            f"host_blocks must be an int, got {type(host_blocks).__name__} {host_blocks!r}"
+        )
+    if not 0 <= host_blocks <= MAX_TOTAL_BLOCKS:
+        raise ValueError(f"host_blocks must be in [0, {MAX_TOTAL_BLOCKS:,}], got {host_blocks:,}")
+    if type(host_prefix_cache) is not bool:
+        raise TypeError(
+            "host_prefix_cache must be a bool, got "
+            f"{type(host_prefix_cache).__name__} {host_prefix_cache!r}"
+        )
+
+
+def not_swapped(request_id: object) -> NoReturn:
+    """Raise the ``KeyError`` for ``swap_in`` of a request that is not swapped out."""
+    raise KeyError(f"request is not swapped out: {request_id}") from None
+
+
+def awaits_copy(request_id: str, block_id: int) -> NoReturn:
+    """Raise the ``ValueError`` for a swap-out of a request one of whose blocks a pending
+    copy has not written yet (its K/V is not there to copy out)."""
+    raise ValueError(
+        f"cannot swap out request {request_id!r}: block {block_id} awaits a pending copy "
+        "into it (take_copies and take_swap_copies first)"
+    )

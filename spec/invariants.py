@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from itertools import combinations
 
 from spec.allocator import AllocatorState, compute_skipped_blocks, usage
+from spec.host_tier import busy_block_ids, copying_in_host_block_ids
 from spec.records import KVBlockUsage, RequestBlockTable
 from spec.rules import blocks_for_tokens, first_window_token
 
@@ -29,15 +30,26 @@ def _held_block_ids(state: AllocatorState) -> set[int]:
     return {block_id for table in _all_tables(state) for block_id in table.block_ids}
 
 
+def _in_flight(state: AllocatorState) -> tuple[int, ...]:
+    return state.host.in_flight_block_ids
+
+
 def is_conserved(state: AllocatorState) -> bool:
-    """Conservation: free + cached free + distinct blocks held by tables = total_blocks."""
+    """Conservation: free + cached free + distinct blocks held by tables + blocks in flight
+    (read by a pending copy to the host, held by no table) = total_blocks."""
     free = len(state.free_block_ids) + len(state.cached_free_block_ids)
-    return free + len(_held_block_ids(state)) == state.total_blocks
+    return free + len(_held_block_ids(state)) + len(_in_flight(state)) == state.total_blocks
 
 
 def is_partitioned(state: AllocatorState) -> bool:
-    """Every block id sits exactly once in the free queue, the cached free queue or the tables."""
-    seen = [*state.free_block_ids, *state.cached_free_block_ids, *_held_block_ids(state)]
+    """Every block id sits exactly once in the free queue, the cached free queue, the tables
+    or in flight."""
+    seen = [
+        *state.free_block_ids,
+        *state.cached_free_block_ids,
+        *_held_block_ids(state),
+        *_in_flight(state),
+    ]
     return sorted(seen) == list(range(state.total_blocks))
 
 
@@ -229,8 +241,78 @@ def is_usage_consistent(state: AllocatorState, report: KVBlockUsage) -> bool:
     """A usage report agrees with the tables: blocks, requests and tokens all add up."""
     return (
         report == usage(state)
-        and report.used_blocks == len(_held_block_ids(state))
+        and report.used_blocks == len(_held_block_ids(state)) + len(_in_flight(state))
         and report.used_blocks + report.free_blocks == state.total_blocks
+    )
+
+
+def is_host_partitioned(state: AllocatorState) -> bool:
+    """Every host block id sits exactly once in the host free queue, a swapped-out
+    request's blocks, the host-cached blocks, or among the sources of pending
+    (host -> device) copies that are not host-cached; the host caches (one per group, or
+    none in a state built by hand without a host tier) hold the host-cached blocks, one
+    key each."""
+    host = state.host
+    cached = host.host_cached_block_ids
+    keyed = [h for cache in host.host_caches for h in cache.values()]
+    copying_in = [h for h in copying_in_host_block_ids(host) if h not in cached]
+    swapped = [h for record in host.swapped.values() for h in record.host_block_ids]
+    seen = [*host.free_host_block_ids, *swapped, *cached, *copying_in]
+    return (
+        sorted(seen) == list(range(host.host_blocks))
+        and sorted(keyed) == sorted(cached)
+        and len(host.host_caches) in {0, len(state.group_windows)}
+        and (host.host_prefix_cache or not cached)
+    )
+
+
+def is_swapped_sound(state: AllocatorState) -> bool:
+    """A swapped-out request holds no device block and is sized as it was: per group,
+    skipped_blocks + host blocks = ceil(token_count / block_size); it tracks exactly
+    token_count token ids, or none; a salt only with token ids."""
+    for request_id, record in state.host.swapped.items():
+        if request_id in state.tables or request_id in state.token_ids:
+            return False
+        if len(record.group_host_block_ids) != len(state.group_windows):
+            return False
+        blocks = blocks_for_tokens(state.block_size, record.token_count)
+        for held, skipped in zip(
+            record.group_host_block_ids, record.group_skipped_blocks, strict=True
+        ):
+            if skipped + len(held) != blocks:
+                return False
+        if record.token_ids is not None and len(record.token_ids) != record.token_count:
+            return False
+        if record.token_ids is None and record.cache_salt is not None:
+            return False
+    return True
+
+
+def is_copy_source_in_flight(state: AllocatorState) -> bool:
+    """The pending-copy rule: a device block a pending copy to the host reads, or a copy
+    from the host writes, is held by a table or in flight, never in a free queue, and the
+    in-flight blocks are exactly the unheld ones; each copy out writes into a host block a
+    swapped-out request holds, the host caches or a pending copy back reads (a request
+    swapped in before its copies out were taken); no device block is the destination of
+    two copies (of either kind)."""
+    host = state.host
+    queued = set(state.free_block_ids) | set(state.cached_free_block_ids)
+    swapped = {h for record in host.swapped.values() for h in record.host_block_ids}
+    kept = swapped | set(host.host_cached_block_ids) | set(copying_in_host_block_ids(host))
+    destinations = [d for _, d in state.pending_copies] + [
+        d for _, d in host.pending_host_to_device
+    ]
+    host_destinations = [h for _, h in host.pending_device_to_host]
+    held = _held_block_ids(state)
+    in_flight = host.in_flight_block_ids
+    return (
+        not any(d in queued for d, _ in host.pending_device_to_host)
+        and len(set(in_flight)) == len(in_flight)
+        and set(in_flight) == {d for d in busy_block_ids(host) if d not in held}
+        and all(h in kept for h in host_destinations)
+        and len(set(host_destinations)) == len(host_destinations)
+        and not any(d in queued for _, d in host.pending_host_to_device)
+        and len(set(destinations)) == len(destinations)
     )
 
 
@@ -250,6 +332,9 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "grouped_consistently": is_grouped_consistently,
     "window_readable": is_window_readable,
     "skipped_pending_free": is_skipped_pending_free,
+    "host_partition": is_host_partitioned,
+    "swapped_sound": is_swapped_sound,
+    "copy_source_in_flight": is_copy_source_in_flight,
 }
 
 

@@ -91,6 +91,12 @@ class KVBlockUsage:
     the groups and ``group_reserved_tokens`` splits it, one entry per group (an allocator
     always fills it; the empty default only lets a report be built by hand).
     ``skipped_blocks`` counts the table entries sliding windows released so far.
+
+    The host tier (``spec.host_tier``; all 0 without one): ``host_blocks`` in it,
+    ``host_free_blocks`` a swap-out may take now, ``host_swapped_blocks`` held by
+    ``swapped_requests``, ``host_cached_blocks`` holding demoted prefixes; the running
+    totals ``swapped_out_blocks`` and ``swapped_in_blocks`` (device blocks copied out and
+    back) and ``host_hit_blocks`` (prefix-hit blocks found on the host only).
     """
 
     block_size: int
@@ -108,6 +114,14 @@ class KVBlockUsage:
     preemptions: int = 0
     group_reserved_tokens: tuple[int, ...] = ()
     skipped_blocks: int = 0
+    host_blocks: int = 0
+    host_free_blocks: int = 0
+    host_swapped_blocks: int = 0
+    host_cached_blocks: int = 0
+    swapped_requests: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    host_hit_blocks: int = 0
 
     @property
     def internal_fragmentation_tokens(self) -> int:
@@ -130,3 +144,30 @@ class AppendedSlots:
 
     tables: tuple[RequestBlockTable, ...]
     slots: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SwappedOut:
+    """What ``swap_out`` reports: the request's device blocks in table order (every group's,
+    group 0's first) and the host block each is copied to, at the same index.
+
+    ``freed_block_ids`` and ``cached_block_ids`` (release order) are the device blocks no
+    table holds any more: in flight until ``take_swap_copies``, then free (the KV pool may
+    poison them once it has copied them out) or cached free. A block another table still
+    holds is in neither.
+    """
+
+    block_ids: tuple[int, ...]
+    host_block_ids: tuple[int, ...]
+    freed_block_ids: tuple[int, ...]
+    cached_block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SwapCopies:
+    """The copies between the tiers to make now, in order: every ``device_to_host``
+    (device block, host block) first, then the copy-on-write ones, then every
+    ``host_to_device`` (host block, device block)."""
+
+    device_to_host: tuple[tuple[int, int], ...]
+    host_to_device: tuple[tuple[int, int], ...]

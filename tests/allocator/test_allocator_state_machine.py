@@ -5,8 +5,10 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from impl import KVBlockManager
+from tests.support.host_lockstep import HostTierMachine
 from tests.support.lockstep import AllocatorMachine, WindowedAllocatorMachine, machine_for
 from tests.support.planted_bugs import (
+    HOST_TIER_BUGS,
     PLANTED_BUGS,
     QUERY_BUGS,
     STEP_API_BUGS,
@@ -58,3 +60,11 @@ def test_windowed_state_machine_catches_planted_window_bug(broken: type[KVBlockM
 def test_windowed_state_machine_catches_planted_step_api_bug(broken: type[KVBlockManager]) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken, WindowedAllocatorMachine), settings=CATCHING)
+
+
+@pytest.mark.parametrize("broken", HOST_TIER_BUGS, ids=lambda cls: cls.__name__)
+def test_host_tier_state_machine_catches_planted_host_tier_bug(
+    broken: type[KVBlockManager],
+) -> None:
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(machine_for(broken, HostTierMachine), settings=CATCHING)

@@ -13,6 +13,7 @@ from tests.support.bounded import (
     Bounds,
     Operation,
     all_bounds,
+    all_host_bounds,
     all_salt_bounds,
     all_sharing_bounds,
     all_window_bounds,
@@ -20,23 +21,28 @@ from tests.support.bounded import (
     operations,
 )
 from tests.support.planted_bugs import (
+    HOST_TIER_BUGS,
     PLANTED_BUGS,
     WINDOW_PLANTED_BUGS,
     DecodeSlotFromStaleBlock,
     EvictedBlockStaysFindable,
     FreesSkippedBlocksButKeepsThem,
     IgnoresTheSaltOnLookup,
+    LeaksAHostBlockOnSwapIn,
     LeaksOneBlockOnRelease,
     NeverSkips,
     OffByOneAtBlockBoundary,
     RefusedAllocateTakesBlocks,
     ReleasesInTableOrder,
     ResetKeepsTheKeysOfHeldBlocks,
+    ReusesABlockBeforeItsCopyOut,
     ReviveDropsTheSalt,
+    RevivesADemotedPrefixUnsalted,
     SaltsOnlyTheFirstBlock,
     SkipsABlockOneStepEarly,
     SkipsCopyOnWrite,
     SkipsSharedDecrement,
+    SwapInForgetsTheOtherHolder,
     TruncatedBlockStaysCached,
     TruncateKeepsTheCutBlocks,
     TruncateUnsharesTheLastBlock,
@@ -147,6 +153,53 @@ WINDOW_SHORTEST_FAILURES: dict[
 }
 
 
+# The host-tier walk: a 2-block host tier on pools of 1 and 2 blocks with two request ids,
+# count-based operations, forks and swaps, then the sharing operations on 1 block, then
+# the host prefix cache on 2 blocks (tests.support.bounded.HOST_COUNT_SHAPES). About 60 s
+# under a load of 4 on the 2-core VM.
+HOST = list(all_host_bounds())
+
+# Each host-tier bug's first violation in the host walk: the pool shape (blocks,
+# block_size) and the shortest path from init.
+HOST_SHORTEST_FAILURES: dict[type[KVBlockManager], tuple[int, int, list[str]]] = {
+    # The host block swap-in read never returns: the host tier is one short.
+    LeaksAHostBlockOnSwapIn: (
+        1,
+        1,
+        [
+            "allocate('r0', 1)",
+            "swap_out('r0')",
+            "take_swap_copies()",
+            "swap_in('r0')",
+            "take_swap_copies()",
+        ],
+    ),
+    # Block 0 goes straight to the free queue while its copy out is pending.
+    ReusesABlockBeforeItsCopyOut: (1, 1, ["allocate('r0', 1)", "swap_out('r0')"]),
+    # r0 gets back block 0, which r1 still holds, without a reference.
+    SwapInForgetsTheOtherHolder: (
+        2,
+        1,
+        ["allocate('r0', 1)", "fork('r0', 'r1')", "swap_out('r0')", "swap_in('r0')"],
+    ),
+    # Block 0's key ("a", (0,)) is demoted, evicted by r0's own count allocation and
+    # revived from the host: impl re-caches it unsalted.
+    RevivesADemotedPrefixUnsalted: (
+        2,
+        1,
+        [
+            "allocate_prompt('r0', (0,), 'a')",
+            "release('r0')",
+            "allocate('r0', 1)",
+            "take_swap_copies()",
+            "append_tokens('r0', 1)",
+            "release('r0')",
+            "allocate_prompt('r0', (0, 1), 'a')",
+        ],
+    ),
+}
+
+
 def first_violation(
     target_class: type[KVBlockManager], walk: list[Bounds]
 ) -> bounded.Violation | None:
@@ -190,9 +243,28 @@ def test_every_reachable_windowed_state_of_the_small_pools_agrees_between_spec_a
     assert sum(report.transitions for report in reports) == 69_648
 
 
+def test_every_reachable_host_tier_state_of_the_small_pools_agrees_between_spec_and_impl() -> None:
+    reports = [check(bounds_) for bounds_ in HOST]
+    print("\n".join(str(report) for report in reports))
+    assert [report.violation for report in reports] == [None] * len(HOST)
+    assert [report.states for report in reports] == [122, 984, 950, 1256]
+    assert sum(report.transitions for report in reports) == 142_076
+
+
+@pytest.mark.parametrize("broken", HOST_TIER_BUGS, ids=lambda cls: cls.__name__)
+def test_the_host_walk_finds_each_planted_host_tier_bug_along_a_shortest_path(
+    broken: type[KVBlockManager],
+) -> None:
+    violation = first_violation(broken, HOST)
+    assert violation is not None, f"{broken.__name__} passed the bounded checker"
+    shape = (violation.bounds.total_blocks, violation.bounds.block_size)
+    assert (*shape, [str(op) for op in violation.path]) == HOST_SHORTEST_FAILURES[broken]
+
+
 def test_every_planted_bug_has_a_listed_shortest_failure() -> None:
     assert set(SHORTEST_FAILURES) == set(PLANTED_BUGS)
     assert set(WINDOW_SHORTEST_FAILURES) == set(WINDOW_PLANTED_BUGS)
+    assert set(HOST_SHORTEST_FAILURES) == set(HOST_TIER_BUGS)
 
 
 @pytest.mark.parametrize("broken", WINDOW_PLANTED_BUGS, ids=lambda cls: cls.__name__)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 import spec
 from impl import KVBlockManager, PromptAllocation
 from impl.spec_backed import as_article
-from spec import AllocatorState, BlockAllocationError, SharingCounters
+from spec import AllocatorState, BlockAllocationError, HostCounters, SharingCounters
 from spec.api import OPERATIONS
 from spec.invariants import is_window_tight
 
@@ -65,12 +65,21 @@ class Bounds:
     tokens_past_capacity: int = 2
     # The cache salts each prompt is tried with (two tenants: ``(None, "a")``).
     cache_salts: tuple[str | None, ...] = (None,)
+    # The host tier's blocks (spec.init's host_blocks); with any, the swap operations are
+    # tried too.
+    host_blocks: int = 0
+    # Whether freed cached blocks are demoted to the host tier (spec.init's flag).
+    host_prefix_cache: bool = False
 
     def __str__(self) -> str:
         sharing = f" prompts={len(self.prompts)}" if self.prompts else ""
         if self.cache_salts != (None,):
             sharing += f" cache_salts={self.cache_salts}"
         groups = f" group_windows={self.group_windows}" if self.group_windows != (None,) else ""
+        if self.host_blocks:
+            groups += f" host_blocks={self.host_blocks}"
+        if self.host_prefix_cache:
+            groups += " host_prefix_cache"
         return (
             f"blocks={self.total_blocks} block_size={self.block_size} "
             f"request_ids={len(self.request_ids)} token_counts=-1..{self.max_token_count}"
@@ -145,6 +154,13 @@ def operations(bounds: Bounds) -> list[Operation]:
         for request_id in bounds.request_ids:
             ops += [Operation("snapshot_request", (request_id, g)) for g in groups if g]
         ops.append(Operation("take_skipped_blocks"))
+    if bounds.host_blocks:
+        for request_id in bounds.request_ids:
+            for name in ("swap_out", "swap_in", "is_swapped", "can_swap_in"):
+                ops.append(Operation(name, (request_id,)))
+            if not bounds.prompts:  # forks of count-based requests: swaps of shared blocks
+                ops += [Operation("fork", (request_id, child)) for child in bounds.request_ids]
+        ops.append(Operation("take_swap_copies"))
     if not bounds.prompts:
         return ops
     for request_id in bounds.request_ids:
@@ -276,10 +292,34 @@ def _check_refusal(
 def _replay(
     target_class: type[KVBlockManager], bounds: Bounds, path: Sequence[Operation]
 ) -> KVBlockManager:
-    pool = target_class(bounds.total_blocks, bounds.block_size, group_windows=bounds.group_windows)
+    pool = _new_pool(target_class, bounds)
     for op in path:
         _impl_step(pool, op)
     return pool
+
+
+def _initial_state(bounds: Bounds) -> AllocatorState:
+    return spec.init(
+        bounds.total_blocks,
+        bounds.block_size,
+        bounds.group_windows,
+        bounds.host_blocks,
+        bounds.host_prefix_cache,
+    )
+
+
+def _new_pool(target_class: type[KVBlockManager], bounds: Bounds) -> KVBlockManager:
+    if not bounds.host_blocks:  # a planted bug's own constructor may not take a host tier
+        return target_class(
+            bounds.total_blocks, bounds.block_size, group_windows=bounds.group_windows
+        )
+    return target_class(
+        bounds.total_blocks,
+        bounds.block_size,
+        group_windows=bounds.group_windows,
+        host_blocks=bounds.host_blocks,
+        host_prefix_cache=bounds.host_prefix_cache,
+    )
 
 
 def _path_to(
@@ -318,13 +358,14 @@ def _identity(state: AllocatorState) -> AllocatorState:
     reachable space of the sharing operations would be infinite. Every transition still
     compares them between spec and impl.
     """
-    return replace(state, counters=SharingCounters())
+    host = replace(state.host, counters=HostCounters())
+    return replace(state, counters=SharingCounters(), host=host)
 
 
 def check(bounds: Bounds, target_class: type[KVBlockManager] = KVBlockManager) -> Report:
     """Walk every reachable state within ``bounds``; stop at the first violation."""
     started = time.perf_counter()
-    initial = spec.init(bounds.total_blocks, bounds.block_size, bounds.group_windows)
+    initial = _initial_state(bounds)
     parents: dict[AllocatorState, tuple[AllocatorState, Operation] | None] = {initial: None}
     frontier: deque[tuple[AllocatorState, int]] = deque([(initial, 0)])
     ops = operations(bounds)
@@ -357,8 +398,8 @@ def check_path(
     bounds: Bounds, path: Sequence[Operation], target_class: type[KVBlockManager] = KVBlockManager
 ) -> Violation | None:
     """Run one path from ``init`` with every check of the walk; the first violation, if any."""
-    state = spec.init(bounds.total_blocks, bounds.block_size, bounds.group_windows)
-    pool = target_class(bounds.total_blocks, bounds.block_size, group_windows=bounds.group_windows)
+    state = _initial_state(bounds)
+    pool = _new_pool(target_class, bounds)
     problem = _check_impl_state(pool, state)
     if problem is not None:
         return Violation(bounds, (), f"after init: {problem}")
@@ -433,6 +474,36 @@ def all_window_bounds() -> Iterator[Bounds]:
         yield Bounds(total_blocks, block_size, ("r0",), 1, prompts, group_windows, 0)
 
 
+# The host-tier walk: (blocks, block_size, request ids, host blocks), a 2-block host tier,
+# with the count-based operations, forks and the swaps (shared blocks swapped out, swaps
+# in before the copies are taken, releases of swapped requests), then with the sharing
+# ones (prefix hits on blocks in flight). Token counts -1..1. The 2-block pool with two
+# request ids and the sharing operations reaches too many states for CI (killed past
+# 5 min); the host-tier state machine covers it.
+HOST_COUNT_SHAPES: tuple[tuple[int, int, int, int], ...] = ((1, 1, 2, 2), (2, 1, 2, 2))
+HOST_SHARING_SHAPES: tuple[tuple[int, int, int, int], ...] = ((1, 1, 2, 2),)
+# The host prefix cache: 2 blocks of 1 token, one request id, a 1-block host tier, the
+# prompts (0,) and (0, 1) under the salt "a" (a demoted key must keep it): a prefix
+# demoted, evicted from the device and revived from the host. With both salts and the
+# four sharing prompts it reaches 3,950 states (~100 s under load).
+HOST_PREFIX_BOUNDS = Bounds(
+    2, 1, ("r0",), 1, ((0,), (0, 1)), cache_salts=("a",), host_blocks=1, host_prefix_cache=True
+)
+
+
+def all_host_bounds() -> Iterator[Bounds]:
+    """The host-tier walk: ``HOST_COUNT_SHAPES``, then ``HOST_SHARING_SHAPES`` with the
+    sharing prompts, then ``HOST_PREFIX_BOUNDS``."""
+    for total_blocks, block_size, request_ids, host_blocks in HOST_COUNT_SHAPES:
+        ids = tuple(f"r{i}" for i in range(request_ids))
+        yield Bounds(total_blocks, block_size, ids, 1, host_blocks=host_blocks)
+    for total_blocks, block_size, request_ids, host_blocks in HOST_SHARING_SHAPES:
+        ids = tuple(f"r{i}" for i in range(request_ids))
+        prompts = sharing_prompts(block_size)
+        yield Bounds(total_blocks, block_size, ids, 1, prompts, host_blocks=host_blocks)
+    yield HOST_PREFIX_BOUNDS
+
+
 def all_bounds(
     max_blocks: int, max_block_size: int, request_ids: int, max_token_count: int | None
 ) -> Iterator[Bounds]:
@@ -478,6 +549,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "instead of the count-based ones; token counts -1..1",
     )
     parser.add_argument(
+        "--host-tier",
+        action="store_true",
+        help="walk the fixed host-tier shapes (swap out, swap in, copies) instead",
+    )
+    parser.add_argument(
         "--windows",
         action="store_true",
         help="walk the fixed window shapes (KV cache groups with sliding windows) instead",
@@ -486,7 +562,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     target_class = load_target(args.target)
     total_states = total_transitions = 0
     started = time.perf_counter()
-    if args.windows:
+    if args.host_tier:
+        walks = all_host_bounds()
+    elif args.windows:
         walks = all_window_bounds()
     elif args.sharing:
         walks = all_sharing_bounds(args.max_blocks, args.max_block_size, args.request_ids)

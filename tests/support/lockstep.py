@@ -144,6 +144,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         self._speculate(data, data.draw(st.sampled_from([parent_id, child_id])))
 
     def _speculate(self, data: st.DataObject, request_id: str) -> None:
+        if request_id not in self.model.tables:
+            return  # a refused fork (the child id is swapped out, in the host-tier machine)
         before = self.model.tables[request_id].token_count
         drafts = data.draw(st.integers(1, 2 * self.model.block_size + 1))
         tracked = request_id in self.model.token_ids

@@ -6,9 +6,16 @@ plants one kind of bug met in real allocators.
 
 from collections.abc import Iterable, Sequence
 
-from impl import BlockAllocationError, KVBlockManager, ReleasedBlocks, RequestBlockTable
+from impl import (
+    BlockAllocationError,
+    KVBlockManager,
+    ReleasedBlocks,
+    RequestBlockTable,
+    SwappedOut,
+)
 from impl.block_pool import BlockPool
 from impl.groups import KVCacheGroups, SlidingWindowGroup
+from impl.host_pool import HostPool
 from impl.prefix_cache import BlockHash, BlockKey, PrefixCache
 from impl.records import AppendedSlots
 from impl.tables import Table
@@ -511,4 +518,114 @@ class RollbackCallsSharedSlotsStale(KVBlockManager):
 STEP_API_BUGS: list[type[KVBlockManager]] = [
     StepSlotsIgnoreTheWindow,
     RollbackCallsSharedSlotsStale,
+]
+
+
+# -- the host tier ----------------------------------------------------------------------
+# Bugs of preemption by swap; the host-tier lockstep machine and the host-tier bounded
+# walk must both catch each (tests/allocator/test_host_tier_state_machine.py,
+# test_bounded.py's HOST_SHORTEST_FAILURES).
+
+
+class _LeaksOnTakeHostPool(HostPool):
+    __slots__ = ()
+
+    def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        out, back = super().take_copies()
+        if back:
+            self.free.pop()  # the last host block a copy in read never comes back
+        return out, back
+
+
+class _LeaksOnTakePool(BlockPool):
+    __slots__ = ()
+    host_pool_class = _LeaksOnTakeHostPool
+
+
+class LeaksAHostBlockOnSwapIn(KVBlockManager):
+    """A host block a swap-in read is not freed when its copy is taken: the host tier
+    shrinks by a block per swap-in."""
+
+    __slots__ = ()
+    block_pool_class = _LeaksOnTakePool
+
+
+class _ForgetsCopiesOutHostPool(HostPool):
+    __slots__ = ()
+
+    def copy_out(self, device_ids: list[int], host_ids: list[int]) -> None:
+        self.pending_out += zip(device_ids, host_ids, strict=True)  # no block marked read
+
+
+class _ForgetsCopiesOutPool(BlockPool):
+    __slots__ = ()
+    host_pool_class = _ForgetsCopiesOutHostPool
+
+
+class ReusesABlockBeforeItsCopyOut(KVBlockManager):
+    """A swapped-out block goes straight to the free queue, so the next allocation may
+    overwrite it before its copy to the host is made (vLLM #47653)."""
+
+    __slots__ = ()
+    block_pool_class = _ForgetsCopiesOutPool
+
+
+class SwapInForgetsTheOtherHolder(KVBlockManager):
+    """A swap-in that restores sharing: a block whose original is still held by the
+    request's fork sibling gets that original back, without a reference for the
+    swapped-in request, so the sibling's release frees a block still in use."""
+
+    __slots__ = ("_origins",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._origins: dict[str, list[list[int]]] = {}
+
+    def swap_out(self, request_id: str) -> SwappedOut:
+        origins = [list(held) for held in self._table(request_id).group_block_ids]
+        swapped = super().swap_out(request_id)
+        self._origins[request_id] = origins
+        return swapped
+
+    def swap_in(self, request_id: str) -> tuple[RequestBlockTable, ...]:
+        super().swap_in(request_id)
+        origins = self._origins.pop(request_id)
+        table = self._tables[request_id]
+        pool = self._pool
+        for held, original in zip(table.group_block_ids, origins, strict=True):
+            for index, (fresh, block_id) in enumerate(zip(held, original, strict=True)):
+                if pool.ref_counts[block_id] > 0 and fresh != block_id:
+                    held[index] = block_id  # shared again, but no reference added
+                    pool.ref_counts[fresh] = 0
+                    pool.free.appendleft(fresh)
+                    pool.counters.group_used_blocks[0] -= 1
+                    host = pool.host
+                    host.free.extend(h for h, d in host.pending_in if d == fresh)
+                    host.pending_in = [(h, d) for h, d in host.pending_in if d != fresh]
+        return self.snapshot_groups(request_id)
+
+
+class _RevivesFromTheHostUnsalted(BlockPool):
+    __slots__ = ()
+
+    def revive_from_host(
+        self, group: int, host_hits: list[tuple[int, int]], keys: list[BlockKey]
+    ) -> list[int]:
+        unsalted = [BlockKey(k.parent, k.token_ids, k.hash_value, None) for k in keys]
+        return super().revive_from_host(group, host_hits, unsalted)
+
+
+class RevivesADemotedPrefixUnsalted(KVBlockManager):
+    """A prefix hit on the host caches the revived device block under its tokens without
+    the salt: another tenant's prompt then hits it (the key revived wrong)."""
+
+    __slots__ = ()
+    block_pool_class = _RevivesFromTheHostUnsalted
+
+
+HOST_TIER_BUGS: list[type[KVBlockManager]] = [
+    LeaksAHostBlockOnSwapIn,
+    ReusesABlockBeforeItsCopyOut,
+    SwapInForgetsTheOtherHolder,
+    RevivesADemotedPrefixUnsalted,
 ]

@@ -1,0 +1,200 @@
+"""The host tier's pool: host block ids, the requests swapped out to them, and the copies
+between the tiers that the KV pool has not made yet (``spec.host_tier``'s state, mutable).
+
+It owns the host free queue, the swapped-out requests' host blocks, the pending
+(device -> host) and (host -> device) copies, and the device blocks in flight (read by a
+copy out or written by a copy in, held by no table: in no device queue until
+``take_swap_copies``). It knows host blocks and which device blocks the copies touch;
+the device queues are ``impl.block_pool``'s, which asks ``copying_out`` and
+``copying_in`` before it queues a block. Every
+operation is O(blocks it moves + copies pending), with no scan of either pool.
+"""
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+
+from impl.prefix_cache import BlockKey, PrefixCache
+from impl.tables import Table
+
+
+class Swapped:
+    """A swapped-out request: its own ``Table`` (token ids, keys, salt, skips kept; no
+    device block) and its host blocks per KV cache group, in table order."""
+
+    __slots__ = ("group_host_block_ids", "table")
+
+    def __init__(self, table: Table, group_host_block_ids: list[list[int]]) -> None:
+        self.table = table
+        self.group_host_block_ids = group_host_block_ids
+
+
+class HostPool:
+    """``host_blocks`` host block ids, free, lent to swapped-out requests or holding a
+    demoted prefix (``caches[g]``: group g's host prefix cache, none without one), and the
+    copies between the tiers in the order they were made."""
+
+    __slots__ = (
+        "busy",
+        "caches",
+        "copying_in",
+        "copying_out",
+        "free",
+        "host_blocks",
+        "host_hit_blocks",
+        "in_flight",
+        "lru",
+        "pending_in",
+        "pending_out",
+        "swapped",
+        "swapped_host_blocks",
+        "swapped_in_blocks",
+        "swapped_out_blocks",
+    )
+
+    def __init__(self, host_blocks: int, caches: Sequence[PrefixCache] = ()) -> None:
+        self.host_blocks = host_blocks
+        self.caches = list(caches)
+        # The host-cached blocks, least recently used first, with their group.
+        self.lru: OrderedDict[int, int] = OrderedDict()
+        # Host block -> how many pending copies write or read it: it is not reused meanwhile.
+        self.busy: dict[int, int] = {}
+        self.host_hit_blocks = 0
+        self.free: deque[int] = deque(range(host_blocks))
+        self.swapped: dict[str, Swapped] = {}
+        self.pending_out: list[tuple[int, int]] = []  # (device block, host block)
+        self.pending_in: list[tuple[int, int]] = []  # (host block, device block)
+        # Device block -> how many pending copies out read it (a block two forks share
+        # may be copied out by both).
+        self.copying_out: dict[int, int] = {}
+        # The device blocks the pending copies in write, each once.
+        self.copying_in: dict[int, None] = {}
+        # Device block -> its KV cache group, in the order it went in flight (release order).
+        self.in_flight: dict[int, int] = {}
+        self.swapped_host_blocks = 0
+        self.swapped_out_blocks = 0
+        self.swapped_in_blocks = 0
+
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether freed cached blocks are demoted to this tier."""
+        return bool(self.caches)
+
+    @property
+    def free_blocks(self) -> int:
+        """How many host blocks a swap-out may take now: free ones and the host-cached ones
+        no pending copy touches. O(pending copies)."""
+        lru = self.lru
+        return len(self.free) + len(lru) - sum(1 for host_id in self.busy if host_id in lru)
+
+    def take(self, count: int) -> list[int]:
+        """Take ``count`` host blocks: the free queue's head, then the least recently used
+        host-cached ones no pending copy touches (their keys are forgotten). The caller
+        has checked there are enough."""
+        free = self.free
+        if count <= len(free):
+            return [free.popleft() for _ in range(count)]
+        taken = list(free)
+        free.clear()
+        busy = self.busy
+        evicted = [h for h in self.lru if h not in busy][: count - len(taken)]
+        for host_id in evicted:
+            self.caches[self.lru.pop(host_id)].evict(host_id)
+        return taken + evicted
+
+    def copy_out(self, device_ids: list[int], host_ids: list[int]) -> None:
+        """Queue the (device -> host) copies, pair by pair."""
+        copying_out = self.copying_out
+        for device_id in device_ids:
+            copying_out[device_id] = copying_out.get(device_id, 0) + 1
+        self._mark_busy(host_ids)
+        self.pending_out += zip(device_ids, host_ids, strict=True)
+
+    def copy_in(self, host_ids: list[int], device_ids: list[int]) -> None:
+        """Queue the (host -> device) copies, pair by pair."""
+        self._mark_busy(host_ids)
+        self.pending_in += zip(host_ids, device_ids, strict=True)
+        self.copying_in.update(dict.fromkeys(device_ids))
+
+    def demote(self, device_id: int, group: int, key: BlockKey) -> bool:
+        """Write-through at free time: give the cached ``device_id`` a host copy under
+        ``key`` (the most recently used), unless the host caches ``key`` already or has no
+        block to take. Returns whether it queued the copy (the device block is in flight)."""
+        cache = self.caches[group]
+        if cache.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt) is not None:
+            return False
+        if not self.free and self.free_blocks == 0:
+            return False
+        (host_id,) = self.take(1)
+        cache.insert(key, host_id)
+        self.lru[host_id] = group
+        self.copy_out([device_id], [host_id])
+        return True
+
+    def revive(self, host_ids: list[int], device_ids: list[int]) -> None:
+        """A prefix hit on host-cached blocks: queue their copies in; the host keeps them,
+        now the most recently used."""
+        self.copy_in(host_ids, device_ids)
+        for host_id in host_ids:
+            self.lru.move_to_end(host_id)
+        self.host_hit_blocks += len(host_ids)
+
+    def reset(self) -> None:
+        """Forget every host-cached key: their blocks join the host free queue's tail in
+        LRU order, but one a pending copy in reads (freed when its copy is taken)."""
+        if not self.lru:
+            return
+        for cache in self.caches:
+            cache.clear()
+        copying_in = {host_id for host_id, _ in self.pending_in}
+        released = [host_id for host_id in self.lru if host_id not in copying_in]
+        self.lru.clear()
+        self.release(released)
+
+    def _mark_busy(self, host_ids: Iterable[int]) -> None:
+        busy = self.busy
+        for host_id in host_ids:
+            busy[host_id] = busy.get(host_id, 0) + 1
+
+    def release(self, host_ids: Iterable[int]) -> None:
+        """Free host blocks (in release order) to the host free queue's tail; a pending
+        copy out into one of them is moot and is dropped."""
+        released = list(host_ids)
+        self.free.extend(released)
+        if self.pending_out:
+            gone = set(released)
+            kept: list[tuple[int, int]] = []
+            for device_id, host_id in self.pending_out:
+                if host_id in gone:
+                    self._uncount(device_id)
+                    self._unmark(host_id)
+                else:
+                    kept.append((device_id, host_id))
+            self.pending_out = kept
+
+    def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Hand over every pending copy (out, then in) and clear them; the host blocks the
+        copies in read join the host free queue's tail. The in-flight device blocks are
+        the block pool's to queue."""
+        out, back = self.pending_out, self.pending_in
+        self.pending_out = []
+        self.pending_in = []
+        self.copying_out.clear()
+        self.copying_in.clear()
+        self.busy.clear()
+        lru = self.lru
+        self.free.extend(host_id for host_id, _ in back if host_id not in lru)
+        return out, back
+
+    def _uncount(self, device_id: int) -> None:
+        count = self.copying_out[device_id] - 1
+        if count:
+            self.copying_out[device_id] = count
+        else:
+            del self.copying_out[device_id]
+
+    def _unmark(self, host_id: int) -> None:
+        count = self.busy[host_id] - 1
+        if count:
+            self.busy[host_id] = count
+        else:
+            del self.busy[host_id]

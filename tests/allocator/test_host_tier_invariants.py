@@ -1,0 +1,66 @@
+"""The host tier's invariants, each broken by a hand-built state (and kept by a sound one)."""
+
+from dataclasses import replace
+
+import spec
+from spec import AllocatorState, FrozenMap, SwappedRequest, violated_invariants
+from spec.api import OPERATIONS
+
+
+def _swapped_with_copies_pending() -> AllocatorState:
+    """Blocks 0 and 1 of "a" copied out to host blocks 0 and 1, in flight; "b" holds 2."""
+    state = spec.init(4, 2, host_blocks=3)
+    state, _ = OPERATIONS["allocate"](state, "a", 3)
+    state, _ = OPERATIONS["allocate"](state, "b", 1)
+    state, _ = OPERATIONS["swap_out"](state, "a")
+    return state
+
+
+def test_a_swapped_state_with_copies_pending_breaks_no_invariant() -> None:
+    state = _swapped_with_copies_pending()
+    assert state.host.in_flight_block_ids == (1, 0)
+    assert violated_invariants(state) == []
+
+
+def test_a_lost_host_block_breaks_host_partition() -> None:
+    state = _swapped_with_copies_pending()
+    host = replace(state.host, free_host_block_ids=())  # host block 2 is nowhere
+    assert violated_invariants(replace(state, host=host)) == ["host_partition"]
+
+
+def test_a_swapped_request_that_still_holds_a_table_breaks_swapped_sound() -> None:
+    state = _swapped_with_copies_pending()
+    record = SwappedRequest(((2,),), 1, (0,))
+    host = replace(state.host, swapped=state.host.swapped.set("b", record))
+    broken = violated_invariants(replace(state, host=host))
+    assert "swapped_sound" in broken
+
+
+def test_a_block_in_a_free_queue_while_its_copy_out_is_pending_breaks_the_pending_copy_rule() -> (
+    None
+):
+    state = _swapped_with_copies_pending()
+    # Blocks 1 and 0 land in the free queue before take_swap_copies: vLLM #47653.
+    landed = replace(
+        state,
+        free_block_ids=(*state.free_block_ids, 1, 0),
+        host=replace(state.host, in_flight_block_ids=()),
+    )
+    assert violated_invariants(landed) == ["copy_source_in_flight"]
+
+
+def test_a_missing_in_flight_block_breaks_conservation_and_the_pending_copy_rule() -> None:
+    state = _swapped_with_copies_pending()
+    lost = replace(state, host=replace(state.host, in_flight_block_ids=(1,)))
+    assert violated_invariants(lost) == ["conservation", "partition", "copy_source_in_flight"]
+
+
+def test_a_host_cached_block_without_a_key_breaks_host_partition() -> None:
+    state = spec.init(2, 1, host_blocks=2, host_prefix_cache=True)
+    host = replace(
+        state.host,
+        free_host_block_ids=(1,),
+        host_cached_block_ids=(0,),
+        host_caches=(FrozenMap(),),
+    )
+    assert violated_invariants(replace(state, host=host)) == ["host_partition"]

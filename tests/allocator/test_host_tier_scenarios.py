@@ -1,0 +1,249 @@
+"""The host tier (preemption by swap), with literal block ids, on spec and impl alike."""
+
+from collections.abc import Callable
+
+import pytest
+
+from impl import (
+    BlockAllocationError,
+    HostBlockAllocationError,
+    KVBlockManager,
+    RequestBlockTable,
+    SwapCopies,
+    SwappedOut,
+)
+from impl.spec_backed import SpecBackedManager
+
+Manager = KVBlockManager | SpecBackedManager
+Factory = Callable[..., Manager]
+
+
+@pytest.fixture(params=[SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+def make(request: pytest.FixtureRequest) -> Factory:
+    factory: Factory = request.param
+    return factory
+
+
+def test_a_swap_out_copies_every_block_and_holds_them_in_flight_until_the_copies_are_taken(
+    make: Factory,
+) -> None:
+    pool = make(8, 4, host_blocks=4)
+    pool.allocate("a", 9)  # blocks 0, 1, 2
+    pool.allocate("b", 4)  # block 3
+    assert pool.swap_out("a") == SwappedOut((0, 1, 2), (0, 1, 2), (2, 1, 0), ())
+    assert pool.is_swapped("a") and not pool.is_swapped("b")
+    # In flight: in no queue, not counted free, until the copies out are handed over.
+    assert pool.free_block_ids == (4, 5, 6, 7)
+    assert pool.free_blocks == 4
+    assert pool.usage().host_swapped_blocks == 3
+    assert pool.take_swap_copies() == SwapCopies([(0, 0), (1, 1), (2, 2)], [])
+    # Then they go where release sends them: last block first, to the tail.
+    assert list(pool.free_block_ids) == [4, 5, 6, 7, 2, 1, 0]
+    assert pool.swap_in("a") == (RequestBlockTable("a", [4, 5, 6], 9),)
+    assert pool.usage().host_free_blocks == 1  # its host blocks wait for the copies in
+    assert pool.take_swap_copies() == SwapCopies([], [(0, 4), (1, 5), (2, 6)])
+    usage = pool.usage()
+    assert (usage.host_free_blocks, usage.swapped_out_blocks, usage.swapped_in_blocks) == (4, 3, 3)
+    pool.append_tokens("a", 3)  # it runs on: 12 tokens fill its three blocks
+    assert pool.snapshot_request("a") == RequestBlockTable("a", [4, 5, 6], 12)
+
+
+def test_a_block_in_flight_is_handed_to_no_one_before_its_copy_out_is_taken(
+    make: Factory,
+) -> None:
+    pool = make(3, 4, host_blocks=2)
+    pool.allocate("a", 8)  # blocks 0, 1
+    pool.swap_out("a")
+    assert pool.allocate("b", 4).block_ids == [2]
+    assert not pool.can_allocate(1)
+    with pytest.raises(BlockAllocationError, match=r"needed=1 free=0 \(request 'c'\)"):
+        pool.allocate("c", 1)
+    pool.take_swap_copies()
+    assert pool.allocate("c", 1).block_ids == [1]
+
+
+def test_a_swap_out_the_host_tier_cannot_take_is_refused_with_the_numbers_and_changes_nothing(
+    make: Factory,
+) -> None:
+    pool = make(4, 4, host_blocks=2)
+    pool.allocate("a", 9)
+    with pytest.raises(HostBlockAllocationError) as refused:
+        pool.swap_out("a")
+    assert str(refused.value) == "not enough free host blocks: needed=3 free=2 (request 'a')"
+    assert isinstance(refused.value, BlockAllocationError)
+    assert (refused.value.needed_blocks, refused.value.free_blocks) == (3, 2)
+    assert pool.snapshot_request("a") == RequestBlockTable("a", [0, 1, 2], 9)
+    assert pool.free_block_ids == (3,)
+    assert pool.usage().host_free_blocks == 2
+    assert not pool.is_swapped("a")
+
+
+def test_a_swap_in_the_device_cannot_take_is_refused_and_changes_nothing(make: Factory) -> None:
+    pool = make(3, 4, host_blocks=3)
+    pool.allocate("a", 8)
+    pool.swap_out("a")
+    pool.take_swap_copies()
+    pool.allocate("b", 8)  # blocks 2 and 1
+    assert not pool.can_swap_in("a")
+    with pytest.raises(BlockAllocationError, match=r"needed=2 free=1 \(request 'a'\)"):
+        pool.swap_in("a")
+    assert pool.is_swapped("a")
+    pool.release("b")
+    assert pool.can_swap_in("a")
+    assert pool.swap_in("a") == (RequestBlockTable("a", [0, 1], 8),)
+
+
+def test_a_swapped_request_is_known_only_to_swap_in_release_and_the_queries(
+    make: Factory,
+) -> None:
+    pool = make(4, 4, host_blocks=4)
+    pool.allocate("a", 5)
+    pool.swap_out("a")
+    with pytest.raises(ValueError, match="request already has allocated blocks: a"):
+        pool.allocate("a", 1)
+    with pytest.raises(KeyError, match="request has no allocated blocks: a"):
+        pool.append_tokens("a", 1)
+    with pytest.raises(KeyError, match="request has no allocated blocks: a"):
+        pool.swap_out("a")
+    with pytest.raises(KeyError, match="request is not swapped out: b"):
+        pool.swap_in("b")
+    with pytest.raises(KeyError, match="request is not swapped out: b"):
+        pool.can_swap_in("b")
+    assert "a" not in pool.request_tables
+
+
+def test_a_swap_out_is_refused_while_a_copy_into_one_of_its_blocks_is_pending(
+    make: Factory,
+) -> None:
+    pool = make(4, 4, host_blocks=4)
+    pool.allocate("p", 2)  # block 0, partly filled
+    pool.fork("p", "c")
+    pool.append_tokens("c", 1)  # copy-on-write: (0, 1) pending, c holds block 1
+    with pytest.raises(ValueError, match="block 1 awaits a pending copy into it"):
+        pool.swap_out("c")
+    assert pool.take_copies() == [(0, 1)]
+    assert pool.swap_out("c").block_ids == (1,)
+    pool.swap_in("c")  # block 2 waits for its copy in
+    with pytest.raises(ValueError, match="block 2 awaits a pending copy into it"):
+        pool.swap_out("c")
+
+
+def test_a_shared_block_is_copied_once_and_stays_with_its_other_holder(make: Factory) -> None:
+    pool = make(6, 4, host_blocks=4)
+    pool.allocate("a", 6)  # blocks 0, 1
+    pool.fork("a", "b")
+    assert pool.swap_out("a") == SwappedOut((0, 1), (0, 1), (), ())
+    assert (pool.ref_count(0), pool.ref_count(1)) == (1, 1)
+    assert pool.snapshot_request("b") == RequestBlockTable("b", [0, 1], 6)
+    pool.take_swap_copies()
+    # Swap-in takes fresh blocks: sharing is not restored.
+    assert pool.swap_in("a") == (RequestBlockTable("a", [2, 3], 6),)
+    assert pool.usage().shared_blocks == 0
+    pool.append_tokens("b", 1)  # b writes in place: nobody shares block 1 now
+    assert pool.take_copies() == []
+
+
+def test_releasing_a_swapped_request_drops_its_pending_copies_and_lands_its_blocks(
+    make: Factory,
+) -> None:
+    pool = make(4, 4, host_blocks=4)
+    pool.allocate("a", 8)  # blocks 0, 1
+    pool.swap_out("a")
+    released = pool.release_blocks("a")
+    assert (released.block_ids, released.freed_block_ids) == ((), (1, 0))
+    assert pool.free_block_ids == (2, 3, 1, 0)
+    assert pool.take_swap_copies() == SwapCopies([], [])
+    assert pool.usage().host_free_blocks == 4
+
+
+def test_a_swap_in_before_the_copies_out_are_taken_reads_what_they_write(make: Factory) -> None:
+    pool = make(4, 4, host_blocks=2)
+    pool.allocate("a", 5)  # blocks 0, 1
+    pool.swap_out("a")
+    assert pool.swap_in("a") == (RequestBlockTable("a", [2, 3], 5),)
+    # Copies out first, then copies in: host blocks 0 and 1 are written, then read.
+    assert pool.take_swap_copies() == SwapCopies([(0, 0), (1, 1)], [(0, 2), (1, 3)])
+    assert pool.free_block_ids == (1, 0)
+
+
+def test_a_windowed_swap_copies_only_the_blocks_in_the_window(make: Factory) -> None:
+    pool = make(6, 1, group_windows=(2,), host_blocks=4)
+    pool.allocate("a", 3)  # blocks 0, 1, 2
+    pool.append_tokens("a", 1)  # at L0 = 3 block index 0 and 1 leave a window of 2
+    assert pool.snapshot_request("a") == RequestBlockTable("a", [2, 3], 4, 2)
+    assert pool.swap_out("a").block_ids == (2, 3)
+    pool.take_swap_copies()
+    assert pool.swap_in("a") == (RequestBlockTable("a", [4, 5], 4, 2),)
+
+
+def test_a_prefix_hit_revives_a_cached_block_in_flight(make: Factory) -> None:
+    pool = make(4, 2, host_blocks=2)
+    pool.allocate_prompt("a", [1, 2, 3])  # blocks 0 (cached, full) and 1
+    assert pool.swap_out("a").cached_block_ids == (0,)
+    hit = pool.allocate_prompt("b", [1, 2, 9])
+    assert (hit.table.block_ids, hit.cached_tokens) == ([0, 2], 2)
+    pool.take_swap_copies()  # block 0 is held again: it does not land
+    assert pool.free_block_ids == (3, 1)
+    assert pool.ref_count(0) == 1
+
+
+# -- the host prefix cache: cached blocks demoted when freed, revived by a later prompt --
+
+PROMPT = [1, 2, 3, 4, 5]  # two full blocks of 2 (1..2, 1..4) and one token
+
+
+def test_a_freed_cached_block_is_copied_to_the_host_and_revived_from_it_after_eviction(
+    make: Factory,
+) -> None:
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate_prompt("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
+    pool.release("a")
+    # Write-through at free time: 1 and 0 go in flight until their copies are taken.
+    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((2,), ())
+    assert pool.take_swap_copies() == SwapCopies([(1, 0), (0, 1)], [])
+    assert pool.cached_free_block_ids == (1, 0)
+    pool.allocate("b", 6)  # takes 2, then evicts 1 and 0 from the device
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 4  # found on the host
+    pool.release("b")
+    hit = pool.allocate_prompt("c", [1, 2, 3, 4, 9])
+    assert (hit.table.block_ids, hit.cached_tokens) == ([0, 1, 2], 4)
+    # Host block 1 holds 1..2 and 0 holds 1..4: copied into the new blocks 0 and 1.
+    assert pool.take_swap_copies() == SwapCopies([], [(1, 0), (0, 1)])
+    usage = pool.usage()
+    assert (usage.host_cached_blocks, usage.host_hit_blocks, usage.prefix_hit_tokens) == (2, 2, 4)
+    # The device caches the keys again and the host has them: freed, they are not copied
+    # out again, and the next prompt hits them on the device, with no copy.
+    pool.release("c")
+    assert pool.take_swap_copies() == SwapCopies([], [])
+    assert pool.allocate_prompt("d", [1, 2, 3, 4, 7]).table.block_ids == [0, 1, 2]
+    assert pool.take_swap_copies() == SwapCopies([], [])
+
+
+def test_a_full_host_tier_evicts_its_least_recently_used_prefix_but_never_a_swapped_block(
+    make: Factory,
+) -> None:
+    pool = make(4, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate_prompt("a", [1, 2])  # block 0 cached
+    pool.allocate("s", 1)  # block 1
+    pool.swap_out("s")  # host block 0
+    pool.release("a")  # block 0 demoted to host block 1, the last free one
+    assert pool.take_swap_copies() == SwapCopies([(1, 0), (0, 1)], [])
+    pool.allocate_prompt("b", [3, 4])
+    pool.release("b")  # host block 1 (key 1, 2) is evicted for key 3, 4
+    assert pool.take_swap_copies().device_to_host == [(2, 1)]
+    assert pool.usage().host_cached_blocks == 1
+    assert pool.is_swapped("s")
+    assert pool.swap_in("s") == (RequestBlockTable("s", [3], 1),)
+    assert pool.take_swap_copies() == SwapCopies([], [(0, 3)])
+
+
+def test_a_demoted_prefix_keeps_its_salt(make: Factory) -> None:
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate_prompt("a", [1, 2, 3], "t1")  # block 0 cached under t1
+    pool.release("a")
+    pool.take_swap_copies()
+    pool.allocate("x", 6)  # evicts block 0 from the device
+    pool.release("x")
+    assert pool.cached_prefix_tokens([1, 2, 3]) == 0
+    assert pool.cached_prefix_tokens([1, 2, 3], "t1") == 2
+    assert pool.allocate_prompt("b", [1, 2, 3], "t1").cached_tokens == 2
