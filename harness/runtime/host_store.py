@@ -56,6 +56,7 @@ class HostKVStore:
         every ``(d, h)`` of ``pairs``."""
         if not pairs:
             return
+        self._check_host_ids([pair[1] for pair in pairs])
         device_index = _index([pair[0] for pair in pairs], self.layout.device)
         host_index = _index([pair[1] for pair in pairs], torch.device("cpu"))
         # gathered[i]: [len(pairs), block_size, num_kv_heads, head_dim] on the host
@@ -71,11 +72,21 @@ class HostKVStore:
         pool's keys then values), for every ``(h, d)`` of ``pairs``."""
         if not pairs:
             return
+        self._check_host_ids([pair[0] for pair in pairs])
         host_index = _index([pair[0] for pair in pairs], torch.device("cpu"))
         device_index = _index([pair[1] for pair in pairs], self.layout.device)
         for tensor, host in zip(device, self.keys + self.values, strict=True):
             # host.index_select(...): [len(pairs), block_size, num_kv_heads, head_dim]
             tensor.index_copy_(0, device_index, self._to_device(host.index_select(0, host_index)))
+
+    def _check_host_ids(self, host_ids: list[int]) -> None:
+        """Refuse a host block this tier does not have (a manager with a larger host tier)."""
+        largest = max(host_ids)
+        if largest >= self.host_blocks:
+            raise ValueError(
+                f"host block {largest} is outside this host tier of {self.host_blocks} blocks: "
+                "the pool's host_blocks must be the manager's"
+            )
 
     def _to_host(self, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` on the device as a host tensor (pinned, copied without blocking, on CUDA)."""

@@ -33,9 +33,23 @@ from impl import KVBlockManager, RequestBlockTable
 from spec import slot_index
 
 
-def new_manager(layout: KVLayout, total_blocks: int, block_size: int) -> KVBlockManager:
-    """A manager for a pool of ``layout``: one KV cache group per group of its layers."""
-    return KVBlockManager(total_blocks, block_size, group_windows=layout.group_windows)
+def new_manager(
+    layout: KVLayout,
+    total_blocks: int,
+    block_size: int,
+    *,
+    host_blocks: int = 0,
+    host_prefix_cache: bool = False,
+) -> KVBlockManager:
+    """A manager for a pool of ``layout``: one KV cache group per group of its layers, and
+    a host tier of ``host_blocks`` (keeping freed cached prefixes with ``host_prefix_cache``)."""
+    return KVBlockManager(
+        total_blocks,
+        block_size,
+        group_windows=layout.group_windows,
+        host_blocks=host_blocks,
+        host_prefix_cache=host_prefix_cache,
+    )
 
 
 class PagedKVPool:

@@ -49,7 +49,9 @@ def test_token_id_prompts_pass_the_three_checks_without_a_tokenizer() -> None:
 def test_a_corrupted_block_table_fails_with_one_line_per_failed_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def swapped(layout: KVLayout, total_blocks: int, block_size: int) -> KVBlockManager:
+    def swapped(
+        layout: KVLayout, total_blocks: int, block_size: int, **host_tier: object
+    ) -> KVBlockManager:
         return SwappedBlockManager(total_blocks, block_size)
 
     monkeypatch.setattr(harness.oracle.equivalence, "new_manager", swapped)

@@ -85,3 +85,11 @@ def test_a_poisoned_pool_poisons_the_swapped_out_blocks_and_not_their_host_copie
 def test_a_negative_host_tier_is_refused_with_its_size() -> None:
     with pytest.raises(ValueError, match=r"host_blocks must be >= 0.*-1"):
         HostKVStore(LAYOUT, host_blocks=-1, block_size=2)
+
+
+def test_a_host_block_beyond_the_tier_is_refused_with_its_numbers() -> None:
+    pool = PagedKVPool(LAYOUT, total_blocks=3, block_size=2, host_blocks=2)
+    with pytest.raises(ValueError, match="host block 2 is outside this host tier of 2 blocks"):
+        pool.swap([(0, 2)], [])
+    with pytest.raises(ValueError, match="host block 5 is outside this host tier of 2 blocks"):
+        pool.swap([], [(5, 0)])
