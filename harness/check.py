@@ -14,6 +14,7 @@ import torch
 from harness.cli.limits import (
     available_bytes,
     check_context,
+    check_host_memory,
     check_memory,
     check_options,
     model_context,
@@ -33,6 +34,7 @@ from harness.runtime.attention_backends import ATTENTION_BACKENDS
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.events import PoolObserver
 from harness.runtime.kv_pool import PagedKVPool
+from harness.runtime.preemption import PREEMPT_MODES
 from harness.runtime.requests import Request
 from harness.runtime.scheduler import Scheduling
 
@@ -63,6 +65,8 @@ def check_model(
     speculate: int | None = None,
     max_batch_tokens: int | None = None,
     salts: int | None = None,
+    preempt: str = "recompute",
+    host_blocks: int | None = None,
     name: str | None = None,
     observer: PoolObserver | None = None,
     kv_events: KVEventLog | None = None,
@@ -75,11 +79,17 @@ def check_model(
     reused and requests preempted), at least one whole request. ``n``: continuations per
     prompt (forked, sharing the prompt's blocks). ``salts=K``: K cache salts (``tenant0`` ..
     ``tenant{K-1}``) assigned round-robin over the prompts, so a prompt hits only blocks of
-    its own tenant; ``None``: no salt. ``kv_events`` records the KV cache events of the
+    its own tenant; ``None``: no salt. ``preempt``: how a request is preempted when the
+    pool is dry, ``"recompute"`` or ``"swap"`` (to a host tier, falling back to recompute
+    when it is full). ``host_blocks``: the host tier's blocks; given, it also keeps freed
+    cached prefixes (a later hit copies them back); ``None``: as many as the pool with
+    ``"swap"``, none otherwise. ``kv_events`` records the KV cache events of the
     continuous-batching run (check 3), each with its engine step. Refuses bad settings
     with ``CheckSettingsError`` (``UsageError`` for what the model cannot serve) before
     any generation.
     """
+    if preempt not in PREEMPT_MODES:
+        raise CheckSettingsError(f"preempt {preempt!r} is not one of {list(PREEMPT_MODES)}")
     if attention not in ATTENTION_BACKENDS:
         known = sorted(ATTENTION_BACKENDS)
         raise CheckSettingsError(f"attention {attention!r} is not one of {known}")
@@ -91,6 +101,7 @@ def check_model(
         ("speculate", speculate, 1),
         ("max_batch_tokens", max_batch_tokens, 1),
         ("salts", salts, 1),
+        ("host_blocks", host_blocks, 1),
     ):
         if value is not None and value < least:
             raise CheckSettingsError(f"{setting} must be >= {least}, got {value}")
@@ -115,7 +126,11 @@ def check_model(
     check_context(requests, model_context(model))
     blocks = _total_blocks(requests, block_size, total_blocks, len(layout.group_windows))
     # Before any pool (or the manager's free list) is built.
-    check_memory(requests, blocks, block_size, layout, available_bytes(layout.device))
+    host = host_blocks if host_blocks is not None else blocks if preempt == "swap" else 0
+    check_memory(
+        requests, blocks, block_size, layout, available_bytes(layout.device), host_blocks=host
+    )
+    check_host_memory(host, block_size, layout, available_bytes(torch.device("cpu")))
     pool = PoolConfig(
         total_blocks=blocks,
         block_size=block_size,
@@ -126,6 +141,9 @@ def check_model(
         kv_events=kv_events,
         scheduling=Scheduling(speculate or 0, max_batch_tokens),
         attention=backend,
+        preemption="swap" if preempt == "swap" else "recompute",
+        host_blocks=host,
+        host_prefix_cache=host_blocks is not None and prefix_cache,
     )
     return run_equivalence(loaded, requests, pool, progress or _quiet)
 

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harness.runtime.preemption import append_or_preempt
-from impl import BlockAllocationError, KVBlockManager, default_block_hash
+from harness.runtime.preemption import append_or_preempt, preempt_request
+from impl import BlockAllocationError, KVBlockManager, SwapCopies, default_block_hash
 
 SYSTEM_PROMPT_TOKENS = 1024
 VOCABULARY = 49_152  # SmolLM2's vocabulary size: token ids look like real ones
@@ -46,6 +46,8 @@ class AdmissionStats:
     prompt_tokens: int = 0
     hashes: int = 0
     preemptions: int = 0
+    blocks_to_host: int = 0  # swap copies (the host prefix cache's), counted not made
+    blocks_to_device: int = 0
 
 
 class CountingHash:
@@ -90,7 +92,11 @@ def revival_trace(request_count: int, seed: int) -> list[PromptRequest]:
 def replay_prompts(
     trace: Sequence[PromptRequest], manager: KVBlockManager, max_running: int, seed: int
 ) -> AdmissionStats:
-    """Continuous batching with prefix caching; preempted requests recompute with their tokens."""
+    """Continuous batching with prefix caching; preempted requests recompute with their tokens.
+
+    The manager's swap copies (a host tier's) are taken, untimed, after every admission,
+    preemption and release, and counted: no K/V exists to move.
+    """
     clock = time.perf_counter_ns
     rng = random.Random(seed)
     stats = AdmissionStats()
@@ -106,8 +112,12 @@ def replay_prompts(
     def append(request_id: str) -> int:
         return manager.append_token_slot(request_id, token_of[request_id])
 
+    def count(copies: SwapCopies) -> None:
+        stats.blocks_to_host += len(copies.device_to_host)
+        stats.blocks_to_device += len(copies.host_to_device)
+
     def preempt(victim: str) -> None:
-        manager.preempt(victim)
+        preempt_request(manager, victim, "recompute", count)
         waiting.appendleft((by_id[victim], tuple(tokens_of[victim])))
         stats.preemptions += 1
 
@@ -120,6 +130,7 @@ def replay_prompts(
             except BlockAllocationError:
                 break
             stats.admit_ns.append(clock() - start)
+            count(manager.take_swap_copies())
             waiting.popleft()
             stats.hit_tokens += allocation.cached_tokens
             stats.prompt_tokens += len(token_ids)
@@ -142,6 +153,7 @@ def replay_prompts(
                 still_running.append(request_id)
             else:
                 manager.release(request_id)
+                count(manager.take_swap_copies())
         running = still_running
     return stats
 

@@ -6,7 +6,8 @@ Two come from the model, two from the machine:
 - continuations: ``--n`` distinct first tokens need ``--n <= vocab_size``;
 - memory: the K/V tensors the run allocates (the paged pool and, for the allocator gate,
   the contiguous buffers) must fit in ``MEMORY_FRACTION`` of the memory available on the
-  device when the run starts, the model already loaded;
+  device when the run starts, the model already loaded; the host tier (``--host-blocks``)
+  in that fraction of the host's (with the pool's, on a CPU run);
 - threads: ``--threads`` at most the CPUs this process may use (torch 2.13 segfaults on
   ``set_num_threads(10**9)``).
 
@@ -96,16 +97,37 @@ def check_memory(
     block_size: int,
     layout: KVLayout,
     available: int,
+    *,
+    host_blocks: int = 0,
 ) -> None:
-    """Refuse a run whose K/V would take more than ``MEMORY_FRACTION`` of ``available`` bytes."""
+    """Refuse a run whose K/V would take more than ``MEMORY_FRACTION`` of ``available`` bytes
+    (on a CPU run with the host tier's ``host_blocks`` counted in)."""
     pool, contiguous = kv_bytes(requests, total_blocks, block_size, layout)
+    host = host_blocks * block_size * layout.bytes_per_block_token
+    if layout.device.type != "cpu":
+        host = 0  # in host memory: check_host_memory
     limit = int(available * MEMORY_FRACTION)
-    if pool + contiguous > limit:
+    if pool + contiguous + host > limit:
+        host_tier = f" and a host tier of {host_blocks} blocks ({_size(host)})" if host else ""
         raise UsageError(
-            f"the run's K/V needs {_size(pool + contiguous)}: a pool of {total_blocks} blocks x "
-            f"{block_size} tokens x {layout.bytes_per_block_token} bytes ({_size(pool)}) and the "
-            f"gate's contiguous buffers ({_size(contiguous)}); the limit is {MEMORY_FRACTION:g} "
-            f"of the {_size(available)} of {layout.device.type} memory available, {_size(limit)}"
+            f"the run's K/V needs {_size(pool + contiguous + host)}: a pool of {total_blocks} "
+            f"blocks x {block_size} tokens x {layout.bytes_per_block_token} bytes ({_size(pool)}) "
+            f"and the gate's contiguous buffers ({_size(contiguous)}){host_tier}; the limit is "
+            f"{MEMORY_FRACTION:g} of the {_size(available)} of {layout.device.type} memory "
+            f"available, {_size(limit)}"
+        )
+
+
+def check_host_memory(host_blocks: int, block_size: int, layout: KVLayout, available: int) -> None:
+    """Refuse a host tier of a device run larger than ``MEMORY_FRACTION`` of the host's
+    ``available`` bytes (a CPU run counts it in ``check_memory``)."""
+    host = host_blocks * block_size * layout.bytes_per_block_token
+    limit = int(available * MEMORY_FRACTION)
+    if layout.device.type != "cpu" and host > limit:
+        raise UsageError(
+            f"--host-blocks {host_blocks} needs {_size(host)} of host memory ({block_size} tokens "
+            f"x {layout.bytes_per_block_token} bytes a block); the limit is {MEMORY_FRACTION:g} "
+            f"of the {_size(available)} available, {_size(limit)}"
         )
 
 

@@ -42,6 +42,7 @@ from harness.prompts import (
     load_prompts_file,
 )
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
+from harness.runtime.preemption import PREEMPT_MODES
 
 PROG = "python -m harness"
 PROGRESS_PREFIX = "[harness]"
@@ -176,6 +177,23 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="chunked prefill: at most N tokens per engine step, decodes first, then prompt "
         "chunks in the rest",
     )
+    parser.add_argument(
+        "--preempt",
+        choices=PREEMPT_MODES,
+        default="recompute",
+        help="how a request is preempted when the pool is dry: recompute (drop its K/V, "
+        "prefill its tokens again) or swap (copy its blocks to a host tier and back, resuming "
+        "with no recompute; recompute when the host tier is full) (default recompute)",
+    )
+    parser.add_argument(
+        "--host-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a host tier of N blocks in CPU memory (pinned on CUDA) that also keeps freed "
+        "cached prefix blocks, so a prefix evicted from the pool comes back from the host on "
+        "a later hit (default: as many as the pool with --preempt swap, else none)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--pool-map",
@@ -257,6 +275,8 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             speculate=args.speculate,
             max_batch_tokens=args.max_batch_tokens,
             salts=args.salts,
+            preempt=args.preempt,
+            host_blocks=args.host_blocks,
             name=loaded.name,
             observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
             kv_events=kv_events,
@@ -298,9 +318,15 @@ def _check_flags(args: argparse.Namespace) -> None:
         ("--n", args.n, 1),
         ("--pool-map", args.pool_map, 1),
         ("--salts", args.salts, 1),
+        ("--host-blocks", args.host_blocks, 1),
     ):
         if value is not None and value < least:
             raise UsageError(f"{flag} must be >= {least}, got {value}")
+    if args.host_blocks is not None and args.no_prefix_cache and args.preempt != "swap":
+        raise UsageError(
+            f"--host-blocks {args.host_blocks} would hold nothing: it keeps swapped requests "
+            "(--preempt swap) and cached prefixes (not with --no-prefix-cache)"
+        )
     if args.speculate is not None and args.speculate < 1:
         raise UsageError(f"--speculate must be >= 1 draft token, got {args.speculate}")
     if args.max_batch_tokens is not None and args.max_batch_tokens < 1:

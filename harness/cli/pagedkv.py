@@ -21,7 +21,9 @@ BENCHMARKS = {
     "attention": ("harness.bench.attention", "ms per decode attention call, gather vs kernels"),
     "decode": ("harness.bench.decode", "decode tok/s and KV bytes, dense vs paged vs HF CB"),
     "fragmentation": ("harness.bench.fragmentation", "the article's fragmentation figures"),
+    "host_prefix": ("harness.bench.host_prefix", "prefix hits a host tier adds (no torch)"),
     "plots": ("harness.bench.plots", "the figures of docs/results.md, as PNGs"),
+    "preemption": ("harness.bench.preemption", "the cost of a preemption, swap vs recompute"),
     "speculation": ("harness.bench.speculation", "decode tok/s with speculative decoding"),
 }
 

@@ -1,13 +1,15 @@
 """``--pool-map EVERY``: the block map of the continuous-batching run, printed as it goes.
 
 An engine observer (``harness.runtime.engine.PoolObserver``): the map every ``every``
-engine steps and at each preemption, fork and release, each under a title line naming the
-event. A request keeps its label for the whole run. Colour only on a terminal and only
+engine steps and at each preemption, swap, fork and release, each under a title line
+naming the event; with a host tier, a row of host cells under it (``host_tier_map``). A
+request keeps its label for the whole run. Colour only on a terminal and only
 without ``NO_COLOR`` (https://no-color.org); the width is the terminal's.
 """
 
 import os
 import shutil
+from collections.abc import Mapping
 from typing import TextIO
 
 from harness.runtime.events import PoolEvent
@@ -43,4 +45,32 @@ class PoolMapPrinter:
         if event.request_ids:
             title += " " + " -> ".join(event.request_ids)
         map_text = render_block_map(pool, self._labels, width=self._width, color=self._color)
-        print(f"{title}\n{map_text}\n", file=self._stream, flush=True)
+        host = host_tier_map(manager, self._labels, self._width)
+        print(f"{title}\n{map_text}{host}\n", file=self._stream, flush=True)
+
+
+def host_tier_map(manager: KVBlockManager, labels: Mapping[str, str], width: int) -> str:
+    """The host tier under the pool's map: a title line naming the swapped-out requests,
+    then one cell per host block (held by a swapped request ``S``, holding a cached
+    prefix ``:``, free ``.``), wrapped to ``width``; empty without a host tier.
+
+    NOTE: cells are grouped by state, not in host block id order: the manager's API
+    counts host blocks (``usage()``) but does not list which request holds which.
+    """
+    usage = manager.usage()
+    if not usage.host_blocks:
+        return ""
+    swapped = [label for request_id, label in labels.items() if manager.is_swapped(request_id)]
+    cells = (
+        ["[S ]"] * usage.host_swapped_blocks
+        + ["[: ]"] * usage.host_cached_blocks
+        + ["[. ]"] * (usage.host_blocks - usage.host_swapped_blocks - usage.host_cached_blocks)
+    )
+    per_row = max(1, width // 4)
+    rows = ["".join(cells[start : start + per_row]) for start in range(0, len(cells), per_row)]
+    title = (
+        f"host: {usage.host_blocks} blocks; {usage.host_swapped_blocks} held by swapped "
+        f"requests ({', '.join(swapped) or 'none'}), {usage.host_cached_blocks} cached, "
+        f"{usage.host_free_blocks} free"
+    )
+    return "\n" + "\n".join([title, *rows])

@@ -62,9 +62,11 @@ def print_table(report: EquivalenceReport) -> None:
     print(
         f"sharing: prefix hits {report.prefix_hit_tokens} tokens (prefill fed "
         f"{report.prefill_tokens} tokens); copy-on-write copies {report.cow_copies}; "
-        f"preemptions {report.preemptions}; blocks saved by sharing (peak) "
+        f"preemptions {report.preemptions + report.host.swaps_out} (by swap and by "
+        f"recompute); blocks saved by sharing (peak) "
         f"{report.blocks_saved_by_sharing}"
     )
+    _print_host_tier(report)
     by_salt = report.prefix_hit_tokens_by_salt
     if by_salt:
         print(
@@ -93,11 +95,35 @@ def print_table(report: EquivalenceReport) -> None:
     print(report.summary())
 
 
+def _print_host_tier(report: EquivalenceReport) -> None:
+    """The preemptions by kind and what moved through the host tier, when either happened."""
+    host, pool = report.host, report.pool
+    if not (pool.host_blocks or host.recomputes):
+        return
+    mib = 1024 * 1024
+    block_bytes = report.pool_bytes // pool.total_blocks
+    print(
+        f"preemption ({pool.preemption}): swaps out {host.swaps_out}, in {host.swaps_in}; "
+        f"by recompute {host.recomputes} ({host.recomputed_tokens} tokens recomputed); "
+        f"{host.swap_s * 1000:.1f} ms in preemptions, swap-ins and swap copies"
+    )
+    if pool.host_blocks:
+        print(
+            f"host tier: {pool.host_blocks} blocks ({pool.host_blocks * block_bytes / mib:.1f} "
+            f"MiB); blocks copied to host {host.blocks_to_host} "
+            f"({host.blocks_to_host * block_bytes / mib:.1f} MiB), to device "
+            f"{host.blocks_to_device} ({host.blocks_to_device * block_bytes / mib:.1f} MiB); "
+            f"host prefix hits {host.host_prefix_hit_tokens} tokens "
+            f"(host prefix cache {'on' if pool.host_prefix_cache else 'off'})"
+        )
+
+
 def as_json(
     report: EquivalenceReport, device: torch.device, args: argparse.Namespace
 ) -> dict[str, object]:
     """The report as JSON-ready data; ``args``: the main command's options."""
     pool = report.pool
+    block_bytes = report.pool_bytes // pool.total_blocks
 
     def check(result: CheckResult) -> dict[str, object]:
         return {
@@ -119,6 +145,9 @@ def as_json(
         "system_prompt": args.system_prompt,
         "salts": args.salts,
         "n": args.n,
+        "preempt": args.preempt,
+        "host_blocks": pool.host_blocks,
+        "host_prefix_cache": pool.host_prefix_cache,
         "attention": report.attention,
         "passed": report.passed,
         "schedules_equal": report.schedules_equal,
@@ -154,7 +183,7 @@ def as_json(
             "prefix_hit_tokens": report.prefix_hit_tokens,
             "prefix_hit_tokens_by_salt": report.prefix_hit_tokens_by_salt,
             "cow_copies": report.cow_copies,
-            "preemptions": report.preemptions,
+            "preemptions": report.preemptions + report.host.swaps_out,
             "blocks_saved_by_sharing": report.blocks_saved_by_sharing,
             "speculate": args.speculate or 0,
             "proposed_drafts": report.speculation.proposed_drafts,
@@ -165,5 +194,16 @@ def as_json(
             "chunks_per_prompt": report.chunks_per_prompt,
             "blocks_freed_by_window": report.blocks_freed_by_window,
             "peak_blocks_saved_by_window": report.peak_blocks_saved_by_window,
+            "batched_s": report.batched_s,
+            "swaps_out": report.host.swaps_out,
+            "swaps_in": report.host.swaps_in,
+            "recompute_preemptions": report.host.recomputes,
+            "recomputed_tokens": report.host.recomputed_tokens,
+            "blocks_to_host": report.host.blocks_to_host,
+            "blocks_to_device": report.host.blocks_to_device,
+            "bytes_to_host": report.host.blocks_to_host * block_bytes,
+            "bytes_to_device": report.host.blocks_to_device * block_bytes,
+            "host_prefix_hit_tokens": report.host.host_prefix_hit_tokens,
+            "swap_s": report.host.swap_s,
         },
     }

@@ -44,8 +44,9 @@ from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.events import PoolObserver, ignore_pool_events
 from harness.runtime.kv_pool import PagedKVPool, new_manager
 from harness.runtime.kv_store import KVStore
+from harness.runtime.preemption import PreemptMode
 from harness.runtime.requests import Request, RequestOutput
-from harness.runtime.results import EngineResult, SpeculationCounts, UsageSample
+from harness.runtime.results import EngineResult, HostTierCounts, SpeculationCounts, UsageSample
 from harness.runtime.scheduler import NO_SCHEDULING, Scheduling
 
 Progress = Callable[[str], None]
@@ -63,6 +64,9 @@ class PoolConfig:
     bitwise equal to it.
     ``attention`` computes the batched run (check 3) and both sides of the gate; check 2
     stays on gather, its bitwise comparison with ``generate`` being gather's promise.
+    ``preemption``, ``host_blocks`` and ``host_prefix_cache`` (the host tier) apply to the
+    continuous-batching runs too: both sides of the gate swap alike, the contiguous side
+    keeping a swapped request's buffer where the paged side moves its blocks.
     """
 
     total_blocks: int
@@ -74,6 +78,9 @@ class PoolConfig:
     kv_events: KVEventLog | None = None
     scheduling: Scheduling = NO_SCHEDULING
     attention: AttentionBackend = GATHER
+    preemption: PreemptMode = "recompute"
+    host_blocks: int = 0
+    host_prefix_cache: bool = False
 
 
 def tight_total_blocks(requests: Sequence[Request], block_size: int, group_count: int = 1) -> int:
@@ -132,6 +139,8 @@ class EquivalenceReport:
     peak_blocks_saved_by_window: int = 0
     usage: list[UsageSample] = field(default_factory=list)
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
+    host: HostTierCounts = field(default_factory=HostTierCounts)  # the batched run's
+    batched_s: float = 0.0  # the continuous-batching run's wall time
     chunks_per_prompt: float = 1.0  # prefill forwards per request (a recompute's included)
     # per layer, max |kernel - gather| over the batched run's attention outputs (empty
     # for gather)
@@ -193,7 +202,7 @@ def run_equivalence(
         progress(f"dense generate: request {number}/{len(requests)}")
         dense.update(_generate_dense(loaded, request))
 
-    paged_pool = pool.pool_type(layout, pool.total_blocks, pool.block_size)
+    paged_pool = pool.pool_type(layout, pool.total_blocks, pool.block_size, pool.host_blocks)
     alone: dict[str, RequestOutput] = {}
     for number, request in enumerate(requests, 1):
         progress(f"paged, one request alone: request {number}/{len(requests)}")
@@ -210,8 +219,14 @@ def run_equivalence(
         kv_events: KVEventLog | None = None,
     ) -> EngineResult:
         """All requests through ``pool.engine_type`` on a fresh manager and ``store``."""
-        sink = None if kv_events is None else kv_events.record
-        manager = new_manager(layout, pool.total_blocks, pool.block_size, sink)
+        manager = new_manager(
+            layout,
+            pool.total_blocks,
+            pool.block_size,
+            event_sink=None if kv_events is None else kv_events.record,
+            host_blocks=pool.host_blocks,
+            host_prefix_cache=pool.host_prefix_cache,
+        )
         engine = pool.engine_type(
             loaded.model,
             manager,
@@ -221,6 +236,7 @@ def run_equivalence(
             observer=observer,
             scheduling=pool.scheduling,
             attention=attention,
+            preemption=pool.preemption,
         )
         if kv_events is not None:
             kv_events.step_of = lambda: engine.step
@@ -356,6 +372,8 @@ def _report(
         peak_blocks_saved_by_window=batched.peak_blocks_saved_by_window,
         usage=batched.usage,
         speculation=batched.speculation,
+        host=batched.host,
+        batched_s=batched.elapsed_s,
         chunks_per_prompt=sum(batched.outputs[r.request_id].prefill_chunks for r in requests)
         / len(requests),
     )

@@ -124,6 +124,17 @@ class ContiguousKVBuffers:
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Nothing to copy: no two requests share a buffer."""
 
+    def swap(
+        self,
+        device_to_host: Sequence[tuple[int, int]],
+        host_to_device: Sequence[tuple[int, int]],
+    ) -> None:
+        """Nothing to move: a swapped-out request keeps its buffer here."""
+
+    def swap_out(self, request_id: str, block_ids: list[int]) -> None:
+        """Keep the request's row: it resumes from it when swapped back in, so the gate
+        compares the pool's round trip through the host tier with K/V that never moved."""
+
     def _take_row(self) -> int:
         """A zeroed row for a new request: a freed one, else one more (the tensors grow).
 

@@ -6,11 +6,14 @@ blocks -> prefill -> sample -> append -> decode loop -> release. Per engine step
    each gets every group's table and its tokens' slots in one manager call (``_grow``:
    ``append_token_id_slots``, or ``append_slots`` without prefix caching; a decode token,
    a token and its drafts, or a chunk), preempting the most recently admitted when the
-   pool is dry (``harness.runtime.preemption``), so no victim sits in the step's forward;
-   the copy-on-write copies the appends ask for are made in the store before any
-   preemption and after the last append;
+   pool is dry (``harness.runtime.preemption``: by recompute, or by swap to the host tier
+   with ``preemption="swap"``), so no victim sits in the step's forward; the copy-on-write
+   copies the appends ask for are made in the store before any preemption and after the
+   last append, a victim's swap copies at its preemption;
 2. waiting requests are admitted first-come-first-served while their prompt's blocks can
-   be allocated (a prefix hit's ``cached_tokens`` are not fed again);
+   be allocated (a prefix hit's ``cached_tokens`` are not fed again), a swapped one by
+   ``swap_in`` (it resumes where it stopped); then every pending copy in the manager's
+   order (all device -> host, copy-on-write, all host -> device), then the forward;
 3. one packed forward (``[1, T]``, prefills and decodes mixed; ``step_batch``) writes the
    new K/V to the store at those slots and reads each request's K/V through its tables;
 4. each request takes its tokens from the step's logits, copied to the host once (greedy
@@ -24,17 +27,18 @@ the allocator gate runs this same loop on contiguous buffers and compares.
 
 import time
 from collections import deque
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 
 from harness.models import model_kv_layout
 from harness.runtime.allocation import PREFIX_CACHING, Allocation
 from harness.runtime.attention_backends import GATHER, AttentionBackend
-from harness.runtime.events import PoolEvent, PoolObserver, ignore_pool_events
+from harness.runtime.events import PoolEvent, PoolEventKind, PoolObserver, ignore_pool_events
+from harness.runtime.host_tier import HostTierSteps
 from harness.runtime.kv_store import KVStore
 from harness.runtime.paged_attention import forward_step, using_paged_attention
-from harness.runtime.preemption import append_or_preempt
+from harness.runtime.preemption import PreemptMode, append_or_preempt
 from harness.runtime.requests import (
     Request,
     RequestOutput,
@@ -55,7 +59,8 @@ class Engine:
     """Runs requests over one ``KVBlockManager`` and one ``KVStore`` until all finish.
 
     ``scheduler_type`` chooses each step's tokens and admissions (a subclass may plant a
-    different scheduler); ``observer`` hears of every step, fork, preemption and release.
+    different scheduler); ``observer`` hears of every step, fork, preemption, swap and
+    release. ``preemption`` is how a victim gives its blocks back (``PreemptMode``).
     """
 
     scheduler_type: ClassVar[type[Scheduler]] = Scheduler
@@ -71,6 +76,7 @@ class Engine:
         observer: PoolObserver = ignore_pool_events,
         scheduling: Scheduling = NO_SCHEDULING,
         attention: AttentionBackend = GATHER,
+        preemption: PreemptMode = "recompute",
     ) -> None:
         model_groups = model_kv_layout(model).group_windows  # refuses what the hook cannot run
         self.attention = attention
@@ -85,6 +91,7 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.allocation = allocation
         self.observer = observer
+        self.host_tier = HostTierSteps(manager, store, preemption, self._copy_pending_blocks)
         self.scheduler = self.scheduler_type(manager, allocation, scheduling)
         self._speculation = SpeculationCounts()
         self._device: torch.device = next(model.parameters()).device
@@ -109,6 +116,7 @@ class Engine:
         counters_before = self.manager.usage()
         self._prefill_tokens = 0
         self._speculation = SpeculationCounts()
+        self.host_tier.start_run()
         step = 0
         started = time.perf_counter()
         try:
@@ -120,13 +128,14 @@ class Engine:
                     grown = self._grow_scheduled(running, waiting, scheduler.schedule(running))
                     while waiting and waiting[0].request.arrival_step <= step:
                         budget = scheduler.budget_left(running, grown)
-                        if budget < 1 or not scheduler.admit(waiting[0], budget):
+                        if budget < 1 or not self._admit(waiting[0], budget):
                             break
                         admitted = waiting.popleft()
                         outputs[admitted.request.request_id] = admitted.output
                         running.append(admitted)
                         grown[admitted.request.request_id] = self._grow(admitted)
                     self._release_out_of_window()
+                    self.host_tier.copy_pending()  # swap-ins', host prefix hits', copy-on-write
                     groups = self._forward_groups(
                         [r for r in running if r.request.request_id in grown]
                     )
@@ -146,7 +155,7 @@ class Engine:
                     step += 1
         finally:
             # An exception mid-run must not leak blocks: whoever is still running lets go.
-            for leftover in running:
+            for leftover in running + [r for r in waiting if r.swapped]:
                 self._release(leftover)
         counters = self.manager.usage()
         return EngineResult(
@@ -160,6 +169,7 @@ class Engine:
             preemptions=counters.preemptions - counters_before.preemptions,
             speculation=self._speculation,
             blocks_freed_by_window=counters.skipped_blocks - counters_before.skipped_blocks,
+            host=self.host_tier.end_run(),
         )
 
     # -- the step ------------------------------------------------------------------------
@@ -213,6 +223,15 @@ class Engine:
             running.allocated = False
             return self.manager.new_token_slots(request_id, len(running.pending_ids))
         return self.allocation.append(self.manager, request_id, tuple(running.pending_ids))
+
+    def _admit(self, waiting: RunningRequest, budget: int) -> bool:
+        """The scheduler's admission of ``waiting``, a swap-in counted and timed."""
+        if not waiting.swapped:
+            return self.scheduler.admit(waiting, budget)
+        admitted = self.host_tier.swap_in(lambda: self.scheduler.admit(waiting, budget))
+        if admitted:
+            self._notify("swap_in", waiting.request.request_id)
+        return admitted
 
     def _copy_pending_blocks(self) -> None:
         copies = self.manager.take_copies()
@@ -281,10 +300,12 @@ class Engine:
         return children
 
     def _chunk_done(self, running: RunningRequest) -> None:
-        """A prefill chunk's K/V are in the pool now."""
+        """A prefill chunk's K/V are in the pool now (some again, after a recompute)."""
         running.output.prefill_chunks += 1
         self._prefill_tokens += len(running.pending_ids)
-        running.computed += len(running.pending_ids)
+        end = running.computed + len(running.pending_ids)
+        self.host_tier.recomputed(running.computed, end, running.dropped)
+        running.computed = end
 
     def _emit(self, running: RunningRequest, logits: torch.Tensor, greedy: int) -> None:
         """Append one token, greedy or sampled from ``logits`` ``[vocab]``, with its row."""
@@ -337,6 +358,7 @@ class Engine:
         released = self.manager.truncate_blocks(request_id, running.computed)
         stale = [slot for group_slots in released.stale_slots for slot in group_slots]
         self.store.truncate(request_id, list(released.freed_block_ids), stale)
+        self.host_tier.copy_pending()  # the host prefix cache's copies of blocks it uncached
 
     def _fork(self, parent: RunningRequest, logits: torch.Tensor) -> list[RunningRequest]:
         """Fork the parent's ``n - 1`` children right after its first token was sampled.
@@ -363,6 +385,7 @@ class Engine:
         # Only blocks nobody may read again: a block another table holds keeps valid K/V,
         # and so does a cached free block (a later prefix hit revives it as it is).
         self.store.release(request_id, list(released.freed_block_ids))
+        self.host_tier.copy_pending()  # the host prefix cache's copies of freed cached blocks
         self._notify("release", request_id)
 
     def _release_out_of_window(self) -> None:
@@ -374,14 +397,10 @@ class Engine:
             self.store.release_out_of_window(skipped)
 
     def _preempt(self, running: RunningRequest) -> None:
-        request_id = running.request.request_id
-        released = self.manager.preempt(request_id)
-        self.store.release(request_id, list(released.freed_block_ids))
-        self._notify("preempt", request_id)
+        swapped = self.host_tier.preempt(running)
+        self._notify("swap_out" if swapped else "preempt", running.request.request_id)
 
-    def _notify(
-        self, kind: Literal["step", "preempt", "fork", "release"], *request_ids: str
-    ) -> None:
+    def _notify(self, kind: PoolEventKind, *request_ids: str) -> None:
         self.observer(PoolEvent(kind, self._step, request_ids), self.manager)
 
 

@@ -9,16 +9,19 @@ from typing import Literal
 
 from impl import KVBlockManager
 
+PoolEventKind = Literal["step", "preempt", "swap_out", "swap_in", "fork", "release"]
+
 
 @dataclass(frozen=True, slots=True)
 class PoolEvent:
     """A moment an observer of the pool is told of: the end of a step (after the forward,
-    before finished requests release), or a preemption, fork or release just done.
+    before finished requests release), or a preemption (by recompute), swap out, swap in,
+    fork or release just done.
 
     ``request_ids``: none for a step, the parent then the child for a fork, else the one.
     """
 
-    kind: Literal["step", "preempt", "fork", "release"]
+    kind: PoolEventKind
     step: int
     request_ids: tuple[str, ...] = ()
 

@@ -14,7 +14,9 @@ Layout, block-major then token then head:
 - ``[num_kv_heads, head_dim]`` last matches the ``[tokens, heads, dim]`` rows the model's
   projections produce, so a write needs no transpose.
 
-The poisoned pools fill what is released with a poison, so a read of it shows. The
+With ``host_blocks > 0`` the pool keeps a host tier beside it (``harness.runtime.host_store``)
+and makes the manager's swap copies between the two (``swap``). The poisoned pools fill
+what is released with a poison, so a read of it shows. The
 paging-free twin the allocator gate compares with is ``harness.runtime.contiguous_kv``.
 Neither decides *when* a request gets memory: that is the engine's job (with the manager).
 """
@@ -25,6 +27,7 @@ from itertools import accumulate
 import torch
 
 from harness.kv_layout import KVLayout
+from harness.runtime.host_store import HostKVStore
 from harness.runtime.kv_store import GroupPlan, KVPlan, sdpa_layout
 from impl import KVBlockManager, RequestBlockTable
 from impl.prefix_cache import EventSink
@@ -32,12 +35,24 @@ from spec import slot_index
 
 
 def new_manager(
-    layout: KVLayout, total_blocks: int, block_size: int, event_sink: EventSink | None = None
+    layout: KVLayout,
+    total_blocks: int,
+    block_size: int,
+    *,
+    event_sink: EventSink | None = None,
+    host_blocks: int = 0,
+    host_prefix_cache: bool = False,
 ) -> KVBlockManager:
-    """A manager for a pool of ``layout``: one KV cache group per group of its layers; its
-    KV cache events go to ``event_sink`` (``impl.KVBlockManager``'s)."""
+    """A manager for a pool of ``layout``: one KV cache group per group of its layers, and
+    a host tier of ``host_blocks`` (keeping freed cached prefixes with ``host_prefix_cache``);
+    its KV cache events go to ``event_sink`` (``impl.KVBlockManager``'s)."""
     return KVBlockManager(
-        total_blocks, block_size, group_windows=layout.group_windows, event_sink=event_sink
+        total_blocks,
+        block_size,
+        group_windows=layout.group_windows,
+        event_sink=event_sink,
+        host_blocks=host_blocks,
+        host_prefix_cache=host_prefix_cache,
     )
 
 
@@ -54,13 +69,16 @@ class PagedKVPool:
         "_flat_values",
         "_places",
         "block_size",
+        "host",
         "keys",
         "layout",
         "total_blocks",
         "values",
     )
 
-    def __init__(self, layout: KVLayout, total_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, layout: KVLayout, total_blocks: int, block_size: int, host_blocks: int = 0
+    ) -> None:
         if total_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"total_blocks and block_size must be >= 1, got {total_blocks}, {block_size}"
@@ -87,6 +105,7 @@ class PagedKVPool:
             for index, layer_idx in enumerate(layers)
         }
         self._places = tuple(places[layer_idx] for layer_idx in range(layout.num_layers))
+        self.host = HostKVStore(layout, host_blocks, block_size)
 
     @property
     def nbytes(self) -> int:
@@ -209,6 +228,21 @@ class PagedKVPool:
                 keys.index_copy_(0, destination_index, keys.index_select(0, source_index))
                 values.index_copy_(0, destination_index, values.index_select(0, source_index))
 
+    def swap(
+        self,
+        device_to_host: Sequence[tuple[int, int]],
+        host_to_device: Sequence[tuple[int, int]],
+    ) -> None:
+        """The manager's swap copies: every ``(device, host)`` block of ``device_to_host``
+        first, then every ``(host, device)`` of ``host_to_device``; one batched copy per
+        tensor and direction."""
+        self.host.copy_out(self.keys + self.values, device_to_host)
+        self.host.copy_in(self.keys + self.values, host_to_device)
+
+    def swap_out(self, request_id: str, block_ids: list[int]) -> None:
+        """A request was swapped out and its copies out made; ``block_ids`` became free
+        and uncached. Their rows keep stale K/V until overwritten."""
+
     def poison(self, block_ids: list[int]) -> None:
         """Fill ``block_ids`` with ``poison_value()`` in every layer, so any later read of
         them shows."""
@@ -238,6 +272,11 @@ class PoisonedKVPool(PagedKVPool):
 
     def release(self, request_id: str, block_ids: list[int]) -> None:
         """Poison the released blocks."""
+        self.poison(block_ids)
+
+    def swap_out(self, request_id: str, block_ids: list[int]) -> None:
+        """Poison the blocks a swap-out released: the engine calls this only after their
+        copies out were made, or the host tier would keep NaN."""
         self.poison(block_ids)
 
     def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:

@@ -69,8 +69,8 @@ class KVStore(Protocol):
     1.. (``group_tables[g - 1][i]``). The engine also tells it about the lifecycle:
     ``release`` (with the blocks that became free and hold no cached prefix: a shared or
     cached block keeps valid K/V), ``release_out_of_window`` (blocks a sliding window made
-    free, likewise), ``fork``, the copy-on-write ``copy_blocks`` and the rollback
-    ``truncate``.
+    free, likewise), ``fork``, the copy-on-write ``copy_blocks``, the rollback
+    ``truncate``, and the host tier's ``swap`` copies and ``swap_out``.
     """
 
     def plan(
@@ -108,6 +108,20 @@ class KVStore(Protocol):
     def fork(self, parent_id: str, child_id: str) -> None: ...
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None: ...
+
+    def swap(
+        self,
+        device_to_host: Sequence[tuple[int, int]],
+        host_to_device: Sequence[tuple[int, int]],
+    ) -> None:
+        """The manager's pending swap copies, ``(device, host)`` then ``(host, device)``
+        block pairs: every copy out before any copy in."""
+        ...
+
+    def swap_out(self, request_id: str, block_ids: list[int]) -> None:
+        """A request was swapped out (it keeps its K/V in the host tier) and its copies out
+        are made: ``block_ids`` became free and hold no cached prefix."""
+        ...
 
 
 def sdpa_layout(rows: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,61 @@
-"""Preemption by recompute: the one loop that grows every running request, making room by
-preempting the most recently admitted.
+"""Preemption: the one loop that grows every running request, making room by preempting
+the most recently admitted, and the one call that preempts a victim (by swap or recompute).
 
 The engine and both allocator benchmarks (``harness.bench.allocator``,
-``harness.bench.prefix``) run it; what "grow" and "preempt" mean is theirs. Torch-free.
+``harness.bench.prefix``) run them; what "grow" means, and what a victim's copies move, is
+theirs. Torch-free.
 """
 
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
+from impl import KVBlockManager, SwapCopies
 from spec import BlockAllocationError
 
 Running = TypeVar("Running")
+
+# How a victim gives its device blocks back: ``recompute`` drops its K/V (it is admitted
+# again with its tokens as a prompt), ``swap`` copies them to the host tier first (it is
+# swapped back in and resumes), falling back to recompute when the host tier is short.
+PreemptMode = Literal["recompute", "swap"]
+PREEMPT_MODES: tuple[PreemptMode, ...] = ("recompute", "swap")
+
+
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    """How a victim was preempted: ``swapped`` (else recomputed), and the device blocks it
+    let go of that are free now and hold no cached prefix (a poisoned pool fills them)."""
+
+    swapped: bool
+    freed_block_ids: tuple[int, ...]
+
+
+def preempt_request(
+    manager: KVBlockManager,
+    request_id: str,
+    mode: PreemptMode,
+    copy: Callable[[SwapCopies], None],
+) -> Preempted:
+    """Preempt ``request_id`` by ``mode``, then hand ``copy`` every pending swap copy.
+
+    The copies are taken at once, so the blocks the victim gave up are free by return: a
+    device block with a pending copy out of it is handed to no one until the copy is taken
+    (the manager's pending-copy rule), and the caller retries an append on those blocks.
+    ``copy`` makes every copy out before any copy in. Whatever the victim held is free
+    only after ``copy`` returns, so a poisoned pool fills ``freed_block_ids`` after it.
+    """
+    swapped = False
+    if mode == "swap":
+        try:
+            freed = manager.swap_out(request_id).freed_block_ids
+            swapped = True
+        except BlockAllocationError:
+            pass  # the host tier is short: the refusal changed nothing, recompute instead
+    if not swapped:
+        freed = manager.preempt(request_id).freed_block_ids
+    copy(manager.take_swap_copies())
+    return Preempted(swapped, tuple(freed))
 
 
 def append_or_preempt(

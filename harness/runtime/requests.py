@@ -100,6 +100,9 @@ class RunningRequest:
     computed: int = 0  # tokens of its table whose K/V are in the pool
     allocated: bool = False  # its pending tokens are in its table already (an admission's
     # first chunk, which ``Scheduler.admit`` allocated with the prompt)
+    swapped: bool = False  # its K/V wait in the host tier: it resumes by swap_in
+    dropped: int = 0  # tokens whose K/V a recompute preemption dropped: its prefill of
+    # positions below this recomputes them
 
     @property
     def last_chunk(self) -> bool:

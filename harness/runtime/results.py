@@ -57,6 +57,28 @@ class SpeculationCounts:
 
 
 @dataclass(slots=True)
+class HostTierCounts:
+    """Preemptions by kind and what moved between the device and the host tier.
+
+    ``recomputed_tokens``: prefill tokens fed again after recompute preemptions (positions
+    whose K/V a preemption dropped; a prefix hit on re-admission saves some).
+    ``blocks_to_host`` / ``blocks_to_device`` count every swap copy each way: swaps, the
+    host prefix cache's copies of freed cached blocks and its hits' copies back.
+    ``swap_s``: wall time of the preemptions (their copies included), the swap-ins and
+    every other swap copy.
+    """
+
+    swaps_out: int = 0
+    swaps_in: int = 0
+    recomputes: int = 0
+    recomputed_tokens: int = 0
+    blocks_to_host: int = 0
+    blocks_to_device: int = 0
+    host_prefix_hit_tokens: int = 0
+    swap_s: float = 0.0
+
+
+@dataclass(slots=True)
 class EngineResult:
     """A whole run: per-request outputs, which requests shared each forward, and pool usage.
 
@@ -76,6 +98,7 @@ class EngineResult:
     preemptions: int = 0
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
     blocks_freed_by_window: int = 0
+    host: HostTierCounts = field(default_factory=HostTierCounts)
 
     @property
     def generated_tokens(self) -> int:

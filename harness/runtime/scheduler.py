@@ -3,8 +3,9 @@
 The scheduler decides *what* a step feeds and *who* gets in; the manager decides *which*
 blocks; the engine (``harness.runtime.engine``) runs the step. Admission is
 first-come-first-served while the head's prompt (or its first chunk) can be allocated
-now; when a running request's append later finds the pool dry, the most recently
-admitted is preempted (``harness.runtime.preemption``).
+now, or, for a request swapped out to the host tier, while its blocks and this step's
+tokens fit the device; when a running request's append later finds the pool dry, the
+most recently admitted is preempted (``harness.runtime.preemption``).
 """
 
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from harness.runtime.allocation import Allocation
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.speculation import propose_drafts
 from impl import KVBlockManager
-from spec import BlockAllocationError
+from spec import BlockAllocationError, blocks_for_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,8 @@ class Scheduler:
         finds the pool dry, the most recently admitted request is preempted and recomputed.
         A refused allocation changes nothing in the manager.
         """
+        if waiting.swapped:
+            return self.swap_in(waiting, budget)
         request = waiting.request
         # A preempted request comes back with its generated tokens as part of its prompt.
         token_ids = request.prompt_ids + tuple(waiting.output.token_ids)
@@ -106,6 +109,31 @@ class Scheduler:
         waiting.pending_ids = list(token_ids[hit:end])
         waiting.prefill = True
         waiting.allocated = True
+        return True
+
+    def swap_in(self, waiting: RunningRequest, budget: int) -> bool:
+        """Swap ``waiting`` back in from the host tier if the device has room now for its
+        blocks and for the tokens it feeds this step (its decode token, or its prefill's
+        next chunk of at most ``budget``); it resumes where it was preempted.
+
+        NOTE: the room asked for is every group's blocks for all its tokens after this
+        step, more than a sliding window keeps: the swap-in and the append that follows
+        it (``Engine._grow``) then cannot fail, and a request that fits the pool alone
+        (``check_fit``) always fits an empty one.
+        """
+        manager = self.manager
+        request_id = waiting.request.request_id
+        pending = (
+            self.next_chunk(waiting, budget) if waiting.prefill else [waiting.output.token_ids[-1]]
+        )
+        tokens = waiting.computed + len(pending)
+        room = len(manager.group_windows) * blocks_for_tokens(manager.block_size, tokens)
+        if manager.free_blocks < room or not manager.can_swap_in(request_id):
+            return False
+        manager.swap_in(request_id)
+        waiting.swapped = False
+        waiting.pending_ids = pending
+        waiting.allocated = False
         return True
 
     def schedule(self, running: list[RunningRequest]) -> list[RunningRequest]:

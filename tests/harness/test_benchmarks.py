@@ -8,6 +8,8 @@ import pytest
 
 from harness.bench import allocator as bench_allocator
 from harness.bench import decode as bench_decode
+from harness.bench import host_prefix as bench_host_prefix
+from harness.bench import preemption as bench_preemption
 from harness.bench import speculation as bench_speculation
 from harness.bench import window_table as bench_window_table
 
@@ -119,3 +121,34 @@ def test_the_allocator_benchmark_prints_the_sliding_window_table(
     assert long_rows["full"][4] == long_rows["full x2"][4] == "1.00"
     assert float(long_rows["Mistral-like"][4]) < 1.0
     assert float(long_rows["Gemma-like"][4]) < 1.0
+
+
+def test_the_host_prefix_benchmark_shows_the_hits_a_host_tier_adds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--requests", "80", "--systems", "8", "--system-tokens", "128", "--runs", "1"]
+    sizes = ["--total-blocks", "320", "--host-blocks", "256", "--max-running", "8"]
+    assert bench_host_prefix.main([*argv, *sizes]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[3:]]
+    assert [row[0] for row in rows] == ["| 0", "| 256"]
+    without, with_host = rows
+    assert without[3] == "0" and without[4] == "+0"
+    assert int(with_host[3].replace(",", "")) > 0  # tokens hit on the host only
+    assert int(with_host[4].replace(",", "")) > 0  # more prompt tokens hit than without
+
+
+def test_the_preemption_benchmark_swaps_on_the_tight_pool_and_recomputes_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--tiny", "--runs", "1", "--max-new-tokens", "16", "--block-size", "4"]
+    assert bench_preemption.main([*argv, "--arrival-gap", "1"]) == 0
+    rows = {
+        line.split(" | ")[0]: line.split(" | ")
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ") and not line.startswith("| preemption")
+    }
+    assert list(rows) == ["| roomy", "| recompute", "| swap"]
+    assert rows["| roomy"][3] == "0 / 0"
+    swaps, recomputes = rows["| swap"][3].split(" / ")
+    assert int(swaps) > 0 and recomputes == "0" and rows["| swap"][4] == "0"
+    assert rows["| recompute"][3].startswith("0 / ") and int(rows["| recompute"][4]) > 0

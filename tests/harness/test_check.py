@@ -51,7 +51,12 @@ def test_a_corrupted_block_table_fails_with_one_line_per_failed_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def swapped(
-        layout: KVLayout, total_blocks: int, block_size: int, event_sink: EventSink | None = None
+        layout: KVLayout,
+        total_blocks: int,
+        block_size: int,
+        *,
+        event_sink: EventSink | None = None,
+        **host_tier: object,
     ) -> KVBlockManager:
         return SwappedBlockManager(total_blocks, block_size, event_sink=event_sink)
 

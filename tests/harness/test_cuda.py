@@ -11,8 +11,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from harness.kv_layout import KVLayout
 from harness.oracle.device_cases import paged_cache_generate_failures, paged_equals_dense_failures
 from harness.runtime.engine import BatchInvariantEngine, Engine
+from harness.runtime.kv_pool import PagedKVPool
 
 pytestmark = [
     pytest.mark.cuda,
@@ -41,3 +43,16 @@ def test_paged_equals_dense_on_cuda(dtype: torch.dtype, engine_type: type[Engine
 def test_generate_on_a_paged_cache_is_bit_identical_on_cuda(dtype: torch.dtype) -> None:
     failures = paged_cache_generate_failures(CUDA, dtype)
     assert not failures, failures
+
+
+def test_the_host_tier_is_pinned_and_a_round_trip_through_it_keeps_every_bit() -> None:
+    layout = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16, device=CUDA)
+    pool = PagedKVPool(layout, total_blocks=6, block_size=4, host_blocks=4)
+    assert pool.host.pinned and pool.host.keys[0].is_pinned()
+    for tensor in pool.keys + pool.values:
+        tensor.copy_(torch.randn(tensor.shape, device=CUDA).to(torch.bfloat16))
+    before = [tensor[[1, 4]].clone() for tensor in pool.keys + pool.values]
+    pool.swap([(1, 0), (4, 3)], [])
+    pool.swap([], [(0, 2), (3, 5)])
+    after = [tensor[[2, 5]] for tensor in pool.keys + pool.values]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

@@ -45,9 +45,22 @@ def test_the_events_of_the_main_command_replay_to_the_cache_it_ended_with(
     managers: list[KVBlockManager] = []
 
     def keeping_the_recorded_manager(
-        layout: KVLayout, total_blocks: int, block_size: int, event_sink: EventSink | None = None
+        layout: KVLayout,
+        total_blocks: int,
+        block_size: int,
+        *,
+        event_sink: EventSink | None = None,
+        host_blocks: int = 0,
+        host_prefix_cache: bool = False,
     ) -> KVBlockManager:
-        manager = new_manager(layout, total_blocks, block_size, event_sink)
+        manager = new_manager(
+            layout,
+            total_blocks,
+            block_size,
+            event_sink=event_sink,
+            host_blocks=host_blocks,
+            host_prefix_cache=host_prefix_cache,
+        )
         if event_sink is not None:
             managers.append(manager)
         return manager

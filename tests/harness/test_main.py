@@ -289,3 +289,42 @@ def test_speculation_and_chunked_prefill_pass_the_three_checks_and_report_their_
     assert totals["proposed_drafts"] > 0
     assert totals["chunks_per_prompt"] >= 2
     assert {"accepted_drafts", "acceptance_rate", "tokens_per_forward"} <= set(totals)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--host-blocks", "0"], "--host-blocks must be >= 1, got 0"),
+        (
+            ["--host-blocks", "8", "--no-prefix-cache"],
+            "--host-blocks 8 would hold nothing: it keeps swapped requests (--preempt swap) "
+            "and cached prefixes (not with --no-prefix-cache)",
+        ),
+    ],
+)
+def test_a_host_tier_that_cannot_serve_is_bad_input(
+    options: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--device", "cpu", *options]) == 2
+    assert message in _one_error_line(capsys)
+
+
+def test_swap_preemption_passes_the_three_checks_and_reports_what_moved(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--device", "cpu", "--model", str(tiny_dir), "--block-size", "4", "--arrival-gap", "0"]
+    exit_code = main([*argv, "--preempt", "swap", "--poison-freed", "--max-new-tokens", "16"])
+    out = capsys.readouterr().out
+    assert exit_code == 0, out
+    assert "RESULT: PASS" in out
+    preemption = next(line for line in out.splitlines() if line.startswith("preemption (swap)"))
+    assert "swaps out 0," not in preemption
+    host = next(line for line in out.splitlines() if line.startswith("host tier: "))
+    assert "host prefix cache off" in host
+
+
+def test_an_unknown_preemption_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--device", "cpu", "--preempt", "evict"])
+    assert exited.value.code == 2
+    assert "argument --preempt: invalid choice: 'evict'" in _one_error_line(capsys)

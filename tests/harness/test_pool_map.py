@@ -11,11 +11,12 @@ from harness.cli.main import main as harness_main
 from harness.cli.pool_map import PoolMapPrinter, wants_color
 from harness.runtime.engine import Engine
 from harness.runtime.events import PoolEvent, PoolObserver
+from harness.runtime.kv_pool import PoisonedKVPool
 from harness.runtime.requests import Request
 from harness.runtime.results import EngineResult
 from impl import KVBlockManager
 from impl.block_map import LEGEND
-from tests.support.harness_cases import poisoned_pool, tiny_model
+from tests.support.harness_cases import poisoned_pool, pool_layout, tiny_model
 
 # The scenario of test_sharing's copy-before-victim test: block size 4, pool 5; "p" (6
 # tokens, two continuations) and "x" (8 tokens) arrive at once; "p/1" forks in step 0,
@@ -153,3 +154,32 @@ def test_the_main_commands_help_lists_the_map_and_the_plot(
         harness_main(["--help"])
     out = capsys.readouterr().out
     assert "--pool-map EVERY" in out and "--plot FILE.png" in out
+
+
+def test_the_map_shows_the_host_tier_with_the_swapped_out_request() -> None:
+    stream = io.StringIO()
+    printer = PoolMapPrinter(1, stream)
+    rng = random.Random(2)
+    vocab = tiny_model().model.config.vocab_size
+    requests = [
+        Request(f"r{i}", tuple(rng.randrange(vocab) for _ in range(8)), 6) for i in range(2)
+    ]
+    pool = PoisonedKVPool(pool_layout(), 5, 4, host_blocks=6)
+    pool.poison(list(range(5)))
+    engine = Engine(
+        tiny_model().model,
+        KVBlockManager(5, 4, host_blocks=6),
+        pool,
+        None,
+        observer=printer,
+        preemption="swap",
+    )
+    result = engine.run(requests)
+    assert result.host.swaps_out > 0
+    text = stream.getvalue()
+    swap_out = text[text.index("-- step 1: swap_out r1") :]
+    # r1 (label B) holds its prompt's 2 host blocks until it is swapped back in.
+    assert "host: 6 blocks; 2 held by swapped requests (B), 0 cached, 4 free\n" in swap_out
+    assert "\n[S ][S ][. ][. ][. ][. ]\n" in swap_out
+    swap_in = text[text.index("-- step 6: swap_in r1") :]
+    assert "host: 6 blocks; 0 held by swapped requests (none), 0 cached, 6 free\n" in swap_in
