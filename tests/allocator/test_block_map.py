@@ -151,22 +151,20 @@ def test_a_row_holds_as_many_cells_as_fit_in_80_columns_by_default() -> None:
     ]
 
 
-def test_a_row_may_fill_the_width_exactly() -> None:
+@pytest.mark.parametrize(
+    ("width", "rows"),
+    [
+        (12, ["0 [A  ][.  ]", "2 [.  ][.  ]"]),  # two cells fill 12 columns exactly
+        (1, ["0 [A  ]", "1 [.  ]"]),  # narrower than one cell: still one a row
+    ],
+    ids=["filled-exactly", "narrower-than-a-cell"],
+)
+def test_a_row_holds_the_cells_that_fit_in_the_width_and_at_least_one(
+    width: int, rows: list[str]
+) -> None:
     manager = KVBlockManager(4, 4)
     manager.allocate("req-a", 4)
-    assert render_block_map(snapshot_pool(manager), width=12).splitlines()[1:3] == [
-        "0 [A  ][.  ]",
-        "2 [.  ][.  ]",
-    ]
-
-
-def test_a_width_narrower_than_one_cell_still_shows_one_cell_a_row() -> None:
-    manager = KVBlockManager(2, 4)
-    manager.allocate("req-a", 4)
-    assert render_block_map(snapshot_pool(manager), width=1).splitlines()[1:3] == [
-        "0 [A  ]",
-        "1 [.  ]",
-    ]
+    assert render_block_map(snapshot_pool(manager), width=width).splitlines()[1:3] == rows
 
 
 @pytest.mark.parametrize("color", [False, True])
