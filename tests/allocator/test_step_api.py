@@ -67,6 +67,6 @@ def test_the_slots_of_more_tokens_than_a_request_holds_are_refused(make: type[Ma
         ValueError, match=r"^cannot give the slots of the last 4 tokens of request 'a': it holds 3$"
     ):
         pool.new_token_slots("a", 4)
-    with pytest.raises(ValueError, match="tracks token ids"):
-        pool.allocate_prompt("p", [1])
+    pool.allocate_prompt("p", [1])
+    with pytest.raises(ValueError, match=r"^request 'p' tracks token ids: use append_token_ids$"):
         pool.append_slots("p", 1)
