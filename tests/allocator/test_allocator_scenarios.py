@@ -15,6 +15,7 @@ class Allocator(Protocol):
     def free_block_ids(self) -> tuple[int, ...]: ...
     def allocate(self, request_id: str, token_count: int) -> RequestBlockTable: ...
     def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable: ...
+    def can_allocate(self, token_count: int) -> bool: ...
     def release(self, request_id: str) -> list[int]: ...
     def snapshot_request(self, request_id: str) -> RequestBlockTable: ...
     def usage(self) -> KVBlockUsage: ...
@@ -105,6 +106,22 @@ def test_bad_configuration_is_a_value_error(
 ) -> None:
     with pytest.raises(ValueError, match="must be at least 1"):
         make(total_blocks, block_size)
+
+
+def test_can_allocate_says_whether_allocate_would_find_its_blocks(make: Factory) -> None:
+    pool = make(3, 4)
+    pool.allocate("a", 5)  # blocks 0, 1: one left, 4 tokens' worth
+    assert [pool.can_allocate(n) for n in (0, 4, 5)] == [True, True, False]
+    pool.release("a")
+    assert pool.can_allocate(12) and not pool.can_allocate(13)
+
+
+@pytest.mark.parametrize("cls", [SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+def test_a_pool_without_a_block_size_has_blocks_of_16_tokens(
+    cls: type[SpecBackedManager | KVBlockManager],
+) -> None:
+    pool = cls(4)
+    assert (pool.block_size, pool.allocate("a", 17).block_ids) == (16, [0, 1])
 
 
 def test_release_of_everything_refills_the_pool(make: Factory) -> None:

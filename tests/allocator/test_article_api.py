@@ -82,13 +82,27 @@ def test_request_tables_reads_like_the_articles_dict_and_refuses_writes() -> Non
     assert list(manager.request_tables) == ["req-a"]
     assert "req-a" in manager.request_tables and len(manager.request_tables) == 1
     assert manager.request_tables["req-a"] == RequestBlockTable("req-a", [0, 1], 5)
-    with pytest.raises(TypeError, match="request_tables is read-only"):
+    read_only = r"^request_tables is read-only: use allocate, append_tokens or release$"
+    with pytest.raises(TypeError, match=read_only):
         manager.request_tables["req-b"] = RequestBlockTable("req-b")  # type: ignore[index]
-    with pytest.raises(TypeError, match="request_tables is read-only"):
+    with pytest.raises(TypeError, match=read_only):
         del manager.request_tables["req-a"]  # type: ignore[attr-defined]
     with pytest.raises(AttributeError):
         manager.request_tables = {}  # type: ignore[misc]
     assert manager.usage().request_count == 1
+    assert repr(manager.request_tables) == (
+        "request_tables({'req-a': RequestBlockTable(request_id='req-a', block_ids=[0, 1], "
+        "token_count=5, skipped_blocks=0)})"
+    )
+
+
+def test_blocks_slice_like_a_list_of_the_pools_records() -> None:
+    manager = KVBlockManager(total_blocks=4, block_size=4)
+    assert manager.blocks[1:3] == [KVBlock(1, 4), KVBlock(2, 4)]
+    assert manager.blocks[::-2] == [KVBlock(3, 4), KVBlock(1, 4)]
+    assert manager.blocks[-1] == KVBlock(3, 4) and manager.blocks[5:] == []
+    with pytest.raises(IndexError):
+        manager.blocks[4]
 
 
 def test_the_articles_error_constructs_from_a_message() -> None:

@@ -122,13 +122,49 @@ def test_two_letter_labels_widen_every_cell() -> None:
     assert lines[2] == "AB  x: token_count = 1, block_ids = [1]"
 
 
-def test_a_width_narrower_than_one_cell_still_shows_one_cell_a_row() -> None:
-    manager = KVBlockManager(2, 4)
-    manager.allocate("req-a", 4)
-    assert render_block_map(snapshot_pool(manager), width=1).splitlines()[1:3] == [
-        "0 [A  ]",
-        "1 [.  ]",
+def test_a_pool_with_no_request_draws_one_column_cells() -> None:
+    assert render_block_map(snapshot_pool(KVBlockManager(3, 4))) == "\n".join(
+        [
+            "pool: 3 blocks x 4 tokens; 0 used (0 shared), 0 cached free, 3 free",
+            "0 [.  ][.  ][.  ]",
+            "free_block_ids = [0, 1, 2]",
+            "cached_free_block_ids = []",
+            LEGEND,
+        ]
+    )
+
+
+def test_a_row_holds_as_many_cells_as_fit_in_80_columns_by_default() -> None:
+    # Two-letter cells of 6 columns after a two-digit id and a space: 12 cells take 75
+    # columns, a 13th would take 81.
+    pool = PoolSnapshot(
+        block_size=2,
+        total_blocks=13,
+        tables=(RequestBlockTable("x", (0,), 1),),
+        ref_counts=(1,) + (0,) * 12,
+        free_block_ids=tuple(range(1, 13)),
+        cached_free_block_ids=(),
+    )
+    assert render_block_map(pool, {"x": "AB"}).splitlines()[1:3] == [
+        " 0 [AB ~]" + "[.   ]" * 11,
+        "12 [.   ]",
     ]
+
+
+@pytest.mark.parametrize(
+    ("width", "rows"),
+    [
+        (12, ["0 [A  ][.  ]", "2 [.  ][.  ]"]),  # two cells fill 12 columns exactly
+        (1, ["0 [A  ]", "1 [.  ]"]),  # narrower than one cell: still one a row
+    ],
+    ids=["filled-exactly", "narrower-than-a-cell"],
+)
+def test_a_row_holds_the_cells_that_fit_in_the_width_and_at_least_one(
+    width: int, rows: list[str]
+) -> None:
+    manager = KVBlockManager(4, 4)
+    manager.allocate("req-a", 4)
+    assert render_block_map(snapshot_pool(manager), width=width).splitlines()[1:3] == rows
 
 
 @pytest.mark.parametrize("color", [False, True])
@@ -139,6 +175,7 @@ def test_colour_escapes_appear_only_when_asked_for(color: bool) -> None:
     assert ("\x1b[" in text) is color
     if color:
         assert "\x1b[31m[A ~]\x1b[0m\x1b[2m[.  ]\x1b[0m" in text
+        assert "\n\x1b[31mA\x1b[0m  req-a: token_count = 3" in text  # the table's label too
 
 
 def test_every_kv_cache_group_draws_its_blocks_as_held() -> None:
@@ -169,4 +206,15 @@ def test_a_block_a_window_skipped_is_drawn_free_and_the_table_says_what_it_skipp
             "cached_free_block_ids = []",
             LEGEND,
         ]
+    )
+
+
+def test_each_further_group_is_listed_after_the_last_in_group_order() -> None:
+    manager = KVBlockManager(8, 4, group_windows=(None, 4, None))
+    manager.allocate("a", 6)
+    manager.append_tokens("a", 2)
+    manager.append_tokens("a", 1)  # L0 = 8: group 1's window no longer reads block index 0
+    assert render_block_map(snapshot_pool(manager)).splitlines()[2] == (
+        "A  a: token_count = 9, block_ids = [0, 1, 6], group 1 block_ids = [3, 7] (skipped 1), "
+        "group 2 block_ids = [4, 5, 2]"
     )

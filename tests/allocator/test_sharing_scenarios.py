@@ -241,6 +241,19 @@ def test_equal_tokens_under_another_parent_are_no_hit() -> None:
     pool.check_invariants()
 
 
+def test_equal_tokens_behind_another_first_block_are_cached_apart_and_hit_apart() -> None:
+    # A hash that ignores the parent: (9, 9) behind (1, 2) and behind (5, 6) collide, and
+    # the prefix check walks both chains to their first blocks, which differ. So b's (9, 9)
+    # is cached as its own block 4, and c, behind b's first block, hits block 4, not a's 1.
+    pool = KVBlockManager(8, 2, block_hash=lambda parent_hash, token_ids: hash(token_ids))
+    prompts = {"a": [1, 2, 9, 9, 3], "b": [5, 6, 9, 9, 3], "c": [5, 6, 9, 9, 4]}
+    for request_id, token_ids in prompts.items():
+        allocation = pool.allocate_prompt(request_id, token_ids)
+    assert allocation == PromptAllocation(RequestBlockTable("c", [3, 4, 6], 5), cached_tokens=4)
+    assert pool.to_spec() == _same_prompts_on_the_spec(prompts).state
+    pool.check_invariants()
+
+
 def test_decode_appends_cache_the_block_they_fill() -> None:
     pool = KVBlockManager(4, 2)
     pool.allocate_prompt("a", [1])

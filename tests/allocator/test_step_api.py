@@ -60,6 +60,15 @@ def test_a_rollback_into_a_block_a_fork_shares_reports_nothing_stale(
     assert pool.truncate_blocks("a", 5) == ReleasedBlocks((), (), (), ((),))
 
 
+def test_the_slots_of_every_token_a_request_holds_are_given(make: type[Manager]) -> None:
+    pool = make(8, 4)
+    pool.allocate("x", 1)  # block 0
+    pool.allocate("a", 5)  # blocks 1, 2
+    assert pool.new_token_slots("a", 5) == AppendedSlots(
+        (RequestBlockTable("a", [1, 2], 5),), ((4, 5, 6, 7, 8),)
+    )
+
+
 def test_the_slots_of_more_tokens_than_a_request_holds_are_refused(make: type[Manager]) -> None:
     pool = make(8, 4)
     pool.allocate("a", 3)
@@ -67,6 +76,6 @@ def test_the_slots_of_more_tokens_than_a_request_holds_are_refused(make: type[Ma
         ValueError, match=r"^cannot give the slots of the last 4 tokens of request 'a': it holds 3$"
     ):
         pool.new_token_slots("a", 4)
-    with pytest.raises(ValueError, match="tracks token ids"):
-        pool.allocate_prompt("p", [1])
+    pool.allocate_prompt("p", [1])
+    with pytest.raises(ValueError, match=r"^request 'p' tracks token ids: use append_token_ids$"):
         pool.append_slots("p", 1)

@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from impl import (
     BlockAllocationError,
@@ -17,7 +19,7 @@ from impl import (
     RequestBlockTable,
 )
 from impl.spec_backed import SpecBackedManager
-from spec import KVBlockUsage, ReleasedBlocks
+from spec import KVBlockUsage, ReleasedBlocks, next_skip_token_count, skipped_blocks_at
 
 
 class WindowAllocator(Protocol):
@@ -224,3 +226,25 @@ def test_a_group_out_of_range_is_refused(make: Factory) -> None:
     message = r"^group must be in \[0, 2\) \(the pool has 2 KV cache groups\), got 2$"
     with pytest.raises(ValueError, match=message):
         pool.snapshot_request("a", 2)
+
+
+def test_the_next_skip_of_a_window_is_one_token_after_its_last_query_reading_the_block() -> None:
+    # Blocks of 4, a window of 6: block index 0 goes when L0 - 6 + 1 >= 4, at L0 = 9; block
+    # index 1 at L0 = 13. Full attention never skips.
+    assert [next_skip_token_count(4, skipped, 6) for skipped in (0, 1)] == [9, 13]
+    assert next_skip_token_count(4, 0, None) is None
+
+
+@given(
+    block_size=st.integers(1, 8),
+    skipped_blocks=st.integers(0, 12),
+    window=st.integers(1, 40),
+)
+def test_the_next_skip_is_the_first_length_at_which_the_window_skips_one_more_block(
+    block_size: int, skipped_blocks: int, window: int
+) -> None:
+    """impl's decode fast path trusts this length: no skip happens before it, one does at it."""
+    at = next_skip_token_count(block_size, skipped_blocks, window)
+    assert at is not None
+    assert skipped_blocks_at(block_size, at - 1, window) <= skipped_blocks
+    assert skipped_blocks_at(block_size, at, window) == skipped_blocks + 1
