@@ -20,7 +20,8 @@ by ``--skip`` does not:
    whether ``torch.nn.attention.varlen.varlen_attn`` takes a ``block_table``;
 2. ``device_tests``: the CUDA tests' cases (``harness/oracle/device_cases.py``), no pytest;
 3. ``checks``: the three checks for float32/bfloat16 x ``Engine``/``BatchInvariantEngine``
-   on the bundled SmolLM2 when it loads here, else on a seeded random model of its exact
+   and ``Engine`` preempting by swap to a host tier (pinned memory), on the bundled
+   SmolLM2 when it loads here, else on a seeded random model of its exact
    shapes (``random_smollm2``), with every tie's margin in ulps;
 4. ``kernels``: each attention backend (gather, varlen, flex; ``--attention``) at
    SmolLM2's shapes, B = 8 at 512 tokens and B = 64 at 4096, against SDPA on contiguous

@@ -211,21 +211,25 @@ def random_smollm2(
 
 
 def stage_checks(plan: Plan, log: Log) -> Json:
-    """The three checks for float32/bfloat16 x packed/batch-invariant, poisoned pool."""
+    """The three checks for float32/bfloat16 x packed/batch-invariant, poisoned pool; and
+    the packed engine preempting by swap to a host tier (pinned memory on CUDA)."""
     runs: dict[str, Json] = {}
     for dtype_name, dtype in DTYPES.items():
         loaded = _checks_model(plan, dtype)
         requests = _checks_requests(loaded, plan)
-        for engine_type in (Engine, BatchInvariantEngine):
+        blocks = tight_total_blocks(requests, 16)
+        for engine_type, preempt in ((Engine, ""), (BatchInvariantEngine, ""), (Engine, "swap")):
             pool = PoolConfig(
-                total_blocks=tight_total_blocks(requests, 16),
+                total_blocks=blocks,
                 block_size=16,
                 engine_type=engine_type,
                 pool_type=PoisonedKVPool,
+                preemption="swap" if preempt else "recompute",
+                host_blocks=blocks if preempt else 0,
             )
             with _deterministic():
                 report = run_equivalence(loaded, requests, pool, lambda _: None)
-            name = f"{dtype_name}/{engine_type.__name__}"
+            name = f"{dtype_name}/{engine_type.__name__}" + (f"/{preempt}" if preempt else "")
             runs[name] = _checks_summary(loaded.name, report)
             log(f"   {name}: {json.dumps(runs[name])[:600]}")
     status = "ok" if all(run["passed"] for run in runs.values()) else "failed"
@@ -279,6 +283,7 @@ def _checks_summary(model_name: str, report: EquivalenceReport) -> Json:
         ],
         "max_logprob_delta": max(row.max_logprob_delta for row in rows),
         "paged_tokens_per_s": report.paged_tokens_per_s,
+        "swaps_out": report.host.swaps_out,
     }
 
 

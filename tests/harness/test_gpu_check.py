@@ -46,8 +46,10 @@ def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(
     assert sorted(checks) == [
         "bfloat16/BatchInvariantEngine",
         "bfloat16/Engine",
+        "bfloat16/Engine/swap",
         "float32/BatchInvariantEngine",
         "float32/Engine",
+        "float32/Engine/swap",
     ]
     bench_methods = {row["method"] for row in results["stages"]["decode_bench"]["rows"]}
     assert bench_methods == {"dense", "paged", "hf-cb"}
