@@ -309,6 +309,18 @@ def _load_directory(directory: Path, name: str, dtype: torch.dtype) -> LoadedMod
     return LoadedModel(model=model, tokenizer=tokenizer, name=name)
 
 
+def publish_cache(partial: Path, cached: Path) -> None:
+    """Rename a filled ``partial`` cache directory to ``cached``, last, so an interrupted
+    save never looks like a finished cache. If another process got there first, its copy
+    (the same weights) stays and ours goes."""
+    try:
+        partial.rename(cached)
+    except OSError:
+        if not (cached / "model.safetensors").is_file():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def _load_gguf_cached(gguf_path: Path, dtype: torch.dtype) -> LoadedModel:
     stat = gguf_path.stat()
     # The key changes whenever the file does, so a stale cache is never read.
@@ -326,7 +338,9 @@ def _load_gguf_cached(gguf_path: Path, dtype: torch.dtype) -> LoadedModel:
         attn_implementation="sdpa",
     )
     model.eval()
-    partial = cached.with_name(cached.name + ".partial")
+    # One partial directory per process: two processes filling the cache at once (two
+    # commands, or test workers, on a fresh machine) never write into each other's.
+    partial = cached.with_name(f"{cached.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     # save_pretrained refuses a model loaded from GGUF ("quantized"), though its weights are
@@ -339,8 +353,7 @@ def _load_gguf_cached(gguf_path: Path, dtype: torch.dtype) -> LoadedModel:
     # save_model (not save_file) because tied embeddings share one tensor.
     save_model(model, str(partial / "model.safetensors"))
     tokenizer.save_pretrained(partial)
-    # Renamed into place last: an interrupted save never looks like a finished cache.
-    partial.rename(cached)
+    publish_cache(partial, cached)
     if dtype != torch.float32:
         # Built from the float32 cache the way from_pretrained(dtype=...) builds it.
         return _load_directory(cached, gguf_path.name, dtype)

@@ -11,4 +11,7 @@ echo "== ruff" >&2
 ruff check spec impl harness tests scripts/gpu_check.py
 ruff format --check spec impl harness tests scripts/gpu_check.py
 echo "== pytest" >&2
-python -m pytest -q --hypothesis-profile="${HYPOTHESIS_PROFILE:-ci}" "$@"
+# On every core (pytest-xdist; PYTEST_WORKERS=0 runs in this process); a worker that is idle
+# takes over queued tests from a busy one.
+python -m pytest -q -n "${PYTEST_WORKERS:-auto}" --dist worksteal \
+    --hypothesis-profile="${HYPOTHESIS_PROFILE:-ci}" "$@"

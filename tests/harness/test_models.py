@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.cli.main import main
-from harness.models import find_bundled_gguf, get_cache_dir, kv_layout, load_model
+from harness.models import find_bundled_gguf, get_cache_dir, kv_layout, load_model, publish_cache
 from harness.prompts import render_prompt
 from harness.runtime.paged_cache import PagedCache
 from impl import KVBlockManager
@@ -43,6 +43,36 @@ def test_the_safetensors_cache_reloads_bit_identical_logits(
         expected = from_gguf.model(input_ids).logits
         actual = from_cache.model(input_ids).logits
     assert torch.equal(expected, actual)
+
+
+def _filled(directory: Path, weights: bytes) -> Path:
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(weights)
+    return directory
+
+
+def test_a_cache_filled_by_another_process_first_is_kept_and_ours_removed(
+    tmp_path: Path,
+) -> None:
+    cached = _filled(tmp_path / "model", b"theirs")
+    ours = _filled(tmp_path / "model.partial-123", b"ours")
+    publish_cache(ours, cached)
+    assert [path.name for path in tmp_path.iterdir()] == ["model"]
+    assert (cached / "model.safetensors").read_bytes() == b"theirs"
+    # With no cache there yet, ours is renamed into place.
+    fresh = _filled(tmp_path / "other.partial-7", b"ours")
+    publish_cache(fresh, tmp_path / "other")
+    assert (tmp_path / "other" / "model.safetensors").read_bytes() == b"ours"
+    assert not fresh.exists()
+
+
+def test_a_cache_rename_that_fails_with_no_finished_cache_raises(tmp_path: Path) -> None:
+    # Something that is not a finished cache blocks the name: the error is not hidden.
+    blocked = tmp_path / "model"
+    blocked.mkdir()
+    (blocked / "stray").write_text("x")
+    with pytest.raises(OSError):
+        publish_cache(_filled(tmp_path / "model.partial-1", b"ours"), blocked)
 
 
 def test_a_bf16_model_is_loaded_as_hf_loads_it_with_float32_rotary_frequencies() -> None:
