@@ -1,9 +1,10 @@
 """The lockstep state machine as a long-fuzzing target, counting what it runs.
 
 Not collected by a plain ``pytest`` run (the file name does not start with ``test_``):
-``scripts/fuzz.sh`` and ``hypothesis fuzz`` name it explicitly. It is the same machine as
-``tests/support/lockstep.py`` (on the real impl, and on it under a constantly colliding hash); the
-only addition is a tally of test cases and steps. When
+``scripts/fuzz.sh`` and ``hypothesis fuzz`` name it explicitly. Its machines are those of
+``tests/support/lockstep.py`` (on the real impl, and on it under a constantly colliding
+hash) and ``tests/support/host_lockstep.py`` (with a host tier); the only addition is a
+tally of test cases and steps. When
 ``PAGEDKV_FUZZ_TALLY`` names a directory, each process keeps ``<pid>.txt`` there up to
 date (every 10 cases and at exit), so a fuzzing session can report how much it ran even
 when its worker processes are killed at the deadline (HypoFuzz's workers skip ``atexit``).
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
+from tests.support.host_lockstep import HostTierMachine, WindowedHostTierMachine
 from tests.support.lockstep import AllocatorMachine, WindowedAllocatorMachine
 from tests.support.planted_bugs import WeakHashOnly
 
@@ -61,9 +63,19 @@ class CountingWindowedMachine(CountingAllocatorMachine, WindowedAllocatorMachine
     """The same on pools shared by KV cache groups with sliding windows."""
 
 
+class CountingHostTierMachine(Tallied, HostTierMachine):
+    """The machine with a host tier: swap out and in, the copies, the host prefix cache."""
+
+
+class CountingWindowedHostTierMachine(Tallied, WindowedHostTierMachine):
+    """The same on pools of KV cache groups with sliding windows."""
+
+
 TestFuzzImplAgreesWithSpec = CountingAllocatorMachine.TestCase
 TestFuzzImplUnderAWeakHashAgreesWithSpec = CountingWeakHashMachine.TestCase
 TestFuzzImplWithWindowsAgreesWithSpec = CountingWindowedMachine.TestCase
+TestFuzzImplWithAHostTierAgreesWithSpec = CountingHostTierMachine.TestCase
+TestFuzzImplWithAHostTierAndWindowsAgreesWithSpec = CountingWindowedHostTierMachine.TestCase
 
 
 def _write_tally() -> None:
