@@ -1,14 +1,25 @@
 """What the GPU check runs, and how big: ``FULL`` (the GPU run) and ``SMOKE`` (the CPU
-minute CI runs), the dtypes, the kernels' tolerance, the random model's shapes."""
+minute CI runs), the dtypes, the engines and preemptions of the checks, the kernels'
+tolerance, the random model's shapes."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from harness.runtime.engine import BatchInvariantEngine, Engine
+from harness.runtime.preemption import PreemptMode
+
 Log = Callable[[str], None]  # where a stage writes its lines
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The engine and preemption of each run of the three checks (by swap: a host tier as large
+# as the pool, pinned memory on CUDA).
+CHECK_RUNS: tuple[tuple[type[Engine], PreemptMode], ...] = (
+    (Engine, "recompute"),
+    (BatchInvariantEngine, "recompute"),
+    (Engine, "swap"),
+)
 Json = dict[str, object]  # what a stage reports: JSON-ready values
 # How far the paged read may drift from SDPA on contiguous K/V before the kernels stage
 # fails: a few output ulps (outputs are O(1)). Bitwise equality is reported beside it.

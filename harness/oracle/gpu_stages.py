@@ -27,6 +27,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from harness.bench import attention as bench_attention
 from harness.bench import decode as bench_decode
 from harness.models import LoadedModel, ModelNotFoundError, load_model
+from harness.oracle import gpu_plan
 from harness.oracle.device_cases import (
     paged_cache_generate_failures,
     paged_equals_dense_failures,
@@ -218,18 +219,19 @@ def stage_checks(plan: Plan, log: Log) -> Json:
         loaded = _checks_model(plan, dtype)
         requests = _checks_requests(loaded, plan)
         blocks = tight_total_blocks(requests, 16)
-        for engine_type, preempt in ((Engine, ""), (BatchInvariantEngine, ""), (Engine, "swap")):
+        for engine_type, preemption in gpu_plan.CHECK_RUNS:
+            swap = preemption == "swap"
             pool = PoolConfig(
                 total_blocks=blocks,
                 block_size=16,
                 engine_type=engine_type,
                 pool_type=PoisonedKVPool,
-                preemption="swap" if preempt else "recompute",
-                host_blocks=blocks if preempt else 0,
+                preemption=preemption,
+                host_blocks=blocks if swap else 0,
             )
             with _deterministic():
                 report = run_equivalence(loaded, requests, pool, lambda _: None)
-            name = f"{dtype_name}/{engine_type.__name__}" + (f"/{preempt}" if preempt else "")
+            name = f"{dtype_name}/{engine_type.__name__}" + ("/swap" if swap else "")
             runs[name] = _checks_summary(loaded.name, report)
             log(f"   {name}: {json.dumps(runs[name])[:600]}")
     status = "ok" if all(run["passed"] for run in runs.values()) else "failed"
