@@ -207,6 +207,12 @@ class ManagerBase:
         """Raise ``AssertionError`` naming every spec invariant or counter this pool breaks."""
         checking.check_invariants(self.to_spec(), self.usage(), self._groups.caches)
 
+    def check_indexes(self) -> None:
+        """Raise ``AssertionError`` if a prefix cache's hash index disagrees with its cached
+        blocks: what ``check_invariants`` adds to ``to_spec()``. A checker that has compared
+        ``to_spec()`` with a spec state whose invariants hold needs only this."""
+        checking.check_indexes(self._groups.caches)
+
     # -- building blocks ----------------------------------------------------------------
 
     def _blocks_for(self, token_count: int) -> int:
