@@ -86,12 +86,6 @@ def init_host_tier(host_blocks: int, host_prefix_cache: bool, group_count: int) 
     )
 
 
-def copying_out_block_ids(host: HostTier) -> tuple[int, ...]:
-    """The device blocks a pending (device -> host) copy reads, each once, in the order of
-    their first copy."""
-    return tuple(dict.fromkeys(device for device, _ in host.pending_device_to_host))
-
-
 def busy_block_ids(host: HostTier) -> set[int]:
     """The device blocks a pending copy reads or writes: the sources of the copies out and
     the destinations of the copies in. One of them that no table holds is in flight."""
