@@ -219,6 +219,24 @@ def test_a_freed_cached_block_is_copied_to_the_host_and_revived_from_it_after_ev
     assert pool.take_swap_copies() == SwapCopies([], [])
 
 
+def test_a_prefix_hit_can_take_its_first_block_from_the_device_and_the_next_from_the_host(
+    make: Factory,
+) -> None:
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate_prompt("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
+    pool.release("a")
+    assert pool.take_swap_copies() == SwapCopies([(1, 0), (0, 1)], [])
+    pool.allocate("b", 4)  # takes 2, then evicts 1 (1..4) from the device; 0 stays cached
+    assert pool.request_tables["b"].block_ids == [2, 1]
+    pool.release("b")
+    hit = pool.allocate_prompt("c", [1, 2, 3, 4, 9])
+    # 1..2 is a device hit on block 0, 1..4 a host hit on host block 0, copied into 1.
+    assert (hit.table.block_ids, hit.cached_tokens) == ([0, 1, 2], 4)
+    assert pool.take_swap_copies() == SwapCopies([], [(0, 1)])
+    usage = pool.usage()
+    assert (usage.host_hit_blocks, usage.prefix_hit_tokens, usage.evictions) == (1, 4, 1)
+
+
 def test_a_full_host_tier_evicts_its_least_recently_used_prefix_but_never_a_swapped_block(
     make: Factory,
 ) -> None:

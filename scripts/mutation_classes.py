@@ -1,0 +1,192 @@
+"""Sort mutmut's mutants of spec/ and impl/ into the classes no test can kill, by their diff.
+
+    python scripts/mutation_classes.py [--generate] [--to-run FILE]   (from the repository root)
+
+Prints one line per equivalent mutant (its class and name) and a count per class; with
+``--to-run FILE`` writes the names of every other mutant that has no verdict yet to FILE,
+one per line, for ``mutmut run`` (so a stopped run resumes); ``--generate`` has mutmut
+write mutants/ first. Two classes are recognised, each shown equivalent once in
+docs/verification.md instead of being run one by one (every surviving mutant runs every
+test that reaches its function, a minute or more each on the CI machine, and these are
+more than half the survivors):
+
+- ``zip-strict``: ``zip(..., strict=True)`` loosened (``strict=False``, ``strict=None`` or
+  no ``strict``) and nothing else changed, in an operation of spec/ or impl/. Each such zip
+  pairs per-group (or per-block) lists that the allocator builds together, so their
+  lengths never differ; ``strict`` guards our own bug. Not in ``spec.invariants``: its
+  predicates take any state, one built by hand included, whose lists may differ in length,
+  so those mutants run.
+- ``assert-message``: only the message string of an ``assert`` changed. The asserts guard
+  our own invariants and never fire in a correct allocator.
+
+A mutant that changes anything else on the line is not in a class and runs.
+"""
+
+import argparse
+import ast
+import json
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+MUTANT = re.compile(r"^(?P<function>.+)__mutmut_(?P<number>\d+|orig)$")
+STRICT = re.compile(r",\s*strict=True\s*\)")
+PREDICATES = "spec.invariants"
+LOOSENED = (", strict=False)", ", strict=None)", ", )", ")")
+
+
+def function_sources(path: Path) -> Iterator[tuple[str, str, str]]:
+    """(function, mutant number or 'orig', source) of each function mutmut wrote in ``path``."""
+    source = path.read_text()
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            match = MUTANT.match(node.name)
+            if match is not None:
+                assert node.end_lineno is not None, f"{path}: no end line for {node.name}"
+                # Past the ``def`` line, which differs by the name alone.
+                body = "\n".join(lines[node.lineno : node.end_lineno])
+                yield match["function"], match["number"], body
+
+
+def changed_lines(original: str, mutant: str) -> list[tuple[str, str]] | None:
+    """The (original, mutant) line pairs that differ, or None when the line counts differ."""
+    before, after = original.splitlines(), mutant.splitlines()
+    if len(before) != len(after):
+        return None
+    return [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+
+
+def equivalence_class(original: str, mutant: str, module_of_predicates: bool) -> str | None:
+    """The class of a mutant whose whole diff is one known-equivalent change, else None
+    (``module_of_predicates``: the mutant is in ``spec.invariants``)."""
+    pairs = changed_lines(original, mutant)
+    if pairs is None or len(pairs) != 1:
+        return None
+    (before, after) = pairs[0]
+    if (
+        not module_of_predicates
+        and STRICT.search(before) is not None
+        and any(STRICT.sub(loosened, before) == after for loosened in LOOSENED)
+    ):
+        return "zip-strict"
+    if _is_assert(before) and _is_assert(after) and _assert_test(before) == _assert_test(after):
+        return "assert-message"
+    return None
+
+
+def _is_assert(line: str) -> bool:
+    try:
+        tree = ast.parse(line.strip())
+    except SyntaxError:
+        return False
+    return len(tree.body) == 1 and isinstance(tree.body[0], ast.Assert)
+
+
+def _assert_test(line: str) -> str:
+    statement = ast.parse(line.strip()).body[0]
+    assert isinstance(statement, ast.Assert)
+    return ast.dump(statement.test)
+
+
+def mutant_names(root: Path) -> Iterator[tuple[str, str | None]]:
+    """(mutmut's name, equivalence class or None) of every mutant under ``root``."""
+    for path in sorted([*root.glob("spec/**/*.py"), *root.glob("impl/**/*.py")]):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        functions: dict[str, dict[str, str]] = {}
+        for function, number, body in function_sources(path):
+            functions.setdefault(function, {})[number] = body
+        for function, versions in functions.items():
+            original = versions.pop("orig")
+            for number, body in sorted(versions.items(), key=lambda item: int(item[0])):
+                name = f"{module}.{function}__mutmut_{number}"
+                kind = equivalence_class(original, body, module == PREDICATES)
+                yield name.replace(".__init__.", "."), kind
+
+
+def generate() -> None:
+    """Have mutmut write its mutated copy of the sources under mutants/, as ``mutmut run``
+    does first.
+
+    NOTE: mutmut has no command that only generates, so this calls the functions its
+    ``run`` starts with; they are internal to mutmut 3.8.1, which scripts/mutation.sh pins.
+    """
+    from mutmut import __main__ as mutmut_main  # noqa: PLC0415 (only with --generate)
+    from mutmut.mutation.trampoline import set_mutant_under_test  # noqa: PLC0415
+    from mutmut.utils.file_utils import copy_src_dir  # noqa: PLC0415
+
+    set_mutant_under_test("mutant_generation")
+    Path("mutants").mkdir(exist_ok=True)
+    copy_src_dir()
+    mutmut_main.create_mutants(os.cpu_count() or 1)
+
+
+def verdicts(root: Path) -> dict[str, int | None]:
+    """Each mutant's exit code as mutmut recorded it in its .meta files (None: not run)."""
+    found: dict[str, int | None] = {}
+    for meta in root.glob("**/*.py.meta"):
+        found.update(json.loads(meta.read_text()).get("exit_code_by_key", {}))
+    return found
+
+
+def summary(root: Path) -> str:
+    """One line: every mutant counted once, by its verdict or, not run, by its class."""
+    from mutmut.stats import status_by_exit_code  # noqa: PLC0415 (mutmut's own reading)
+
+    run = verdicts(root)
+    counts: Counter[str] = Counter()
+    for name, kind in mutant_names(root):
+        status = status_by_exit_code[run.get(name)]
+        counts["equivalent by class" if kind is not None else status] += 1
+    killed = counts["killed"] + counts["timeout"]
+    decided = killed + counts["survived"] + counts["no tests"] + counts["suspicious"]
+    return (
+        f"mutation: {counts.total()} mutants: {killed} killed ({counts['timeout']} by "
+        f"timeout), {counts['survived']} survived, {counts['no tests']} without tests, "
+        f"{counts['suspicious']} suspicious, {counts['equivalent by class']} equivalent by "
+        f"class (not run), {counts['not checked']} not run yet; "
+        f"killed {killed / max(decided, 1):.1%} of those run"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--generate", action="store_true", help="have mutmut write mutants/")
+    parser.add_argument(
+        "--to-run", type=Path, help="write the names of the other mutants not yet run here"
+    )
+    parser.add_argument("--root", type=Path, default=Path("mutants"), help="mutmut's tree")
+    parser.add_argument(
+        "--summary", action="store_true", help="print only the verdicts' one-line summary"
+    )
+    args = parser.parse_args()
+    if args.generate:
+        generate()
+    if not args.root.is_dir():
+        print(f"mutation_classes: no {args.root}/: run mutmut first", file=sys.stderr)
+        return 2
+    if args.summary:
+        print(summary(args.root))
+        return 0
+    classes: Counter[str] = Counter()
+    to_run: list[str] = []
+    run = verdicts(args.root)
+    for name, kind in mutant_names(args.root):
+        if kind is None:
+            if run.get(name) is None:
+                to_run.append(name)
+        else:
+            classes[kind] += 1
+            print(f"{kind}: {name}")
+    if args.to_run is not None:
+        args.to_run.write_text("".join(f"{name}\n" for name in to_run))
+    counts = ", ".join(f"{kind} {count}" for kind, count in sorted(classes.items()))
+    print(f"mutation_classes: {len(to_run)} to run, equivalent by class: {counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
