@@ -18,7 +18,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
-python -c 'import mutmut' 2>/dev/null || python -m pip install --quiet mutmut==3.8.1
 mkdir -p mutants
 if [ $# -eq 0 ]; then
     python scripts/mutation_classes.py --generate --to-run mutants/to-run.txt \

@@ -132,6 +132,12 @@ def verdicts(root: Path) -> dict[str, int | None]:
     return found
 
 
+def names_to_run(root: Path) -> list[str]:
+    """The mutants in no class that have no verdict yet, in mutmut's file order."""
+    run = verdicts(root)
+    return [name for name, kind in mutant_names(root) if kind is None and run.get(name) is None]
+
+
 def summary(root: Path) -> str:
     """One line: every mutant counted once, by its verdict or, not run, by its class."""
     from mutmut.stats import status_by_exit_code  # noqa: PLC0415 (mutmut's own reading)
@@ -171,18 +177,13 @@ def main() -> int:
     if args.summary:
         print(summary(args.root))
         return 0
-    classes: Counter[str] = Counter()
-    to_run: list[str] = []
-    run = verdicts(args.root)
-    for name, kind in mutant_names(args.root):
-        if kind is None:
-            if run.get(name) is None:
-                to_run.append(name)
-        else:
-            classes[kind] += 1
-            print(f"{kind}: {name}")
+    equivalent = [(kind, name) for name, kind in mutant_names(args.root) if kind is not None]
+    for kind, name in equivalent:
+        print(f"{kind}: {name}")
+    to_run = names_to_run(args.root)
     if args.to_run is not None:
         args.to_run.write_text("".join(f"{name}\n" for name in to_run))
+    classes = Counter(kind for kind, _ in equivalent)
     counts = ", ".join(f"{kind} {count}" for kind, count in sorted(classes.items()))
     print(f"mutation_classes: {len(to_run)} to run, equivalent by class: {counts}")
     return 0

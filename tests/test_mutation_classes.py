@@ -1,0 +1,116 @@
+"""``scripts/mutation_classes.py``: which mutants it calls equivalent without running them,
+read from mutated sources written as mutmut writes them."""
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mutation_classes.py"
+
+
+@pytest.fixture(scope="module")
+def classes() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutation_classes", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ZIP = "    for a, b in zip(xs, ys, strict=True):\n        total += a * b\n"
+ASSERT = '    assert total >= 0, "a total is never negative"\n    return total\n'
+
+
+@pytest.mark.parametrize(
+    ("original", "mutant", "kind"),
+    [
+        (ZIP, ZIP.replace("strict=True", "strict=False"), "zip-strict"),
+        (ZIP, ZIP.replace("strict=True", "strict=None"), "zip-strict"),
+        (ZIP, ZIP.replace(", strict=True", ", "), "zip-strict"),
+        (ZIP, ZIP.replace(", strict=True", ""), "zip-strict"),
+        (ZIP, ZIP.replace("zip(xs,", "zip(None,"), None),  # the pairing itself changed
+        (ZIP, ZIP.replace("strict=True", "strict=False").replace("a * b", "a / b"), None),
+        (ASSERT, ASSERT.replace('"a total', '"XXa total'), "assert-message"),
+        (ASSERT, ASSERT.replace('"a total is never negative"', "None"), "assert-message"),
+        (ASSERT, ASSERT.replace(">= 0", "> 0"), None),  # the test itself changed
+        (ASSERT, ASSERT.replace("return total", "return None"), None),
+    ],
+)
+def test_a_mutant_is_in_a_class_only_when_that_change_is_all_its_diff(
+    classes: ModuleType, original: str, mutant: str, kind: str | None
+) -> None:
+    assert classes.equivalence_class(original, mutant, False) == kind
+
+
+def test_a_loosened_zip_in_an_invariant_predicate_is_run(classes: ModuleType) -> None:
+    loosened = ZIP.replace("strict=True", "strict=False")
+    assert classes.equivalence_class(ZIP, loosened, True) is None
+
+
+MUTATED = """
+def x_total__mutmut_orig(xs, ys):
+    total = 0
+    for a, b in zip(xs, ys, strict=True):
+        total += a * b
+    return total
+
+
+def x_total__mutmut_1(xs, ys):
+    total = 0
+    for a, b in zip(xs, ys, strict=False):
+        total += a * b
+    return total
+
+
+def x_total__mutmut_2(xs, ys):
+    total = 1
+    for a, b in zip(xs, ys, strict=True):
+        total += a * b
+    return total
+
+
+def x_total__mutmut_3(xs, ys):
+    total = 0
+    for a, b in zip(xs, ys, strict=True):
+        total -= a * b
+    return total
+
+
+class Pool:
+    def xǁPoolǁtake__mutmut_orig(self, count):
+        assert count >= 0, "a count is never negative"
+        return count
+
+    def xǁPoolǁtake__mutmut_1(self, count):
+        assert count >= 0, "XXa count is never negative"
+        return count
+"""
+
+
+def test_the_names_and_verdicts_are_mutmuts_and_only_mutants_without_one_are_to_run(
+    classes: ModuleType, tmp_path: Path
+) -> None:
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "rules.py").write_text(MUTATED)
+    verdicts = {
+        "spec.rules.x_total__mutmut_1": 0,
+        "spec.rules.x_total__mutmut_2": None,
+        "spec.rules.x_total__mutmut_3": 1,
+    }
+    meta = {"exit_code_by_key": verdicts}
+    (tmp_path / "spec" / "rules.py.meta").write_text(json.dumps(meta))
+    assert list(classes.mutant_names(tmp_path)) == [
+        ("spec.rules.x_total__mutmut_1", "zip-strict"),
+        ("spec.rules.x_total__mutmut_2", None),
+        ("spec.rules.x_total__mutmut_3", None),
+        ("spec.rules.xǁPoolǁtake__mutmut_1", "assert-message"),
+    ]
+    assert classes.verdicts(tmp_path) == verdicts
+    assert classes.names_to_run(tmp_path) == ["spec.rules.x_total__mutmut_2"]
+    assert classes.summary(tmp_path) == (
+        "mutation: 4 mutants: 1 killed (0 by timeout), 0 survived, 0 without tests, "
+        "0 suspicious, 2 equivalent by class (not run), 1 not run yet; killed 100.0% of those run"
+    )
