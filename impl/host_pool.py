@@ -56,8 +56,13 @@ class HostPool:
         self.caches = list(caches)
         # The host-cached blocks, least recently used first, with their group.
         self.lru: OrderedDict[int, int] = OrderedDict()
-        # Host block -> how many pending copies write or read it: it is not reused meanwhile.
-        self.busy: dict[int, int] = {}
+        # Host blocks a pending copy has written or read since the last ``take_copies``: a
+        # host-cached one among them is not reused before its copy is made.
+        # NOTE: a set, not a count per block, and nothing is unmarked until
+        # ``take_copies``: only host-cached blocks are looked up here, and a block leaves the
+        # host cache only to the free queue (``reset``), from which it is cached again only
+        # by a demotion, whose copy out marks it anyway. A stale mark is never read.
+        self.busy: set[int] = set()
         self.host_hit_blocks = 0
         self.free: deque[int] = deque(range(host_blocks))
         self.swapped: dict[str, Swapped] = {}
@@ -106,12 +111,12 @@ class HostPool:
         copying_out = self.copying_out
         for device_id in device_ids:
             copying_out[device_id] = copying_out.get(device_id, 0) + 1
-        self._mark_busy(host_ids)
+        self.busy.update(host_ids)
         self.pending_out += zip(device_ids, host_ids, strict=True)
 
     def copy_in(self, host_ids: list[int], device_ids: list[int]) -> None:
         """Queue the (host -> device) copies, pair by pair."""
-        self._mark_busy(host_ids)
+        self.busy.update(host_ids)
         self.pending_in += zip(host_ids, device_ids, strict=True)
         self.copying_in.update(dict.fromkeys(device_ids))
 
@@ -150,11 +155,6 @@ class HostPool:
         self.lru.clear()
         self.release(released)
 
-    def _mark_busy(self, host_ids: Iterable[int]) -> None:
-        busy = self.busy
-        for host_id in host_ids:
-            busy[host_id] = busy.get(host_id, 0) + 1
-
     def release(self, host_ids: Iterable[int]) -> None:
         """Free host blocks (in release order) to the host free queue's tail; a pending
         copy out into one of them is moot and is dropped."""
@@ -166,7 +166,6 @@ class HostPool:
             for device_id, host_id in self.pending_out:
                 if host_id in gone:
                     self._uncount(device_id)
-                    self._unmark(host_id)
                 else:
                     kept.append((device_id, host_id))
             self.pending_out = kept
@@ -191,10 +190,3 @@ class HostPool:
             self.copying_out[device_id] = count
         else:
             del self.copying_out[device_id]
-
-    def _unmark(self, host_id: int) -> None:
-        count = self.busy[host_id] - 1
-        if count:
-            self.busy[host_id] = count
-        else:
-            del self.busy[host_id]

@@ -1,6 +1,7 @@
 """``scripts/mutation_classes.py``: which mutants it calls equivalent without running them,
 read from mutated sources written as mutmut writes them."""
 
+import ast
 import importlib.util
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ def classes() -> ModuleType:
 
 
 ZIP = "    for a, b in zip(xs, ys, strict=True):\n        total += a * b\n"
+WRAPPED = "    for a, b in zip(\n        xs, ys, strict=True\n    ):\n        total += a * b\n"
 ASSERT = '    assert total >= 0, "a total is never negative"\n    return total\n'
 
 
@@ -33,6 +35,9 @@ ASSERT = '    assert total >= 0, "a total is never negative"\n    return total\n
         (ZIP, ZIP.replace(", strict=True", ""), "zip-strict"),
         (ZIP, ZIP.replace("zip(xs,", "zip(None,"), None),  # the pairing itself changed
         (ZIP, ZIP.replace("strict=True", "strict=False").replace("a * b", "a / b"), None),
+        (WRAPPED, WRAPPED.replace("strict=True", "strict=None"), "zip-strict"),
+        (WRAPPED, WRAPPED.replace(" strict=True\n    ):", " ):"), "zip-strict"),
+        (WRAPPED, WRAPPED.replace("ys, strict=True", "None, strict=False"), None),
         (ASSERT, ASSERT.replace('"a total', '"XXa total'), "assert-message"),
         (ASSERT, ASSERT.replace('"a total is never negative"', "None"), "assert-message"),
         (ASSERT, ASSERT.replace(">= 0", "> 0"), None),  # the test itself changed
@@ -48,6 +53,19 @@ def test_a_mutant_is_in_a_class_only_when_that_change_is_all_its_diff(
 def test_a_loosened_zip_in_an_invariant_predicate_is_run(classes: ModuleType) -> None:
     loosened = ZIP.replace("strict=True", "strict=False")
     assert classes.equivalence_class(ZIP, loosened, True) is None
+
+
+def test_every_strict_keyword_in_spec_and_impl_is_zips() -> None:
+    """What lets the zip-strict class look for ``strict=True`` alone."""
+    root = SCRIPT.parents[1]
+    calls = [
+        node
+        for path in [*root.glob("spec/*.py"), *root.glob("impl/*.py")]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and any(k.arg == "strict" for k in node.keywords)
+    ]
+    assert calls, "no strict= keyword found"
+    assert {ast.unparse(call.func) for call in calls} == {"zip"}
 
 
 MUTATED = """
