@@ -156,11 +156,13 @@ def summary(root: Path) -> str:
     for name, kind in mutant_names(root):
         status = status_by_exit_code[run.get(name)]
         counts["equivalent by class" if kind is not None else status] += 1
-    killed = counts["killed"] + counts["timeout"]
+    typed = counts["caught by type check"]
+    killed = counts["killed"] + counts["timeout"] + typed
     decided = killed + counts["survived"] + counts["no tests"] + counts["suspicious"]
     return (
-        f"mutation: {counts.total()} mutants: {killed} killed ({counts['timeout']} by "
-        f"timeout), {counts['survived']} survived, {counts['no tests']} without tests, "
+        f"mutation: {counts.total()} mutants: {killed} killed ({typed} by mypy --strict, "
+        f"{counts['timeout']} by timeout), {counts['survived']} survived, "
+        f"{counts['no tests']} without tests, "
         f"{counts['suspicious']} suspicious, {counts['equivalent by class']} equivalent by "
         f"class (not run), {counts['not checked']} not run yet; "
         f"killed {killed / max(decided, 1):.1%} of those run"

@@ -97,6 +97,13 @@ def x_total__mutmut_3(xs, ys):
     return total
 
 
+def x_total__mutmut_4(xs, ys):
+    total = None
+    for a, b in zip(xs, ys, strict=True):
+        total += a * b
+    return total
+
+
 class Pool:
     def xǁPoolǁtake__mutmut_orig(self, count):
         assert count >= 0, "a count is never negative"
@@ -117,6 +124,7 @@ def test_the_names_and_verdicts_are_mutmuts_and_only_mutants_without_one_are_to_
         "spec.rules.x_total__mutmut_1": 0,
         "spec.rules.x_total__mutmut_2": None,
         "spec.rules.x_total__mutmut_3": 1,
+        "spec.rules.x_total__mutmut_4": 37,  # mutmut's code: caught by the type checker
     }
     meta = {"exit_code_by_key": verdicts}
     (tmp_path / "spec" / "rules.py.meta").write_text(json.dumps(meta))
@@ -124,11 +132,13 @@ def test_the_names_and_verdicts_are_mutmuts_and_only_mutants_without_one_are_to_
         ("spec.rules.x_total__mutmut_1", "zip-strict"),
         ("spec.rules.x_total__mutmut_2", None),
         ("spec.rules.x_total__mutmut_3", None),
+        ("spec.rules.x_total__mutmut_4", None),
         ("spec.rules.xǁPoolǁtake__mutmut_1", "assert-message"),
     ]
     assert classes.verdicts(tmp_path) == verdicts
     assert classes.names_to_run(tmp_path) == ["spec.rules.x_total__mutmut_2"]
     assert classes.summary(tmp_path) == (
-        "mutation: 4 mutants: 1 killed (0 by timeout), 0 survived, 0 without tests, "
+        "mutation: 5 mutants: 2 killed (1 by mypy --strict, 0 by timeout), 0 survived, "
+        "0 without tests, "
         "0 suspicious, 2 equivalent by class (not run), 1 not run yet; killed 100.0% of those run"
     )
