@@ -8,8 +8,9 @@ scripts/setup.sh
 echo "== mypy --strict" >&2
 mypy
 echo "== ruff" >&2
-ruff check spec impl harness tests scripts/gpu_check.py scripts/mutation_classes.py
-ruff format --check spec impl harness tests scripts/gpu_check.py scripts/mutation_classes.py
+scripts="scripts/gpu_check.py scripts/mutation_classes.py scripts/mutation_verdicts.py"
+ruff check spec impl harness tests $scripts
+ruff format --check spec impl harness tests $scripts
 echo "== pytest" >&2
 # On every core (pytest-xdist; PYTEST_WORKERS=0 runs in this process); a worker that is idle
 # takes over queued tests from a busy one.

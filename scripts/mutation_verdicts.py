@@ -1,0 +1,107 @@
+"""Keep mutmut's verdicts between runs, so a mutation run can go on in another session.
+
+    python scripts/mutation_verdicts.py save|restore [FILE] [--root mutants]
+
+mutants/ is git-ignored and a new checkout starts without it, while a run of every mutant
+takes hours more than a session has on the 2-core machine. ``save`` writes each mutated
+function's verdicts to FILE (default scripts/mutation_verdicts.txt, committed) with the
+hash mutmut gave the function's source; ``restore``, after mutmut has generated mutants/,
+gives every mutant without a verdict the saved one, but only where its function's hash is
+unchanged: a function edited since is run again. Tests are not hashed: a killed verdict
+stays until its function changes (as in mutmut's own mutants/); delete FILE to start over.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+DEFAULT = Path(__file__).resolve().parent / "mutation_verdicts.txt"
+KEY = re.compile(r"^(?P<function>.+)__mutmut_(?P<number>\d+)$")
+HEADER = (
+    "# mutmut's verdicts of spec/ and impl/, written by scripts/mutation_verdicts.py: per\n"
+    "# mutated function, the hash of its source and each mutant's exit code (- : not run)\n"
+)
+NOT_RUN = "-"
+
+
+def _metas(root: Path) -> list[Path]:
+    return sorted(root.glob("**/*.py.meta"))
+
+
+def _function_of(key: str) -> tuple[str, int]:
+    match = KEY.match(key)
+    assert match is not None, f"not a mutant name: {key}"
+    return match["function"], int(match["number"])
+
+
+def _hash_of(meta: dict[str, dict[str, str]], function: str) -> str | None:
+    """mutmut files a function's hash under its name without the module."""
+    return meta["hash_by_function_name"].get(function.rsplit(".", 1)[1])
+
+
+def save(root: Path, path: Path) -> int:
+    """Write the verdicts under ``root`` to ``path``; the number of mutants with one."""
+    lines: list[str] = []
+    decided = 0
+    for meta_path in _metas(root):
+        meta = json.loads(meta_path.read_text())
+        codes: dict[str, dict[int, int | None]] = {}
+        for key, code in meta["exit_code_by_key"].items():
+            function, number = _function_of(key)
+            codes.setdefault(function, {})[number] = code
+        for function, by_number in sorted(codes.items()):
+            row = [by_number.get(n) for n in range(1, max(by_number) + 1)]
+            decided += sum(code is not None for code in row)
+            written = " ".join(NOT_RUN if code is None else str(code) for code in row)
+            lines.append(f"{function} {_hash_of(meta, function)} {written}\n")
+    path.write_text(HEADER + "".join(lines))
+    return decided
+
+
+def restore(root: Path, path: Path) -> int:
+    """Give mutants without a verdict their saved one where the function is unchanged;
+    the number restored."""
+    saved: dict[str, tuple[str, list[str]]] = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            function, function_hash, *codes = line.split(" ")
+            saved[function] = (function_hash, codes)
+    restored = 0
+    for meta_path in _metas(root):
+        meta = json.loads(meta_path.read_text())
+        changed = False
+        for key, code in meta["exit_code_by_key"].items():
+            function, number = _function_of(key)
+            function_hash, codes = saved.get(function, ("", []))
+            if code is not None or function_hash != _hash_of(meta, function):
+                continue
+            if number <= len(codes) and codes[number - 1] != NOT_RUN:
+                meta["exit_code_by_key"][key] = int(codes[number - 1])
+                restored += 1
+                changed = True
+        if changed:
+            meta_path.write_text(json.dumps(meta, indent=4))
+    return restored
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("action", choices=["save", "restore"])
+    parser.add_argument("file", nargs="?", type=Path, default=DEFAULT, help="the verdicts file")
+    parser.add_argument("--root", type=Path, default=Path("mutants"), help="mutmut's tree")
+    args = parser.parse_args()
+    if not args.root.is_dir():
+        print(f"mutation_verdicts: no {args.root}/: run mutmut first", file=sys.stderr)
+        return 2
+    if args.action == "save":
+        print(f"mutation_verdicts: {save(args.root, args.file)} verdicts saved to {args.file}")
+    elif args.file.exists():
+        count = restore(args.root, args.file)
+        print(f"mutation_verdicts: {count} verdicts restored from {args.file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""``scripts/mutation_verdicts.py``: verdicts kept between mutation runs, and dropped for a
+function whose source changed."""
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mutation_verdicts.py"
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutation_verdicts", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_meta(root: Path, codes: dict[str, int | None], hashes: dict[str, str]) -> Path:
+    """A .meta file as mutmut writes it for spec/rules.py (the fields these scripts read)."""
+    (root / "spec").mkdir(parents=True, exist_ok=True)
+    path = root / "spec" / "rules.py.meta"
+    path.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes}))
+    return path
+
+
+RUN = {
+    "spec.rules.x_slot_index__mutmut_1": 1,
+    "spec.rules.x_slot_index__mutmut_2": None,
+    "spec.rules.x_slot_index__mutmut_3": 0,
+    "spec.rules.xǁRulesǁwidth__mutmut_1": 37,
+}
+HASHES = {"x_slot_index": "aaaa", "xǁRulesǁwidth": "bbbb"}
+
+
+def test_saved_verdicts_come_back_for_unchanged_functions_only(
+    verdicts: ModuleType, tmp_path: Path
+) -> None:
+    saved = tmp_path / "verdicts.txt"
+    write_meta(tmp_path / "before", RUN, HASHES)
+    assert verdicts.save(tmp_path / "before", saved) == 3
+    assert saved.read_text().splitlines()[2:] == [
+        "spec.rules.x_slot_index aaaa 1 - 0",
+        "spec.rules.xǁRulesǁwidth bbbb 37",
+    ]
+    # A fresh tree: width's source changed since (another hash), slot_index's did not.
+    fresh = dict.fromkeys(RUN)
+    meta = write_meta(tmp_path / "after", fresh, {**HASHES, "xǁRulesǁwidth": "cccc"})
+    assert verdicts.restore(tmp_path / "after", saved) == 2
+    assert json.loads(meta.read_text())["exit_code_by_key"] == {
+        **fresh,
+        "spec.rules.x_slot_index__mutmut_1": 1,
+        "spec.rules.x_slot_index__mutmut_3": 0,
+    }
+
+
+def test_a_verdict_of_this_run_is_not_overwritten_by_a_saved_one(
+    verdicts: ModuleType, tmp_path: Path
+) -> None:
+    saved = tmp_path / "verdicts.txt"
+    write_meta(tmp_path / "before", RUN, HASHES)
+    verdicts.save(tmp_path / "before", saved)
+    meta = write_meta(tmp_path / "after", {**RUN, "spec.rules.x_slot_index__mutmut_1": 0}, HASHES)
+    assert verdicts.restore(tmp_path / "after", saved) == 0
+    assert (
+        json.loads(meta.read_text())["exit_code_by_key"]["spec.rules.x_slot_index__mutmut_1"] == 0
+    )
