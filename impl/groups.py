@@ -345,14 +345,13 @@ class KVCacheGroups:
         return 0, [[] for _ in caches], [[] for _ in caches], keys
 
     def cache_full_blocks(self, table: Table, first_index: int) -> None:
-        """Key and cache every full block from ``first_index`` on, in every group, unless
-        that group caches its prefix already."""
+        """Cache every full block from ``first_index`` on, in every group, unless that
+        group caches its prefix already. The caller has keyed every full block: it hashes
+        before anything changes, so a hash that raises changes nothing."""
         assert table.token_ids is not None and table.keys is not None, "only token tables cache"
         keys = table.keys
-        block_size = self.block_size
-        full_blocks = len(table.token_ids) // block_size
-        if len(keys) < full_blocks:  # a caller that hashed first has made them already
-            self.caches[0].extend_keys(table.token_ids, keys, block_size, table.cache_salt)
+        full_blocks = len(table.token_ids) // self.block_size
+        assert len(keys) >= full_blocks, "every full block is keyed before it is cached"
         for cache, held, skipped in zip(
             self.caches, table.group_block_ids, table.skipped_blocks, strict=True
         ):
