@@ -1,8 +1,10 @@
 """Sort mutmut's mutants of spec/ and impl/ into the classes no test can kill, by their diff.
 
     python scripts/mutation_classes.py [--generate] [--to-run FILE]   (from the repository root)
+    python scripts/mutation_classes.py --summary
 
-Prints one line per equivalent mutant (its class and name) and a count per class; with
+Prints one line per equivalent mutant (its class and name) and a count per class
+(``--summary``: one line counting every mutant by its verdict or class instead); with
 ``--to-run FILE`` writes the names of every other mutant that has no verdict yet to FILE,
 one per line, for ``mutmut run`` (so a stopped run resumes); ``--generate`` has mutmut
 write mutants/ first. Two classes are recognised, each shown equivalent once in
