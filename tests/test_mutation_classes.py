@@ -2,23 +2,18 @@
 read from mutated sources written as mutmut writes them."""
 
 import ast
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mutation_classes.py"
+from tests.support.modules import REPO, load_script
 
 
 @pytest.fixture(scope="module")
 def classes() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mutation_classes", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("mutation_classes")
 
 
 ZIP = "    for a, b in zip(xs, ys, strict=True):\n        total += a * b\n"
@@ -57,7 +52,7 @@ def test_a_loosened_zip_in_an_invariant_predicate_is_run(classes: ModuleType) ->
 
 def test_every_strict_keyword_in_spec_and_impl_is_zips() -> None:
     """What lets the zip-strict class look for ``strict=True`` alone."""
-    root = SCRIPT.parents[1]
+    root = REPO
     calls = [
         node
         for path in [*root.glob("spec/*.py"), *root.glob("impl/*.py")]

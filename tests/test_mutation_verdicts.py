@@ -1,23 +1,18 @@
 """``scripts/mutation_verdicts.py``: verdicts kept between mutation runs, and dropped for a
 function whose source changed."""
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "mutation_verdicts.py"
+from tests.support.modules import load_script
 
 
 @pytest.fixture(scope="module")
 def verdicts() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mutation_verdicts", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("mutation_verdicts")
 
 
 def write_meta(root: Path, codes: dict[str, int | None], hashes: dict[str, str]) -> Path:

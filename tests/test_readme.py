@@ -1,13 +1,13 @@
 """The README's "Test your model" example, run exactly as written, on the tiny seeded Llama
 saved as a model directory (a word-level tokenizer, a chat template)."""
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
 from tests.support.harness_cases import save_model_directory, tiny_model
+from tests.support.modules import load_module
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -27,10 +27,7 @@ def test_the_readme_example_passes_on_the_tiny_model(
     monkeypatch.setenv("MODEL_DIR", str(save_model_directory(tiny_model().model, tmp_path)))
     example = tmp_path / "test_paged_kv.py"
     example.write_text(readme_example(), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("readme_example", example)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module("readme_example", example)
     tests = [getattr(module, name) for name in dir(module) if name.startswith("test_")]
     assert len(tests) == 1
     tests[0]()

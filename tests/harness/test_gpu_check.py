@@ -8,7 +8,6 @@ asked for ran and passed (a stage the deadline cut off fails it, one skipped wit
 ``--skip`` does not), and bad input is one line.
 """
 
-import importlib.util
 import json
 import math
 import tempfile
@@ -17,16 +16,12 @@ from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.modules import load_script
 
 
 @pytest.fixture(scope="module")
 def driver() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check")
 
 
 def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(
