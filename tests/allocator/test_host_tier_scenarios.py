@@ -265,3 +265,23 @@ def test_a_demoted_prefix_keeps_its_salt(make: Factory) -> None:
     assert pool.cached_prefix_tokens([1, 2, 3]) == 0
     assert pool.cached_prefix_tokens([1, 2, 3], "t1") == 2
     assert pool.allocate_prompt("b", [1, 2, 3], "t1").cached_tokens == 2
+
+
+def test_a_prompt_hitting_the_host_is_refused_without_a_free_device_block_per_host_hit(
+    make: Factory,
+) -> None:
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate_prompt("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
+    pool.release("a")
+    pool.take_swap_copies()
+    pool.allocate("b", 4)  # takes 2, then evicts 1 (1..4); 0 (1..2) stays cached and free
+    # 1..2 revives block 0 and 1..4 needs a device block to be copied into, plus one for
+    # token 9: two blocks, and block 0 was the only free one.
+    with pytest.raises(BlockAllocationError, match=r"needed=2 free=0 \(request 'c'\)"):
+        pool.allocate_prompt("c", [1, 2, 3, 4, 9])
+    assert pool.cached_free_block_ids == (0,)
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 4
+    assert pool.take_swap_copies() == SwapCopies([], [])
+    assert pool.usage().host_hit_blocks == 0
+    pool.release("b")
+    assert pool.allocate_prompt("c", [1, 2, 3, 4, 9]).table.block_ids == [0, 1, 2]
