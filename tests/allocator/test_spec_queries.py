@@ -1,0 +1,31 @@
+"""spec's prefix queries called directly, as a user fuzzing their own allocator does: their
+default group, and a state built by hand without per-group host caches."""
+
+from dataclasses import replace
+
+import spec
+from spec import HostTier, cached_prefix_blocks, cached_prefix_tokens
+from spec.allocator import host_prefix_hits
+from spec.api import OPERATIONS
+
+PROMPT = (1, 2, 3, 4, 9)
+
+
+def _one_group_with_a_cached_prefix() -> spec.AllocatorState:
+    """Block size 2; "a" holds blocks 0 (1..2, cached), 1 (1..4, cached) and 2."""
+    state, _ = OPERATIONS["allocate_prompt"](spec.init(4, 2), "a", PROMPT)
+    return state
+
+
+def test_the_prefix_queries_answer_for_group_0_unless_told_otherwise() -> None:
+    state = _one_group_with_a_cached_prefix()
+    assert cached_prefix_tokens(state, PROMPT) == 4
+    assert cached_prefix_blocks(state, PROMPT) == (0, 1)
+    assert host_prefix_hits(state, PROMPT) == ()
+
+
+def test_a_state_built_without_host_caches_has_no_host_hits() -> None:
+    state = replace(_one_group_with_a_cached_prefix(), host=HostTier())
+    assert state.host.host_caches == ()
+    assert cached_prefix_blocks(state, PROMPT) == (0, 1)
+    assert host_prefix_hits(state, PROMPT) == ()
