@@ -15,7 +15,7 @@ from spec.rules import blocks_for_request
 def test_blocks_for_tokens_rounds_up_and_refuses_a_block_size_below_1() -> None:
     assert [blocks_for_tokens(4, n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
     assert blocks_for_tokens(1, 3) == 3
-    with pytest.raises(ValueError, match="^block_size must be at least 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^block_size must be at least 1, got 0$"):
         blocks_for_tokens(0, 3)
     with pytest.raises(ValueError, match="token_count"):
         blocks_for_tokens(4, -1)
