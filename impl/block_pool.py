@@ -45,8 +45,8 @@ class BlockPool:
         counters: UsageCounters,
         event_sink: EventSink | None = None,
         *,
-        host_blocks: int = 0,
-        host_prefix_cache: bool = False,
+        host_blocks: int,
+        host_prefix_cache: bool,
     ) -> None:
         self.event_sink = event_sink
         self.free: deque[int] = deque(range(total_blocks))

@@ -92,7 +92,7 @@ class PrefixCache:
         total_blocks: int,
         block_hash: BlockHash,
         *,
-        group: int = 0,
+        group: int,
         event_sink: EventSink | None = None,
     ) -> None:
         self.block_hash = block_hash
