@@ -273,13 +273,12 @@ def is_swapped_sound(state: AllocatorState) -> bool:
     for request_id, record in state.host.swapped.items():
         if request_id in state.tables or request_id in state.token_ids:
             return False
-        if len(record.group_host_block_ids) != len(state.group_windows):
+        group_count = len(state.group_windows)
+        if not len(record.group_host_block_ids) == len(record.group_skipped_blocks) == group_count:
             return False
         blocks = blocks_for_tokens(state.block_size, record.token_count)
-        for held, skipped in zip(
-            record.group_host_block_ids, record.group_skipped_blocks, strict=True
-        ):
-            if skipped + len(held) != blocks:
+        for group, held in enumerate(record.group_host_block_ids):
+            if record.group_skipped_blocks[group] + len(held) != blocks:
                 return False
         if record.token_ids is not None and len(record.token_ids) != record.token_count:
             return False

@@ -2,6 +2,8 @@
 
 from dataclasses import replace
 
+import pytest
+
 import spec
 from spec import AllocatorState, FrozenMap, SwappedRequest, violated_invariants
 from spec.api import OPERATIONS
@@ -64,3 +66,23 @@ def test_a_host_cached_block_without_a_key_breaks_host_partition() -> None:
         host_caches=(FrozenMap(),),
     )
     assert violated_invariants(replace(state, host=host)) == ["host_partition"]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        SwappedRequest(((0, 1), ()), 3, (0, 0)),  # two groups in a pool of one
+        SwappedRequest(((0, 1),), 3, (0, 0)),  # skipped blocks of two groups
+        SwappedRequest(((0, 1),), 5, (0,)),  # 5 tokens take 3 blocks, not 2
+        SwappedRequest(((0, 1),), 3, (1,)),  # 1 skipped + 2 held is 3 blocks, not 2
+        SwappedRequest(((0, 1),), 3, (0,), token_ids=(1, 2)),  # 2 token ids for 3 tokens
+        SwappedRequest(((0, 1),), 3, (0,), cache_salt="s"),  # a salt without token ids
+    ],
+    ids=["group-count", "skipped-count", "token-count", "skipped", "token-ids", "salt-without-ids"],
+)
+def test_a_swapped_record_that_does_not_add_up_breaks_swapped_sound(
+    record: SwappedRequest,
+) -> None:
+    state = _swapped_with_copies_pending()
+    host = replace(state.host, swapped=state.host.swapped.set("a", record))
+    assert violated_invariants(replace(state, host=host)) == ["swapped_sound"]
