@@ -7,6 +7,7 @@ import pytest
 import spec
 from spec import AllocatorState, FrozenMap, SwappedRequest, violated_invariants
 from spec.api import OPERATIONS
+from spec.invariants import is_usage_consistent
 
 
 def _swapped_with_copies_pending() -> AllocatorState:
@@ -86,3 +87,45 @@ def test_a_swapped_record_that_does_not_add_up_breaks_swapped_sound(
     state = _swapped_with_copies_pending()
     host = replace(state.host, swapped=state.host.swapped.set("a", record))
     assert violated_invariants(replace(state, host=host)) == ["swapped_sound"]
+
+
+def _step(state: AllocatorState, operation: str, *args: object) -> AllocatorState:
+    after, _ = OPERATIONS[operation](state, *args)
+    return after
+
+
+def test_sound_states_with_each_kind_of_pending_copy_break_no_invariant() -> None:
+    # A copy-on-write: "b" forks "a" and appends into their shared last block.
+    state = _step(_step(spec.init(4, 2), "allocate", "a", 3), "fork", "a", "b")
+    copy_on_write = _step(state, "append_tokens", "b", 1)
+    assert copy_on_write.pending_copies == ((1, 2),)
+    # Copies back in: "a" swapped in before its copies out were taken.
+    state = _step(_swapped_with_copies_pending(), "release", "b")
+    swapped_in = _step(state, "swap_in", "a")
+    assert swapped_in.host.pending_host_to_device == ((0, 3), (1, 2))
+    # A write-through copy out of a freed cached block, to the host cache.
+    state = spec.init(4, 2, host_blocks=2, host_prefix_cache=True)
+    demoted = _step(_step(state, "allocate_prompt", "a", (1, 2, 3)), "release", "a")
+    assert demoted.host.pending_device_to_host == ((0, 0),)
+    for sound in (copy_on_write, swapped_in, demoted):
+        assert violated_invariants(sound) == []
+
+
+def test_a_copy_into_a_block_no_table_holds_breaks_copy_destination_held() -> None:
+    state = _step(_step(spec.init(4, 2), "allocate", "a", 3), "fork", "a", "b")
+    state = _step(state, "append_tokens", "b", 1)
+    stray = replace(state, pending_copies=((1, 3),))  # block 3 is free
+    assert "copy_destination_held" in violated_invariants(stray)
+
+
+def test_a_block_in_flight_and_in_the_free_queue_breaks_the_pending_copy_rule() -> None:
+    state = _swapped_with_copies_pending()
+    both = replace(state, free_block_ids=(*state.free_block_ids, 1))
+    assert "copy_source_in_flight" in violated_invariants(both)
+
+
+def test_blocks_in_flight_count_as_used_in_a_consistent_usage_report() -> None:
+    state = _swapped_with_copies_pending()
+    report = spec.usage(state)
+    assert (report.used_blocks, len(state.host.in_flight_block_ids)) == (3, 2)
+    assert is_usage_consistent(state, report)

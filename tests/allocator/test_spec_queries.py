@@ -29,3 +29,15 @@ def test_a_state_built_without_host_caches_has_no_host_hits() -> None:
     assert state.host.host_caches == ()
     assert cached_prefix_blocks(state, PROMPT) == (0, 1)
     assert host_prefix_hits(state, PROMPT) == ()
+
+
+def test_the_step_api_appends_one_token_and_snapshots_group_0_by_default() -> None:
+    state, _ = OPERATIONS["allocate"](spec.init(4, 2), "a", 2)
+    state, table = OPERATIONS["append_tokens"](state, "a")
+    assert table == spec.RequestBlockTable("a", (0, 1), 3)
+    assert OPERATIONS["snapshot_request"](state, "a")[1] == table
+
+
+def test_a_pool_has_no_host_tier_unless_asked() -> None:
+    host = spec.init(4, 2).host
+    assert (host.host_blocks, host.host_prefix_cache, host.free_host_block_ids) == (0, False, ())
