@@ -86,21 +86,26 @@ def is_grouped_consistently(state: AllocatorState) -> bool:
     """One table and one cache per group; every group has a table for the same requests,
     with the same token count; a full-attention group never skips; a block sits in one
     group's tables and cache at most."""
-    groups = len(state.group_windows)
-    if (len(state.group_tables), len(state.group_caches)) != (groups, groups):
+    if not _has_one_entry_per_group(state):
         return False
     counts = {request_id: t.token_count for request_id, t in state.tables.items()}
-    for window, tables in zip(state.group_windows, state.group_tables, strict=True):
+    for group, tables in enumerate(state.group_tables):
         if {request_id: t.token_count for request_id, t in tables.items()} != counts:
             return False
-        if window is None and any(t.skipped_blocks for t in tables.values()):
+        if state.group_windows[group] is None and any(t.skipped_blocks for t in tables.values()):
             return False
-    held = [{b for t in tables.values() for b in t.block_ids} for tables in state.group_tables]
-    cached = [set(cache.values()) for cache in state.group_caches]
     owners = [
-        held_blocks | cached_blocks for held_blocks, cached_blocks in zip(held, cached, strict=True)
+        {b for t in tables.values() for b in t.block_ids} | set(state.group_caches[group].values())
+        for group, tables in enumerate(state.group_tables)
     ]
     return sum(len(blocks) for blocks in owners) == len(set().union(*owners))
+
+
+def _has_one_entry_per_group(state: AllocatorState) -> bool:
+    """The per-group lists (windows, tables, caches) are equally long. The predicates that
+    pair them group by group raise ValueError on a state where they are not."""
+    groups = len(state.group_windows)
+    return len(state.group_tables) == len(state.group_caches) == groups
 
 
 def is_window_readable(state: AllocatorState) -> bool:
@@ -338,5 +343,9 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
 
 
 def violated_invariants(state: AllocatorState) -> list[str]:
-    """The names of the invariants that ``state`` breaks (empty when it is sound)."""
+    """The names of the invariants that ``state`` breaks (empty when it is sound). A state
+    without one table and one cache per group breaks ``grouped_consistently`` and is
+    checked no further: the other rules pair the groups' lists."""
+    if not _has_one_entry_per_group(state):
+        return ["grouped_consistently"]
     return [name for name, holds in INVARIANTS.items() if not holds(state)]

@@ -360,6 +360,22 @@ def test_groups_that_disagree_on_requests_or_counts_or_skip_a_full_group_are_inc
     assert not is_grouped_consistently(both_groups)
 
 
+def test_a_state_without_a_table_and_a_cache_per_group_is_checked_no_further() -> None:
+    two_groups = spec.init(4, 2, (None, 2))
+    one_window = replace(two_groups, group_windows=(None,))  # two tables and caches
+    one_cache = replace(two_groups, group_caches=two_groups.group_caches[:1])
+    one_table = replace(two_groups, group_tables=two_groups.group_tables[:1])
+    for broken in (one_window, one_cache, one_table):
+        assert not is_grouped_consistently(broken)
+        assert violated_invariants(broken) == ["grouped_consistently"]
+    # The rules that pair the groups' lists refuse to pair lists of other lengths.
+    with pytest.raises(ValueError, match="zip"):
+        is_window_readable(one_window)
+    for pairs_tables_and_caches in (is_cached_content_exact, is_salt_isolated):
+        with pytest.raises(ValueError, match="zip"):
+            pairs_tables_and_caches(one_cache)
+
+
 def test_a_pending_skipped_block_that_is_not_free_or_listed_twice_is_broken() -> None:
     assert not is_skipped_pending_free(replace(WINDOWED, pending_skipped_block_ids=(3, 5)))
     assert not is_skipped_pending_free(replace(WINDOWED, pending_skipped_block_ids=(3, 3)))
