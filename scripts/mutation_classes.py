@@ -2,12 +2,13 @@
 
     python scripts/mutation_classes.py [--generate] [--to-run FILE]   (from the repository root)
     python scripts/mutation_classes.py --summary
+    python scripts/mutation_classes.py --digest NAME ...
 
 Prints one line per equivalent mutant (its class and name) and a count per class
 (``--summary``: one line counting every mutant by its verdict or class instead); with
 ``--to-run FILE`` writes the names of every other mutant that has no verdict yet to FILE,
 one per line, for ``mutmut run`` (so a stopped run resumes); ``--generate`` has mutmut
-write mutants/ first. Two classes are recognised, each shown equivalent once in
+write mutants/ first. Three classes are recognised, each shown equivalent in
 docs/verification.md instead of being run one by one (every surviving mutant runs every
 test that reaches its function, a minute or more each on the CI machine, and these are
 more than half the survivors):
@@ -20,12 +21,17 @@ more than half the survivors):
   so those mutants run.
 - ``assert-message``: only the message string of an ``assert`` changed. The asserts guard
   our own invariants and never fire in a correct allocator.
+- ``explained``: a mutant listed in scripts/mutation_equivalent.txt (its name, a digest of
+  its function's source and why no test can tell it apart), each explained in
+  docs/verification.md; one whose function changed since it was listed runs again.
+  ``--digest NAME ...`` prints the line to list one by (the reason is added by hand).
 
 A mutant that changes anything else on the line is not in a class and runs.
 """
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import re
@@ -38,6 +44,7 @@ MUTANT = re.compile(r"^(?P<function>.+)__mutmut_(?P<number>\d+|orig)$")
 SPACE = re.compile(r"\s+")
 STRICT = re.compile(r",strict=True,?\)")  # in a source without whitespace
 PREDICATES = "spec.invariants"
+EXPLAINED = Path(__file__).resolve().parent / "mutation_equivalent.txt"
 LOOSENED = (",strict=False)", ",strict=None)", ",)", ")", ",strict=False,)", ",strict=None,)")
 
 
@@ -103,8 +110,26 @@ def _assert_test(line: str) -> str:
     return ast.dump(statement.test)
 
 
-def mutant_names(root: Path) -> Iterator[tuple[str, str | None]]:
-    """(mutmut's name, equivalence class or None) of every mutant under ``root``."""
+def digest(source: str) -> str:
+    """A short digest of a function's source: an explained mutant stays explained while it
+    is unchanged."""
+    return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def explained(path: Path = EXPLAINED) -> dict[str, str]:
+    """Each listed mutant's name and the digest of its function when it was explained."""
+    if not path.exists():
+        return {}
+    listed: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, function_digest = line.split()[:2]
+            listed[name] = function_digest
+    return listed
+
+
+def mutant_sources(root: Path) -> Iterator[tuple[str, str, str]]:
+    """(mutmut's name, its function's original source, the mutant's) of every mutant."""
     for path in sorted([*root.glob("spec/**/*.py"), *root.glob("impl/**/*.py")]):
         module = ".".join(path.relative_to(root).with_suffix("").parts)
         functions: dict[str, dict[str, str]] = {}
@@ -114,8 +139,21 @@ def mutant_names(root: Path) -> Iterator[tuple[str, str | None]]:
             original = versions.pop("orig")
             for number, body in sorted(versions.items(), key=lambda item: int(item[0])):
                 name = f"{module}.{function}__mutmut_{number}"
-                kind = equivalence_class(original, body, module == PREDICATES)
-                yield name.replace(".__init__.", "."), kind
+                yield name.replace(".__init__.", "."), original, body
+
+
+def mutant_names(
+    root: Path, listed: dict[str, str] | None = None
+) -> Iterator[tuple[str, str | None]]:
+    """(mutmut's name, equivalence class or None) of every mutant under ``root``;
+    ``listed``: the explained mutants (default: scripts/mutation_equivalent.txt's)."""
+    listed = explained() if listed is None else listed
+    for name, original, body in mutant_sources(root):
+        module = name.rsplit(".", 1)[0]
+        kind = equivalence_class(original, body, module == PREDICATES)
+        if kind is None and listed.get(name) == digest(original):
+            kind = "explained"
+        yield name, kind
 
 
 def generate() -> None:
@@ -143,21 +181,23 @@ def verdicts(root: Path) -> dict[str, int | None]:
     return found
 
 
-def names_to_run(root: Path) -> list[str]:
+def names_to_run(root: Path, listed: dict[str, str] | None = None) -> list[str]:
     """The mutants in no class that have no verdict yet, in mutmut's file order."""
     run = verdicts(root)
-    return [name for name, kind in mutant_names(root) if kind is None and run.get(name) is None]
+    return [
+        name for name, kind in mutant_names(root, listed) if kind is None and run.get(name) is None
+    ]
 
 
-def summary(root: Path) -> str:
+def summary(root: Path, listed: dict[str, str] | None = None) -> str:
     """One line: every mutant counted once, by its verdict or, not run, by its class."""
     from mutmut.stats import status_by_exit_code  # noqa: PLC0415 (mutmut's own reading)
 
     run = verdicts(root)
     counts: Counter[str] = Counter()
-    for name, kind in mutant_names(root):
+    for name, kind in mutant_names(root, listed):
         status = status_by_exit_code[run.get(name)]
-        counts["equivalent by class" if kind is not None else status] += 1
+        counts[status if kind is None else "explained" if kind == "explained" else "class"] += 1
     typed = counts["caught by type check"]
     killed = counts["killed"] + counts["timeout"] + typed
     decided = killed + counts["survived"] + counts["no tests"] + counts["suspicious"]
@@ -165,8 +205,8 @@ def summary(root: Path) -> str:
         f"mutation: {counts.total()} mutants: {killed} killed ({typed} by mypy --strict, "
         f"{counts['timeout']} by timeout), {counts['survived']} survived, "
         f"{counts['no tests']} without tests, "
-        f"{counts['suspicious']} suspicious, {counts['equivalent by class']} equivalent by "
-        f"class (not run), {counts['not checked']} not run yet; "
+        f"{counts['suspicious']} suspicious, {counts['class']} equivalent by class and "
+        f"{counts['explained']} explained (not run), {counts['not checked']} not run yet; "
         f"killed {killed / max(decided, 1):.1%} of those run"
     )
 
@@ -181,6 +221,9 @@ def main() -> int:
     parser.add_argument(
         "--summary", action="store_true", help="print only the verdicts' one-line summary"
     )
+    parser.add_argument(
+        "--digest", nargs="+", metavar="NAME", help="print each mutant's line to explain it by"
+    )
     args = parser.parse_args()
     if args.generate:
         generate()
@@ -189,6 +232,11 @@ def main() -> int:
         return 2
     if args.summary:
         print(summary(args.root))
+        return 0
+    if args.digest:
+        sources = {name: original for name, original, _ in mutant_sources(args.root)}
+        for name in args.digest:
+            print(f"{name} {digest(sources[name])}")
         return 0
     equivalent = [(kind, name) for name, kind in mutant_names(args.root) if kind is not None]
     for kind, name in equivalent:

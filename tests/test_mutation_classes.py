@@ -123,7 +123,7 @@ def test_the_names_and_verdicts_are_mutmuts_and_only_mutants_without_one_are_to_
     }
     meta = {"exit_code_by_key": verdicts}
     (tmp_path / "spec" / "rules.py.meta").write_text(json.dumps(meta))
-    assert list(classes.mutant_names(tmp_path)) == [
+    assert list(classes.mutant_names(tmp_path, {})) == [
         ("spec.rules.x_total__mutmut_1", "zip-strict"),
         ("spec.rules.x_total__mutmut_2", None),
         ("spec.rules.x_total__mutmut_3", None),
@@ -131,9 +131,28 @@ def test_the_names_and_verdicts_are_mutmuts_and_only_mutants_without_one_are_to_
         ("spec.rules.xǁPoolǁtake__mutmut_1", "assert-message"),
     ]
     assert classes.verdicts(tmp_path) == verdicts
-    assert classes.names_to_run(tmp_path) == ["spec.rules.x_total__mutmut_2"]
-    assert classes.summary(tmp_path) == (
+    assert classes.names_to_run(tmp_path, {}) == ["spec.rules.x_total__mutmut_2"]
+    assert classes.summary(tmp_path, {}) == (
         "mutation: 5 mutants: 2 killed (1 by mypy --strict, 0 by timeout), 0 survived, "
         "0 without tests, "
-        "0 suspicious, 2 equivalent by class (not run), 1 not run yet; killed 100.0% of those run"
+        "0 suspicious, 2 equivalent by class and 0 explained (not run), 1 not run yet; "
+        "killed 100.0% of those run"
     )
+
+
+def test_an_explained_mutant_is_not_run_until_its_function_changes(
+    classes: ModuleType, tmp_path: Path
+) -> None:
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "rules.py").write_text(MUTATED)
+    name = "spec.rules.x_total__mutmut_2"
+    sources = {n: original for n, original, _ in classes.mutant_sources(tmp_path)}
+    listing = tmp_path / "equivalent.txt"
+    listing.write_text(f"# a comment\n{name} {classes.digest(sources[name])} why, in words\n")
+    listed = classes.explained(listing)
+    assert dict(classes.mutant_names(tmp_path, listed))[name] == "explained"
+    assert name not in classes.names_to_run(tmp_path, listed)
+    stale = {name: classes.digest(sources[name] + "\n    total += 1")}
+    assert dict(classes.mutant_names(tmp_path, stale))[name] is None
+    assert name in classes.names_to_run(tmp_path, stale)
+    assert classes.explained(tmp_path / "missing.txt") == {}
