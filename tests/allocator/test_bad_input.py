@@ -54,6 +54,12 @@ def _state(pool: Manager) -> object:
         (lambda m: m.allocate(float("nan"), 1), TypeError, "request_id must be a str, got float"),
         (lambda m: m.allocate_prompt(None, [1]), TypeError, "request_id must be a str"),
         (lambda m: m.fork("p", 7), TypeError, "request_id must be a str, got int 7"),
+        (
+            lambda m: m.snapshot_request("c", 1),
+            ValueError,
+            "group must be in [0, 1) (the pool has 1 KV cache groups), got 1",
+        ),
+        (lambda m: m.snapshot_request("c", False), TypeError, "group must be an int, got bool"),
     ],
 )
 @pytest.mark.parametrize("make", [SpecBackedManager, KVBlockManager], ids=["spec", "impl"])

@@ -2,7 +2,19 @@
 
 import pickle
 
+import pytest
+
 from spec import BlockAllocationError
+from spec.errors import (
+    MAX_BLOCK_SIZE,
+    MAX_TOKEN_ID,
+    MAX_TOTAL_BLOCKS,
+    check_group_windows,
+    check_host_tier,
+    check_pool_shape,
+    check_token_ids,
+    check_truncate,
+)
 
 
 def test_the_error_constructs_from_a_message_as_the_articles_does() -> None:
@@ -24,3 +36,45 @@ def test_the_error_survives_a_pickle_round_trip_with_its_numbers() -> None:
     assert type(copy) is BlockAllocationError
     assert str(copy) == "not enough free KV blocks: needed=2 free=1 (request 'b')"
     assert (copy.request_id, copy.needed_blocks, copy.free_blocks) == ("b", 2, 1)
+
+
+def test_each_bound_is_inclusive_and_the_value_past_it_is_refused() -> None:
+    check_pool_shape(MAX_TOTAL_BLOCKS, MAX_BLOCK_SIZE)
+    check_pool_shape(1, 1)
+    too_many = r"^total_blocks must be at most 16,777,216, got 16,777,217$"
+    with pytest.raises(ValueError, match=too_many):
+        check_pool_shape(MAX_TOTAL_BLOCKS + 1, 1)
+    with pytest.raises(ValueError, match=r"^block_size must be at most 65,536, got 65,537$"):
+        check_pool_shape(1, MAX_BLOCK_SIZE + 1)
+    check_host_tier(MAX_TOTAL_BLOCKS, False)
+    with pytest.raises(ValueError, match=r"^host_blocks must be in \[0, "):
+        check_host_tier(MAX_TOTAL_BLOCKS + 1, False)
+    check_token_ids([0, MAX_TOKEN_ID])
+    with pytest.raises(ValueError, match="token"):
+        check_token_ids([MAX_TOKEN_ID + 1])
+    assert check_group_windows([1, None]) == (1, None)
+    with pytest.raises(ValueError, match="window"):
+        check_group_windows([0])
+
+
+def test_a_host_prefix_cache_flag_that_is_not_a_bool_is_refused_with_its_type() -> None:
+    with pytest.raises(TypeError) as refused:
+        check_host_tier(4, 1)
+    assert str(refused.value) == "host_prefix_cache must be a bool, got int 1"
+
+
+def test_truncating_to_the_tokens_held_is_allowed_and_one_more_is_refused() -> None:
+    def check(token_count: int) -> None:
+        check_truncate(
+            "a",
+            token_count,
+            5,
+            block_size=2,
+            group_windows=(None,),
+            skipped_blocks=(0,),
+            first_reads=(0,),
+        )
+
+    check(5)
+    with pytest.raises(ValueError, match=r"^cannot truncate request 'a' to 6 tokens: it holds 5$"):
+        check(6)
