@@ -8,10 +8,11 @@
 # without shrinking), so a mutant's verdict does not depend on luck and a killed mutant
 # is not shrunk; a mutant that mypy --strict rejects is killed without a test (setup.cfg).
 # With no names:
-# - the mutants of the two classes no test can kill (zip's strict loosened, an assert's
-#   message changed: scripts/mutation_classes.py, shown equivalent in
-#   docs/verification.md) are listed in mutants/equivalent.txt and not run; each would run
-#   every test that reaches its function, as a survivor does;
+# - the mutants no test can kill are listed in mutants/equivalent.txt and not run: two
+#   classes read from their diff (zip's strict loosened, an assert's message changed) and
+#   those explained one by one in scripts/mutation_equivalent.txt while their function is
+#   unchanged (scripts/mutation_classes.py; each shown equivalent in docs/verification.md);
+#   each would run every test that reaches its function, as a survivor does;
 # - verdicts saved in scripts/mutation_verdicts.txt (commit it) go back to the mutants of
 #   functions unchanged since (scripts/mutation_verdicts.py), in any checkout: a run of
 #   every mutant takes longer than a session on the 2-core machine;
