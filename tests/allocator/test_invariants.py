@@ -19,6 +19,7 @@ from spec import (
     RequestBlockTable,
     SharingCounters,
 )
+from spec.api import OPERATIONS
 from spec.invariants import (
     is_cache_sound,
     is_cached_content_exact,
@@ -384,3 +385,62 @@ def test_a_pending_skipped_block_that_is_not_free_or_listed_twice_is_broken() ->
 def test_sizing_counts_the_skipped_blocks() -> None:
     short = with_group_table(WINDOWED, 1, RequestBlockTable("a", (5, 7), 7, skipped_blocks=1))
     assert not is_tightly_sized(short)
+
+
+def _run(state: AllocatorState, *steps: tuple[object, ...]) -> AllocatorState:
+    for operation, *args in steps:
+        state, _ = OPERATIONS[str(operation)](state, *args)
+    return state
+
+
+def _forks_that_both_slid(window: int) -> AllocatorState:
+    """Block size 2, window ``window``: "a" forked into "b" after sliding past two blocks,
+    then each appended a token, sliding past a third and opening a block of its own."""
+    state = _run(spec.init(16, 2, (window,)), ("allocate", "a", 9), ("append_tokens", "a", 1))
+    state = _run(state, ("fork", "a", "b"), ("append_tokens", "a", 1), ("append_tokens", "b", 1))
+    assert [t.skipped_blocks for t in state.tables.values()] == [3, 3]
+    return state
+
+
+def _a_shorter_sharer(truncated: str) -> AllocatorState:
+    """ "a" (tokens 1..4) forked into "b"; one of them truncated into the shared block 1."""
+    state = _run(spec.init(8, 2), ("allocate_prompt", "a", (1, 2, 3, 4)), ("fork", "a", "b"))
+    return _run(state, ("truncate", truncated, 3))
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        # A cached key of one token: blocks of one token.
+        _run(spec.init(4, 1), ("allocate_prompt", "a", (1, 2, 3))),
+        # A salted table's last block, not full, is in no cache.
+        _run(spec.init(4, 2), ("allocate_prompt", "a", (1, 2, 3), "s")),
+        # Skipped blocks exactly up to the first token the window reads (4 = 6 - 3 + 1).
+        _run(
+            spec.init(8, 2, (3,)),
+            ("allocate", "a", 7),
+            ("append_tokens", "a", 1),
+            ("truncate", "a", 6),
+        ),
+        # Cached blocks of a table that skipped some: each keyed by its block index.
+        _run(
+            spec.init(8, 2, (3,)),
+            ("allocate_prompt", "a", (1, 2, 3, 4, 5, 6, 7)),
+            ("append_token_ids", "a", (8,)),
+        ),
+        _forks_that_both_slid(5),
+        _a_shorter_sharer("a"),
+        _a_shorter_sharer("b"),
+    ],
+    ids=[
+        "one-token-keys",
+        "salted-partial-block",
+        "window-edge",
+        "skipped-and-cached",
+        "slid-forks",
+        "first-sharer-shorter",
+        "second-sharer-shorter",
+    ],
+)
+def test_sound_states_at_the_edges_of_the_rules_break_no_invariant(state: AllocatorState) -> None:
+    assert violated_invariants(state) == []
