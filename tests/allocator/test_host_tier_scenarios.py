@@ -285,3 +285,42 @@ def test_a_prompt_hitting_the_host_is_refused_without_a_free_device_block_per_ho
     assert pool.usage().host_hit_blocks == 0
     pool.release("b")
     assert pool.allocate_prompt("c", [1, 2, 3, 4, 9]).table.block_ids == [0, 1, 2]
+
+
+def test_a_prefix_cache_reset_frees_the_host_cached_blocks_but_one_a_copy_in_reads(
+    make: Factory,
+) -> None:
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate_prompt("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
+    pool.release("a")
+    pool.take_swap_copies()  # host block 0 holds 1..4, host block 1 holds 1..2
+    pool.allocate("b", 6)  # evicts 1 and 0 from the device: the host alone caches them
+    pool.release("b")
+    pool.allocate_prompt("c", [1, 2, 3, 4, 9])  # copies both host blocks in
+    pool.release("c")  # the device caches 1..2 and 1..4 again
+    pool.allocate_prompt("d", [1, 2, 5])  # a device hit: no copy
+    assert pool.usage().host_free_blocks == 0
+    pool.reset_prefix_cache()
+    # Both host blocks are read by the copies in, not taken yet: they stay out of the queue.
+    assert pool.usage().host_free_blocks == 0
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 0
+    pool.take_swap_copies()
+    usage = pool.usage()
+    assert (usage.host_free_blocks, usage.host_cached_blocks) == (2, 0)
+
+
+def test_a_prefix_cache_reset_frees_the_host_cached_blocks_and_keeps_a_swapped_one(
+    make: Factory,
+) -> None:
+    pool = make(4, 2, host_blocks=3, host_prefix_cache=True)
+    pool.allocate("s", 1)  # block 0, swapped out to host block 0 below
+    pool.allocate_prompt("a", PROMPT)  # blocks 1 (1..2) and 2 (1..4) cached, 3
+    pool.swap_out("s")
+    pool.release("a")  # 2 and 1 demoted to host blocks 1 and 2
+    pool.take_swap_copies()
+    assert pool.usage().host_cached_blocks == 2
+    pool.reset_prefix_cache()
+    usage = pool.usage()
+    assert (usage.host_free_blocks, usage.host_cached_blocks) == (2, 0)
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 0
+    assert pool.is_swapped("s")
