@@ -324,3 +324,17 @@ def test_a_prefix_cache_reset_frees_the_host_cached_blocks_and_keeps_a_swapped_o
     assert (usage.host_free_blocks, usage.host_cached_blocks) == (2, 0)
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 0
     assert pool.is_swapped("s")
+
+
+def test_releasing_a_swapped_request_lands_its_block_but_not_one_a_copy_out_still_reads(
+    make: Factory,
+) -> None:
+    pool = make(4, 2, host_blocks=4, host_prefix_cache=True)
+    pool.allocate("s", 2)  # block 0
+    pool.allocate_prompt("a", PROMPT)  # blocks 1 (1..2) and 2 (1..4) cached, 3
+    pool.swap_out("s")  # 0 in flight, copied to host block 0
+    pool.release("a")  # 2 and 1 in flight, demoted to host blocks 1 and 2; 3 free
+    pool.release("s")  # host block 0 freed: its copy is moot and block 0 lands
+    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((3, 0), ())
+    assert pool.take_swap_copies() == SwapCopies([(2, 1), (1, 2)], [])
+    assert pool.cached_free_block_ids == (2, 1)
