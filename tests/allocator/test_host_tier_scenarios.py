@@ -326,15 +326,20 @@ def test_a_prefix_cache_reset_frees_the_host_cached_blocks_and_keeps_a_swapped_o
     assert pool.is_swapped("s")
 
 
-def test_releasing_a_swapped_request_lands_its_block_but_not_one_a_copy_out_still_reads(
+def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_still_reads(
     make: Factory,
 ) -> None:
-    pool = make(4, 2, host_blocks=4, host_prefix_cache=True)
-    pool.allocate("s", 2)  # block 0
-    pool.allocate_prompt("a", PROMPT)  # blocks 1 (1..2) and 2 (1..4) cached, 3
-    pool.swap_out("s")  # 0 in flight, copied to host block 0
-    pool.release("a")  # 2 and 1 in flight, demoted to host blocks 1 and 2; 3 free
-    pool.release("s")  # host block 0 freed: its copy is moot and block 0 lands
-    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((3, 0), ())
-    assert pool.take_swap_copies() == SwapCopies([(2, 1), (1, 2)], [])
-    assert pool.cached_free_block_ids == (2, 1)
+    pool = make(5, 2, host_blocks=4, host_prefix_cache=True)
+    pool.allocate("s", 3)  # blocks 0 and 1
+    pool.allocate_prompt("a", PROMPT)  # blocks 2 (1..2) and 3 (1..4) cached, 4
+    pool.swap_out("s")  # 1 and 0 in flight, copied to host blocks 0 and 1
+    pool.release("a")  # 3 and 2 in flight, demoted to host blocks 2 and 3; 4 free
+    # Blocks in flight (0 to 3) are used, but no group's table reserves them.
+    usage = pool.usage()
+    assert (usage.used_blocks, usage.group_reserved_tokens) == (4, (0,))
+    pool.release("s")  # host blocks 0 and 1 freed: their copies are moot, 1 and 0 land
+    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((4, 1, 0), ())
+    usage = pool.usage()
+    assert (usage.used_blocks, usage.group_reserved_tokens) == (2, (0,))
+    assert pool.take_swap_copies() == SwapCopies([(3, 2), (2, 3)], [])
+    assert pool.cached_free_block_ids == (3, 2)

@@ -277,3 +277,16 @@ def test_a_prefix_cache_reset_frees_cached_blocks_in_order_and_uncaches_held_one
     # Block 3 is still b's, with its K/V, but no prompt hits it any more.
     assert pool.allocate_prompt("c", [7, 7, 7]).cached_tokens == 0
     assert pool.snapshot_request("b").block_ids == [3, 4]
+
+
+def test_a_copy_into_a_block_released_cached_before_the_copy_is_taken_is_dropped(
+    make: Factory,
+) -> None:
+    pool = make(4, 2)
+    pool.allocate_prompt("a", [1, 2, 3])  # blocks 0 (1..2, cached) and 1 (3)
+    pool.fork("a", "b")
+    pool.append_token_ids("b", [4])  # b copies block 1 into 2, which 3..4 fill: cached
+    assert pool.pending_copies == ((1, 2),)
+    pool.release("b")  # 2 goes to the cached free queue, nobody holding it
+    assert pool.cached_free_block_ids == (2,)
+    assert pool.take_copies() == []
