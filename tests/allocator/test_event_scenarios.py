@@ -154,3 +154,12 @@ def test_replay_refuses_events_the_view_contradicts() -> None:
 def test_the_sink_must_be_callable() -> None:
     with pytest.raises(TypeError, match="event_sink must be callable or None, got list"):
         KVBlockManager(4, 4, event_sink=[])  # type: ignore[arg-type]
+
+
+def test_a_rollback_uncaches_only_the_block_it_cuts_into(make: Factory) -> None:
+    pool, events = _pool(make, 8)
+    pool.allocate_prompt("a", [*TEN, 11, 12, 13])  # blocks 0, 1 and 2 full and cached
+    events.clear()
+    pool.truncate("a", 10)  # into block 2; block 3 (token 13) goes
+    assert events == [BlockRemoved(2, 0)]
+    assert pool.cached_prefix_tokens([*TEN, 11, 12, 13]) == 8
