@@ -5,6 +5,7 @@ import pytest
 
 from impl import KVBlockManager, PromptAllocation, RequestBlockTable
 from impl.spec_backed import SpecBackedManager
+from spec import ReleasedBlocks
 
 Manager = KVBlockManager | SpecBackedManager
 TEN = list(range(1, 11))  # a 10-token prompt: two full blocks of 4 and half a third
@@ -95,3 +96,15 @@ def test_a_refused_truncate_changes_nothing(
         pool.truncate(request_id, token_count)
     assert message in str(refused.value)
     assert (pool.free_block_ids, pool.snapshot_request("a"), pool.usage()) == before
+
+
+def test_a_rollback_in_two_groups_reports_both_groups_blocks_and_stale_slots(
+    make: type[Manager],
+) -> None:
+    pool = make(8, 2, group_windows=(None, None))
+    pool.allocate_prompt("p", [1, 2, 3, 4, 5])  # group 0: 0, 1, 2; group 1: 3, 4, 5
+    released = pool.truncate_blocks("p", 1)
+    # Per group, last first: 2 free, 1 cached free (1..4); 5 free, 4 cached free. Blocks 0
+    # and 3 are cut into: uncached, token 1's rows (1 and 7) stale.
+    assert released == ReleasedBlocks((1, 2, 4, 5), (2, 5), (1, 4), ((1,), (7,)))
+    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((6, 7, 2, 5), (1, 4))
