@@ -333,6 +333,8 @@ def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_s
     pool.allocate("s", 3)  # blocks 0 and 1
     pool.allocate_prompt("a", PROMPT)  # blocks 2 (1..2) and 3 (1..4) cached, 4
     pool.swap_out("s")  # 1 and 0 in flight, copied to host blocks 0 and 1
+    usage = pool.usage()
+    assert (usage.host_blocks, usage.swapped_requests, usage.host_swapped_blocks) == (4, 1, 2)
     pool.release("a")  # 3 and 2 in flight, demoted to host blocks 2 and 3; 4 free
     # Blocks in flight (0 to 3) are used, but no group's table reserves them.
     usage = pool.usage()

@@ -41,3 +41,15 @@ def test_the_step_api_appends_one_token_and_snapshots_group_0_by_default() -> No
 def test_a_pool_has_no_host_tier_unless_asked() -> None:
     host = spec.init(4, 2).host
     assert (host.host_blocks, host.host_prefix_cache, host.free_host_block_ids) == (0, False, ())
+
+
+def test_a_hit_can_be_one_block_of_one_token() -> None:
+    state, _ = OPERATIONS["allocate_prompt"](spec.init(4, 1), "a", (5, 6))
+    assert cached_prefix_tokens(state, (5, 9)) == 1
+
+
+def test_a_release_forgets_the_requests_token_ids_and_salt() -> None:
+    state, _ = OPERATIONS["allocate_prompt"](spec.init(4, 2), "a", PROMPT, "s")
+    assert ("a" in state.token_ids, "a" in state.cache_salts) == (True, True)
+    state, _ = OPERATIONS["release"](state, "a")
+    assert ("a" in state.token_ids, "a" in state.cache_salts) == (False, False)
