@@ -345,3 +345,15 @@ def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_s
     assert (usage.used_blocks, usage.group_reserved_tokens) == (2, (0,))
     assert pool.take_swap_copies() == SwapCopies([(3, 2), (2, 3)], [])
     assert pool.cached_free_block_ids == (3, 2)
+
+
+def test_blocks_a_window_skips_stay_cached_on_the_device_and_are_not_copied_out(
+    make: Factory,
+) -> None:
+    pool = make(8, 2, group_windows=(3,), host_blocks=4, host_prefix_cache=True)
+    pool.allocate_prompt("a", [1, 2, 3, 4, 5, 6, 7])  # blocks 0..2 cached, 3
+    table = pool.append_token_ids("a", [8])  # tokens 0..3 out of the window: 0 and 1 go
+    assert table == RequestBlockTable("a", [2, 3], 8, skipped_blocks=2)
+    assert pool.cached_free_block_ids == (0, 1)
+    assert pool.take_swap_copies() == SwapCopies([], [])
+    assert pool.usage().host_cached_blocks == 0
