@@ -290,3 +290,22 @@ def test_a_copy_into_a_block_released_cached_before_the_copy_is_taken_is_dropped
     pool.release("b")  # 2 goes to the cached free queue, nobody holding it
     assert pool.cached_free_block_ids == (2,)
     assert pool.take_copies() == []
+
+
+def test_appending_no_tokens_to_a_shared_partly_filled_block_copies_nothing(
+    make: Factory,
+) -> None:
+    pool = make(4, 2)
+    pool.allocate("a", 3)  # blocks 0 and 1 (token 3)
+    pool.fork("a", "b")
+    assert pool.append_tokens("b", 0) == RequestBlockTable("b", [0, 1], 3)
+    assert pool.pending_copies == ()
+    assert pool.usage().cow_copies == 0
+
+
+def test_a_fork_of_an_empty_request_grows_by_no_tokens_then_by_one(make: Factory) -> None:
+    pool = make(4, 2)
+    pool.allocate("a", 0)
+    pool.fork("a", "b")
+    assert pool.append_tokens("b", 0) == RequestBlockTable("b", [], 0)
+    assert pool.append_tokens("b", 1) == RequestBlockTable("b", [0], 1)
