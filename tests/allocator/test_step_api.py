@@ -79,3 +79,52 @@ def test_the_slots_of_more_tokens_than_a_request_holds_are_refused(make: type[Ma
     pool.allocate_prompt("p", [1])
     with pytest.raises(ValueError, match=r"^request 'p' tracks token ids: use append_token_ids$"):
         pool.append_slots("p", 1)
+
+
+def test_decoding_token_by_token_fills_each_block_then_opens_the_next(
+    make: type[Manager],
+) -> None:
+    pool = make(4, 4)
+    pool.allocate_prompt("a", [1, 2])  # block 0
+    slots = [pool.append_token_slot("a", token) for token in (3, 4, 5, 6, 7, 8, 9)]
+    assert slots == [2, 3, 4, 5, 6, 7, 8]  # block 0, then 1, then 2
+    assert pool.usage().allocated_tokens == 9
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 5, 6, 7, 8, 10]) == 8  # each filled block
+
+
+def test_a_decode_token_into_a_shared_block_writes_a_copy_and_the_other_keeps_it(
+    make: type[Manager],
+) -> None:
+    pool = make(4, 4)
+    pool.allocate_prompt("a", [1, 2, 3])  # block 0, three tokens
+    pool.fork("a", "b")
+    assert pool.append_token_slot("b", 4) == 7  # b copies block 0 into 1: row 4 + 3
+    assert pool.pending_copies == ((0, 1),)
+    assert [pool.append_token_slot("a", token) for token in (5, 6)] == [3, 8]
+    assert pool.snapshot_request("a") == RequestBlockTable("a", [0, 2], 5)
+    assert pool.snapshot_request("b") == RequestBlockTable("b", [1], 4)
+    assert pool.usage().allocated_tokens == 9
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 0]) == 4  # b filled its copy: cached
+    assert pool.cached_prefix_tokens([1, 2, 3, 5, 0]) == 4  # and a its own block 0
+
+
+def test_a_decode_token_in_the_middle_of_a_shared_block_copies_it_first(
+    make: type[Manager],
+) -> None:
+    pool = make(4, 4)
+    pool.allocate_prompt("a", [1, 2])  # block 0, two tokens
+    pool.fork("a", "b")
+    assert pool.append_token_slot("b", 3) == 6  # b copies block 0 into 1: row 4 + 2
+    assert pool.pending_copies == ((0, 1),)
+    assert pool.append_token_slot("a", 5) == 2  # a holds 0 alone now
+    assert pool.snapshot_request("b") == RequestBlockTable("b", [1], 3)
+
+
+def test_a_block_a_salted_request_fills_while_decoding_is_cached_under_its_salt(
+    make: type[Manager],
+) -> None:
+    pool = make(4, 4)
+    pool.allocate_prompt("a", [1, 2, 3], "s")
+    pool.append_token_slot("a", 4)  # fills block 0
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 0], "s") == 4
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 0]) == 0
