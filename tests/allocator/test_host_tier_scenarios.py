@@ -357,3 +357,16 @@ def test_blocks_a_window_skips_stay_cached_on_the_device_and_are_not_copied_out(
     assert pool.cached_free_block_ids == (0, 1)
     assert pool.take_swap_copies() == SwapCopies([], [])
     assert pool.usage().host_cached_blocks == 0
+
+
+def test_a_prompt_hits_the_host_in_every_group(make: Factory) -> None:
+    pool = make(6, 2, group_windows=(None, None), host_blocks=4, host_prefix_cache=True)
+    pool.allocate_prompt("a", [1, 2, 3])  # 1..2 cached in block 0 (group 0) and 2 (group 1)
+    pool.release("a")
+    assert pool.take_swap_copies() == SwapCopies([(0, 0), (2, 1)], [])
+    pool.allocate("x", 6)  # every block: 0 and 2 evicted, the host alone caches 1..2
+    pool.release("x")
+    hit = pool.allocate_prompt("c", [1, 2, 9])
+    assert (hit.table, hit.cached_tokens) == (RequestBlockTable("c", [1, 5], 3), 2)
+    assert pool.snapshot_request("c", 1) == RequestBlockTable("c", [4, 2], 3)
+    assert pool.take_swap_copies() == SwapCopies([], [(0, 1), (1, 4)])

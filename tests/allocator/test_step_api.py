@@ -128,3 +128,26 @@ def test_a_block_a_salted_request_fills_while_decoding_is_cached_under_its_salt(
     pool.append_token_slot("a", 4)  # fills block 0
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 0], "s") == 4
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 0]) == 0
+
+
+def test_a_decode_token_into_a_block_two_groups_share_copies_it_in_each(
+    make: type[Manager],
+) -> None:
+    pool = make(8, 2, group_windows=(None, None))
+    pool.allocate("a", 3)  # group 0: 0, 1 (token 3); group 1: 2, 3
+    pool.fork("a", "b")
+    appended = pool.append_slots("b", 1)
+    assert appended.tables == (
+        RequestBlockTable("b", [0, 4], 4),
+        RequestBlockTable("b", [2, 5], 4),
+    )
+    assert appended.slots == ((9,), (11,))
+    assert pool.pending_copies == ((1, 4), (3, 5))
+    assert pool.usage().allocated_tokens == 7
+
+
+def test_two_groups_can_take_the_last_free_blocks(make: type[Manager]) -> None:
+    pool = make(4, 2, group_windows=(None, None))
+    pool.allocate("a", 2)  # blocks 0 and 1
+    assert pool.append_tokens("a", 1) == RequestBlockTable("a", [0, 2], 3)
+    assert (pool.free_block_ids, pool.usage().allocated_tokens) == ((), 3)
