@@ -152,3 +152,14 @@ def test_blocks_are_described_by_id_and_capacity() -> None:
     pool = KVBlockManager(3, 8)
     assert [(b.block_id, b.capacity_tokens) for b in pool.blocks] == [(0, 8), (1, 8), (2, 8)]
     assert pool.free_blocks == 3 and pool.can_allocate(24) and not pool.can_allocate(25)
+
+
+def test_tokens_that_fit_the_last_block_stay_in_it_and_one_more_opens_the_next(
+    make: Factory,
+) -> None:
+    pool = make(4, 4)
+    pool.allocate("a", 1)
+    assert pool.append_tokens("a", 2) == RequestBlockTable("a", [0], 3)
+    assert pool.usage().allocated_tokens == 3
+    assert pool.append_tokens("a", 2) == RequestBlockTable("a", [0, 1], 5)  # 1 fits, 1 not
+    assert pool.usage().allocated_tokens == 5
