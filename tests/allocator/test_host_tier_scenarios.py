@@ -370,3 +370,37 @@ def test_a_prompt_hits_the_host_in_every_group(make: Factory) -> None:
     assert (hit.table, hit.cached_tokens) == (RequestBlockTable("c", [1, 5], 3), 2)
     assert pool.snapshot_request("c", 1) == RequestBlockTable("c", [4, 2], 3)
     assert pool.take_swap_copies() == SwapCopies([], [(0, 1), (1, 4)])
+
+
+def test_the_impl_maps_a_host_tier_with_every_kind_of_record_to_the_spec_state() -> None:
+    def run(pool: Manager) -> None:
+        pool.allocate_prompt("a", [1, 2, 3, 4, 5], "s")  # salted, token ids tracked
+        pool.allocate("b", 3)
+        pool.allocate_prompt("c", [7, 8, 9])
+        pool.swap_out("a")
+        pool.swap_out("b")
+        pool.release("c")  # its full block demoted to the host
+
+    impl, model = (
+        kind(16, 2, group_windows=(None, 4), host_blocks=16, host_prefix_cache=True)
+        for kind in (KVBlockManager, SpecBackedManager)
+    )
+    assert isinstance(impl, KVBlockManager) and isinstance(model, SpecBackedManager)
+    run(impl)
+    run(model)
+    assert model.state.host.pending_device_to_host  # copies out pending: blocks in flight
+    assert impl.to_spec() == model.state
+    impl.take_swap_copies()
+    model.take_swap_copies()
+    assert impl.swap_in("a") == model.swap_in("a")
+    assert impl.to_spec() == model.state
+    for pool in (impl, model):
+        pool.allocate("d", 7)
+        pool.append_tokens("d", 1)  # group 1 skips two blocks, pending until taken
+    assert model.state.pending_skipped_block_ids
+    assert impl.to_spec() == model.state
+    for pool in (impl, model):
+        pool.allocate("x", pool.free_blocks)  # evicts c's cached blocks from the device
+        pool.release("x")
+        assert pool.allocate_prompt("e", [7, 8, 0]).cached_tokens == 2  # a host hit
+    assert impl.to_spec() == model.state
