@@ -248,3 +248,12 @@ def test_the_next_skip_is_the_first_length_at_which_the_window_skips_one_more_bl
     assert at is not None
     assert skipped_blocks_at(block_size, at - 1, window) <= skipped_blocks
     assert skipped_blocks_at(block_size, at, window) == skipped_blocks + 1
+
+
+def test_a_decode_slot_past_skipped_blocks_is_in_the_tables_own_block(make: Factory) -> None:
+    pool = make(8, 2, (3,))
+    pool.allocate("a", 7)  # blocks 0..3
+    assert pool.append_slot("a") == 7  # token 7: block index 3 (block 3), offset 1
+    assert pool.snapshot_request("a") == RequestBlockTable("a", [2, 3], 8, skipped_blocks=2)
+    assert pool.append_slot("a") == 8  # token 8 opens block index 4: block 4
+    assert pool.snapshot_request("a") == RequestBlockTable("a", [3, 4], 9, skipped_blocks=3)
