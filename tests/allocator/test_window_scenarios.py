@@ -257,3 +257,12 @@ def test_a_decode_slot_past_skipped_blocks_is_in_the_tables_own_block(make: Fact
     assert pool.snapshot_request("a") == RequestBlockTable("a", [2, 3], 8, skipped_blocks=2)
     assert pool.append_slot("a") == 8  # token 8 opens block index 4: block 4
     assert pool.snapshot_request("a") == RequestBlockTable("a", [3, 4], 9, skipped_blocks=3)
+
+
+def test_a_table_that_skipped_a_block_opens_only_the_block_it_needs(make: Factory) -> None:
+    pool = make(8, 4, (3,))
+    pool.allocate("a", 7)  # blocks 0 and 1
+    assert pool.append_tokens("a", 1) == RequestBlockTable("a", [1], 8, skipped_blocks=1)
+    # Token 8 opens block index 2 before the next skip (at length 10): one block, 2.
+    assert pool.append_tokens("a", 1) == RequestBlockTable("a", [1, 2], 9, skipped_blocks=1)
+    assert pool.usage().free_blocks == 6
