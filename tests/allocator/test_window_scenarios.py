@@ -32,6 +32,7 @@ class WindowAllocator(Protocol):
     def allocate(self, request_id: str, token_count: int) -> RequestBlockTable: ...
     def allocate_prompt(self, request_id: str, token_ids: Sequence[int]) -> PromptAllocation: ...
     def append_slot(self, request_id: str) -> int: ...
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int: ...
     def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable: ...
     def append_token_ids(self, request_id: str, token_ids: Sequence[int]) -> RequestBlockTable: ...
     def fork(self, parent_id: str, child_id: str) -> RequestBlockTable: ...
@@ -266,3 +267,21 @@ def test_a_table_that_skipped_a_block_opens_only_the_block_it_needs(make: Factor
     # Token 8 opens block index 2 before the next skip (at length 10): one block, 2.
     assert pool.append_tokens("a", 1) == RequestBlockTable("a", [1, 2], 9, skipped_blocks=1)
     assert pool.usage().free_blocks == 6
+
+
+def test_a_windowed_hit_falls_back_one_block_at_a_time(make: Factory) -> None:
+    pool = make(8, 2, (8,))
+    pool.allocate_prompt("a", [1, 2, 3, 4, 5, 6, 7])  # blocks 0..2 cached, 3 holds 7
+    # Four blocks could hit; the fourth (7, 8) is not cached, the first three are.
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == 6
+
+
+def test_a_windowed_hit_needs_every_block_its_window_reads(make: Factory) -> None:
+    pool = make(8, 2, (5,))
+    pool.allocate_prompt("a", list(range(1, 10)))  # blocks 0..3 cached, 4 holds 9
+    pool.append_token_ids("a", [10])
+    pool.append_token_ids("a", [11, 12])  # blocks 0, 1, 2 left the window: cached free
+    pool.allocate("x", 10)  # takes 6 and 7, then evicts 0, 1 and 2
+    # 1..8 would need blocks 2 and 3 (a window of 5 at length 8 reads tokens 4..7);
+    # block 3 is cached, 2 is not: no hit at all.
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 5, 6, 7, 8, 99, 98]) == 0
