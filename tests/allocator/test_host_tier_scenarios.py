@@ -404,3 +404,18 @@ def test_the_impl_maps_a_host_tier_with_every_kind_of_record_to_the_spec_state()
         pool.release("x")
         assert pool.allocate_prompt("e", [7, 8, 0]).cached_tokens == 2  # a host hit
     assert impl.to_spec() == model.state
+
+
+def test_a_window_sliding_past_blocks_a_copy_out_reads_cannot_count_them_as_free(
+    make: Factory,
+) -> None:
+    pool = make(3, 2, group_windows=(3,), host_blocks=3)
+    pool.allocate("a", 6)  # blocks 0, 1, 2
+    pool.fork("a", "b")
+    pool.swap_out("b")  # copies 0, 1 and 2 out; they stay with a
+    # Token 7 slides a's window past 0 and 1, which go in flight, not free: nothing free.
+    with pytest.raises(BlockAllocationError, match=r"needed=1 free=0 \(request 'a'\)"):
+        pool.append_tokens("a", 1)
+    assert pool.snapshot_request("a") == RequestBlockTable("a", [0, 1, 2], 6)
+    pool.take_swap_copies()
+    assert pool.append_tokens("a", 1) == RequestBlockTable("a", [2, 0], 7, skipped_blocks=2)
