@@ -120,6 +120,8 @@ def test_the_articles_error_constructs_from_a_message() -> None:
         (lambda m: m.append_tokens("req-a", -1), ValueError, "token_count must be non-negative"),
         (lambda m: m.append_tokens("nope", 1), KeyError, "request has no allocated blocks: nope"),
         (lambda m: m.release("nope"), KeyError, "request has no allocated blocks: nope"),
+        (lambda m: m.append_slot("nope"), KeyError, "request has no allocated blocks: nope"),
+        (lambda m: m.snapshot_request("nope"), KeyError, "request has no allocated blocks: nope"),
     ],
 )
 def test_errors_start_with_the_articles_wording(
