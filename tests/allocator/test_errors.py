@@ -57,10 +57,13 @@ def test_each_bound_is_inclusive_and_the_value_past_it_is_refused() -> None:
         check_group_windows([0])
 
 
-def test_a_host_prefix_cache_flag_that_is_not_a_bool_is_refused_with_its_type() -> None:
+def test_a_host_tier_argument_of_another_type_is_refused_with_its_type() -> None:
     with pytest.raises(TypeError) as refused:
         check_host_tier(4, 1)
     assert str(refused.value) == "host_prefix_cache must be a bool, got int 1"
+    with pytest.raises(TypeError) as refused:
+        check_host_tier("4", False)
+    assert str(refused.value) == "host_blocks must be an int, got str '4'"
 
 
 def test_truncating_to_the_tokens_held_is_allowed_and_one_more_is_refused() -> None:
