@@ -206,7 +206,8 @@ def summary(root: Path, listed: dict[str, str] | None = None) -> str:
         f"{counts['timeout']} by timeout), {counts['survived']} survived, "
         f"{counts['no tests']} without tests, "
         f"{counts['suspicious']} suspicious, {counts['class']} equivalent by class and "
-        f"{counts['explained']} explained (not run), {counts['not checked']} not run yet; "
+        f"{counts['explained']} explained as equivalent (set aside), "
+        f"{counts['not checked']} not run yet; "
         f"killed {killed / max(decided, 1):.1%} of those run"
     )
 

@@ -135,7 +135,8 @@ def test_the_names_and_verdicts_are_mutmuts_and_only_mutants_without_one_are_to_
     assert classes.summary(tmp_path, {}) == (
         "mutation: 5 mutants: 2 killed (1 by mypy --strict, 0 by timeout), 0 survived, "
         "0 without tests, "
-        "0 suspicious, 2 equivalent by class and 0 explained (not run), 1 not run yet; "
+        "0 suspicious, 2 equivalent by class and 0 explained as equivalent (set aside), "
+        "1 not run yet; "
         "killed 100.0% of those run"
     )
 
