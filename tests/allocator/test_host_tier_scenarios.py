@@ -267,13 +267,20 @@ def test_a_demoted_prefix_keeps_its_salt(make: Factory) -> None:
     assert pool.allocate_prompt("b", [1, 2, 3], "t1").cached_tokens == 2
 
 
+def _a_prompt_copied_to_the_host(make: Factory) -> Manager:
+    """3 blocks of 2, 2 host blocks with a prefix cache: PROMPT's blocks 0 (1..2) and 1
+    (1..4) cached, freed, and copied to host blocks 1 and 0; the device still caches them."""
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate_prompt("a", PROMPT)
+    pool.release("a")
+    pool.take_swap_copies()
+    return pool
+
+
 def test_a_prompt_hitting_the_host_is_refused_without_a_free_device_block_per_host_hit(
     make: Factory,
 ) -> None:
-    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
-    pool.allocate_prompt("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
-    pool.release("a")
-    pool.take_swap_copies()
+    pool = _a_prompt_copied_to_the_host(make)
     pool.allocate("b", 4)  # takes 2, then evicts 1 (1..4); 0 (1..2) stays cached and free
     # 1..2 revives block 0 and 1..4 needs a device block to be copied into, plus one for
     # token 9: two blocks, and block 0 was the only free one.
@@ -290,10 +297,7 @@ def test_a_prompt_hitting_the_host_is_refused_without_a_free_device_block_per_ho
 def test_a_prefix_cache_reset_frees_the_host_cached_blocks_but_one_a_copy_in_reads(
     make: Factory,
 ) -> None:
-    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
-    pool.allocate_prompt("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
-    pool.release("a")
-    pool.take_swap_copies()  # host block 0 holds 1..4, host block 1 holds 1..2
+    pool = _a_prompt_copied_to_the_host(make)
     pool.allocate("b", 6)  # evicts 1 and 0 from the device: the host alone caches them
     pool.release("b")
     pool.allocate_prompt("c", [1, 2, 3, 4, 9])  # copies both host blocks in
