@@ -31,6 +31,13 @@ class CheckSettingsError(ValueError):
         super().__init__(message)
         self.setting = setting
 
+    def naming_the_option(self) -> str:
+        """The message as a command line says it: ``--block-size ...`` for ``block_size ...``."""
+        message = str(self)
+        if not message.startswith(f"{self.setting} "):
+            return message
+        return f"--{self.setting.replace('_', '-')}{message.removeprefix(self.setting)}"
+
 
 def _within(least: int, most: int | None = None) -> Mapping[str, int | None]:
     return {"least": least, "most": most}

@@ -279,7 +279,7 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         )
     except CheckSettingsError as error:
         progress.finish()
-        return fail(prog, _with_flags(error))
+        return fail(prog, error.naming_the_option())
     except (
         UsageError,
         PromptsFileError,
@@ -325,17 +325,6 @@ def _settings(args: argparse.Namespace) -> CheckSettings:
         preempt=args.preempt,
         host_blocks=args.host_blocks,
     )
-
-
-def _with_flags(error: CheckSettingsError) -> str:
-    """``error``'s message naming the option (``--block-size``) where it names a setting
-    (``block_size``)."""
-    message = str(error)
-    if error.setting in CheckSettings.__dataclass_fields__ and message.startswith(
-        f"{error.setting} "
-    ):
-        return f"--{error.setting.replace('_', '-')}{message.removeprefix(error.setting)}"
-    return message
 
 
 def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> str | None:
