@@ -181,7 +181,7 @@ def _messages(prompt: object, where: str) -> tuple[tuple[str, str], ...] | None:
     if not isinstance(prompt, Sequence) or isinstance(prompt, bytes | bytearray):
         raise CheckSettingsError(
             "prompts",
-            f"{where} is {type(prompt).__name__} {prompt!r}: a prompt is a string, a list of "
+            f"{where} is {type(prompt).__name__} {prompt!r:.60}: a prompt is a string, a list of "
             "chat messages or a list of token ids (one token-id prompt is [[1, 2, 3]], not "
             "[1, 2, 3])",
         )
@@ -195,7 +195,7 @@ def _messages(prompt: object, where: str) -> tuple[tuple[str, str], ...] | None:
             raise CheckSettingsError(
                 "prompts",
                 f"{where}[{number}]: a chat message is a mapping with string 'role' and "
-                f"'content', got {message!r}",
+                f"'content', got {message!r:.60}",
             )
         _check_text(role, f"{where}[{number}]")
         _check_text(content, f"{where}[{number}]")
