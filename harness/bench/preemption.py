@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     except ModelNotFoundError as error:
         return fail(PROG, str(error))
     requests = _requests(loaded, args.max_new_tokens, args.arrival_gap)
-    groups = len(kv_layout(loaded).group_windows)
+    layout = kv_layout(loaded)
+    groups = len(layout.group_windows)
     roomy = sum(request.blocks_needed(args.block_size, groups) for request in requests)
     tight = args.total_blocks
     if tight is None:
@@ -107,10 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     try:  # what the main command refuses, before a pool is built
         check_options(loaded.model, args.block_size, args.max_new_tokens, 1)
-        layout = kv_layout(loaded)
+        available = available_bytes(layout.device)
         for config in configs:
             blocks, host = config.total_blocks, config.host_blocks
-            available = available_bytes(layout.device)
             check_memory(requests, blocks, args.block_size, layout, available, host_blocks=host)
     except CheckSettingsError as error:
         return fail(PROG, error.naming_the_option())
