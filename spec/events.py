@@ -3,7 +3,7 @@
 Three records, vLLM's and SGLang's names: ``BlockStored`` (a full block's key entered a
 group's prefix cache), ``BlockRemoved`` (a key left it) and ``AllBlocksCleared`` (every key
 of every group left at once). The allocator emits them in the order its caches changed;
-which transition emits which is stated in ``spec.allocator`` (``docs/design.md`` has the
+which transition emits which is stated in ``spec.caching`` (``docs/design.md`` has the
 table). Nothing else changes a cache, so nothing else emits: a revived cached free block
 keeps its key (no event), a key refused because another block of the group caches it
 already emits nothing, a block released to the cached free queue keeps its key.

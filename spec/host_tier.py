@@ -6,12 +6,12 @@ A host block and a device block are different resources: host block ids are
 ``0 .. host_blocks - 1``, with their own free queue (head first, FIFO like the device's).
 This module holds the frozen records and the pure helpers that read them; the transitions
 that move requests between the tiers are ``spec.swap``'s, and the device side of a
-release (where an unreferenced block goes) stays in ``spec.allocator``.
+release (where an unreferenced block goes) is ``spec.blocks``'.
 
 The pending-copy rule. A device block that is the source of a pending (device -> host)
 copy, or the destination of a pending (host -> device) copy, is "in flight" once no
 table holds it: it is in no free queue and nothing can take it until
-``take_swap_copies`` hands the copy to the caller; then it goes where ``release`` would
+``take_transfers`` hands the copy to the caller; then it goes where ``release`` would
 have put it. A host block that is the source of a pending (host -> device) copy is not
 reused until that copy is taken either.
 """

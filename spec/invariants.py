@@ -15,10 +15,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from itertools import combinations
 
-from spec.allocator import AllocatorState, compute_skipped_blocks, usage
 from spec.host_tier import busy_block_ids, copying_in_host_block_ids
 from spec.records import KVBlockUsage, RequestBlockTable
 from spec.rules import blocks_for_tokens, first_window_token
+from spec.state import AllocatorState, compute_skipped_blocks, usage
 
 
 def _all_tables(state: AllocatorState) -> Iterator[RequestBlockTable]:
@@ -137,7 +137,8 @@ def is_window_tight(state: AllocatorState, request_id: str, computed_tokens: int
 
 
 def is_skipped_pending_free(state: AllocatorState) -> bool:
-    """Blocks waiting for ``take_skipped_blocks`` are free (uncached) and listed once each."""
+    """Blocks windows skipped that wait for ``take_transfers`` are free (uncached) and
+    listed once each."""
     pending = state.pending_skipped_block_ids
     return len(set(pending)) == len(pending) and set(pending) <= set(state.free_block_ids)
 
