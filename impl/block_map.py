@@ -10,7 +10,7 @@ One cell per block, in block id order, wrapped to a width::
 A cell shows the label of the request holding the block, in any KV cache group (the first
 in table order, for a shared block), then ``*`` if the block is shared (ref count > 1) and
 ``~`` if it is a request's partly filled last block; a free block is ``.``, a cached free
-block (free, but still holding a cached prefix a prompt may revive) is ``:``. Under the
+block (free, but still holding a cached prefix a prompt may hit) is ``:``. Under the
 map, one line per request as the article prints its tables (with the block ids of every
 further group), then the two free queues in their order.
 

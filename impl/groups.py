@@ -210,7 +210,7 @@ class KVCacheGroups:
 
     # -- the host tier --------------------------------------------------------------------
 
-    def swap_out(self, request_id: str, table: Table) -> ReleasedBlocks:
+    def copy_to_host(self, request_id: str, table: Table) -> ReleasedBlocks:
         """Give each block of ``table`` (removed from the tables by the caller) a host block,
         queue the copies out, drop the table's references as ``release`` does and file the
         table as swapped out. Reports its blocks and those in flight that will be free or
@@ -225,7 +225,7 @@ class KVCacheGroups:
         in_flight_before = len(host.in_flight)
         self.release(table)
         went = list(islice(host.in_flight.items(), in_flight_before, None))
-        host.swap_out(request_id, table, host_ids)
+        host.hold_swapped(request_id, table, host_ids)
         caches = self.pool.caches
         return ReleasedBlocks(
             tuple(device_ids),
@@ -233,14 +233,14 @@ class KVCacheGroups:
             tuple(b for b, group in went if caches[group].block_keys[b] is not None),
         )
 
-    def swap_in(self, request_id: str, swapped: SwappedRequest) -> Table:
+    def copy_from_host(self, request_id: str, swapped: SwappedRequest) -> Table:
         """Give a swapped-out request fresh device blocks, one per host block, group by group
         (copies in queued); returns its table for the caller to file again."""
         device_ids = [
             self.pool.take(len(host_ids), group)
             for group, host_ids in enumerate(swapped.group_host_block_ids)
         ]
-        table = self.host.swap_in(request_id, device_ids)
+        table = self.host.resume_swapped(request_id, device_ids)
         self.set_room(table)
         return table
 

@@ -190,7 +190,7 @@ class HostTier:
             self.lru.move_to_end(host_id)
         self.host_hit_blocks += len(host_ids)
 
-    def swap_out(self, request_id: str, table: Table, host_ids: list[int]) -> None:
+    def hold_swapped(self, request_id: str, table: Table, host_ids: list[int]) -> None:
         """File ``table`` (whose blocks the caller has copied out to ``host_ids``, every
         group's in order, and released) as swapped out, and empty its device tables."""
         group_host_ids: list[list[int]] = []
@@ -203,7 +203,7 @@ class HostTier:
         self.swapped_host_blocks += len(host_ids)
         self.swapped_out_blocks += len(host_ids)
 
-    def swap_in(self, request_id: str, device_ids: list[list[int]]) -> Table:
+    def resume_swapped(self, request_id: str, device_ids: list[list[int]]) -> Table:
         """The swapped-out request's table on its fresh device blocks (``device_ids``, per
         group), its copies in queued; the caller files it again."""
         swapped = self.swapped.pop(request_id)

@@ -266,6 +266,15 @@ class KVCacheManager:
         """Drop a request; each block loses a reference, group by group, last block first.
         Reports its blocks in table order and which became free or cached free. A
         swapped-out request's host blocks are freed (it holds no device block)."""
+        return self._release(request_id)
+
+    def preempt(self, request_id: str) -> ReleasedBlocks:
+        """``release`` of a request the engine preempts to recompute later; counted."""
+        released = self._release(request_id)
+        self._preemptions += 1
+        return released
+
+    def _release(self, request_id: str) -> ReleasedBlocks:
         table = self._tables.pop(request_id, None)
         if table is not None:
             return self._groups.release(table)
@@ -273,12 +282,6 @@ class KVCacheManager:
             errors.unknown_request(request_id)
         freed, cached = self._groups.queue_copied(self._host.release_swapped(request_id))
         return ReleasedBlocks((), tuple(freed), tuple(cached))
-
-    def preempt(self, request_id: str) -> ReleasedBlocks:
-        """``release`` of a request the engine preempts to recompute later; counted."""
-        released = self.release(request_id)
-        self._preemptions += 1
-        return released
 
     # -- the host tier ------------------------------------------------------------------
 
@@ -306,7 +309,7 @@ class KVCacheManager:
         if len(device_ids) > available:
             raise HostBlockAllocationError.out_of_blocks(request_id, len(device_ids), available)
         del self._tables[request_id]
-        return self._groups.swap_out(request_id, table)
+        return self._groups.copy_to_host(request_id, table)
 
     def swap_in(self, request_id: str) -> tuple[RequestBlockTable, ...]:
         """Give a swapped-out request fresh device blocks (sharing is not restored) and queue
@@ -320,7 +323,7 @@ class KVCacheManager:
         available = self._pool.free_blocks
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
-        table = self._tables[request_id] = self._groups.swap_in(request_id, swapped)
+        table = self._tables[request_id] = self._groups.copy_from_host(request_id, swapped)
         return table.snapshots(request_id)
 
     def take_transfers(self) -> Transfers:

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from spec.events import BlockRemoved
 from spec.frozen_map import FrozenMap
-from spec.host_tier import HostTier, busy_block_ids, host_free_blocks, take_host_blocks
+from spec.host_tier import HostTier, copying_block_ids, host_free_blocks, take_host_blocks
 from spec.records import CacheKey, Transfers
 from spec.state import AllocatorState, emit
 
@@ -81,7 +81,7 @@ def release_in_order(
     """Drop one reference from each of ``block_ids`` in the order given (the module's
     rule); ``demote`` off (a window's skips) never demotes."""
     cached = {block_id for cache in state.group_caches for block_id in cache.values()}
-    busy = busy_block_ids(state.host)
+    copying = copying_block_ids(state.host)
     ref_counts = dict(state.ref_counts)
     freed: list[int] = []
     freed_cached: list[int] = []
@@ -90,7 +90,7 @@ def release_in_order(
         ref_counts[block_id] -= 1
         if ref_counts[block_id] == 0:
             del ref_counts[block_id]
-            if block_id in busy:
+            if block_id in copying:
                 in_flight.append(block_id)
             elif block_id not in cached:
                 freed.append(block_id)
@@ -168,12 +168,12 @@ def with_host(state: AllocatorState, host: HostTier) -> AllocatorState:
     """``state`` with the host tier ``host``, which may have dropped pending copies out: an
     in-flight block no copy reads any more joins a queue's tail as ``release`` sends a
     block there, in the order it went in flight."""
-    busy = busy_block_ids(host)
-    landed = [b for b in host.in_flight_block_ids if b not in busy]
-    if landed:
-        flying = tuple(b for b in host.in_flight_block_ids if b in busy)
+    copying = copying_block_ids(host)
+    copied = [b for b in host.in_flight_block_ids if b not in copying]
+    if copied:
+        flying = tuple(b for b in host.in_flight_block_ids if b in copying)
         host = replace(host, in_flight_block_ids=flying)
-    return queue_unreferenced(replace(state, host=host), landed)
+    return queue_unreferenced(replace(state, host=host), copied)
 
 
 def hold_in_flight(host: HostTier, block_ids: set[int]) -> HostTier:
@@ -201,7 +201,7 @@ def take_transfers(state: AllocatorState) -> AllocatorState:
     before, ``get_transfers``): in-flight device blocks join the device queues' tails in the
     order they went in flight, the host blocks the (host -> device) copies read join the
     host free queue's tail in copy order (unless the host prefix cache keeps them)."""
-    landed = state.host.in_flight_block_ids
+    copied = state.host.in_flight_block_ids
     host_cached = set(state.host.host_cached_block_ids)
     freed_host = tuple(h for h, _ in state.host.pending_host_to_device if h not in host_cached)
     host = replace(
@@ -212,7 +212,7 @@ def take_transfers(state: AllocatorState) -> AllocatorState:
         free_host_block_ids=state.host.free_host_block_ids + freed_host,
     )
     state = replace(state, host=host, pending_copies=(), pending_skipped_block_ids=())
-    return queue_unreferenced(state, landed)
+    return queue_unreferenced(state, copied)
 
 
 def take_events(state: AllocatorState) -> AllocatorState:

@@ -17,7 +17,7 @@ its own salt, and caches the blocks it fills under it.
   largest such h (vLLM's ``find_longest_cache_hit``: a sliding-window group needs
   ceil((W - 1) / block_size) contiguous cached blocks ending at the hit). With the host
   prefix cache a key cached on the host only counts too: the hit takes a device block
-  for it and copies it back (``revive_from_host``).
+  for it and copies it back (``copy_in_from_host``).
 - What is cached. Every full block of a request allocated by token ids, in every group,
   block index order, under its salt, unless that group caches the key already
   (``cache_full_blocks``).
@@ -166,7 +166,7 @@ def cache_full_blocks(state: AllocatorState, request_id: str, first_index: int) 
     return state
 
 
-def revive_from_host(
+def copy_in_from_host(
     state: AllocatorState,
     group: int,
     host_hits: tuple[tuple[int, int], ...],
@@ -220,7 +220,7 @@ def reset_prefix_cache(state: AllocatorState) -> AllocatorState:
     The host prefix cache forgets its keys too: its blocks join the host free queue's
     tail in their order (least recently used first), but one a pending copy in reads,
     which waits for ``take_transfers``; a copy out into one is dropped and its device
-    block lands, uncached."""
+    block joins the free queue, uncached."""
     state = replace(
         state,
         free_block_ids=state.free_block_ids + state.cached_free_block_ids,

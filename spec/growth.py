@@ -31,9 +31,9 @@ from spec.caching import (
     cache_full_blocks,
     cached_prefix_blocks,
     cached_prefix_tokens,
+    copy_in_from_host,
     hit_keys,
     host_prefix_hits,
-    revive_from_host,
 )
 from spec.errors import (
     BlockAllocationError,
@@ -134,7 +134,7 @@ def _allocate_token_ids(
     )
     for group in groups:
         state, from_host = take_blocks(state, len(host_hits[group]))
-        state = revive_from_host(state, group, host_hits[group], from_host, keys[group])
+        state = copy_in_from_host(state, group, host_hits[group], from_host, keys[group])
         state, taken = take_blocks(state, per_group)
         device_hits = iter(hits[group])
         copied_in = dict(zip((i for i, _ in host_hits[group]), from_host, strict=True))

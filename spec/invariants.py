@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from itertools import combinations
 
-from spec.host_tier import busy_block_ids, copying_in_host_block_ids
+from spec.host_tier import copying_block_ids, copying_in_host_block_ids
 from spec.records import KVBlockUsage, RequestBlockTable
 from spec.rules import blocks_for_tokens, first_window_token
 from spec.state import AllocatorState, compute_skipped_blocks, usage
@@ -313,7 +313,7 @@ def is_copy_source_in_flight(state: AllocatorState) -> bool:
     return (
         not any(d in queued for d, _ in host.pending_device_to_host)
         and len(set(in_flight)) == len(in_flight)
-        and set(in_flight) == {d for d in busy_block_ids(host) if d not in held}
+        and set(in_flight) == {d for d in copying_block_ids(host) if d not in held}
         and all(h in kept for h in host_destinations)
         and len(set(host_destinations)) == len(host_destinations)
         and not any(d in queued for _, d in host.pending_host_to_device)

@@ -62,7 +62,7 @@ class ReleasedBlocks:
     ``take_transfers`` hands their copies out over, and only then free (the KV pool may
     poison the first kind once it has copied them out); a swapped-out request's
     ``release`` reports no block of its own, and the in-flight blocks its host blocks'
-    dropped copies let land.
+    dropped copies let join the queues.
 
     ``stale_slots[g]`` (``truncate`` only; empty otherwise) lists, in position
     order, the pool slots of group g that the rollback made stale in a kept last block
