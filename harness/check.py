@@ -34,7 +34,6 @@ from harness.oracle.equivalence import (
     tight_total_blocks,
 )
 from harness.prompts import PromptTextError, check_prompt_text, render_prompt
-from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING
 from harness.runtime.attention_backends import ATTENTION_BACKENDS
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.events import PoolObserver
@@ -114,7 +113,7 @@ def check_model(
         block_size=chosen.block_size,
         engine_type=BatchInvariantEngine if chosen.batch_invariant else Engine,
         pool_type=backend.poisoned_pool_type if chosen.poison_freed else PagedKVPool,
-        allocation=PREFIX_CACHING if chosen.prefix_cache else NO_PREFIX_CACHING,
+        prefix_caching=chosen.prefix_cache,
         observer=observer,
         kv_events=kv_events,
         scheduling=Scheduling(chosen.speculate or 0, chosen.max_batch_tokens),
