@@ -67,9 +67,9 @@ ANY_TOKEN_IDS = st.one_of(
 )
 ANY_PROMPTS = st.one_of(PROMPTS, PROMPTS, ANY_TOKEN_IDS)
 NEW_REQUEST_IDS = st.one_of(REQUEST_IDS, REQUEST_IDS, REQUEST_IDS, BAD_REQUEST_IDS)
-# Cache salts: no salt, two tenants, the empty salt (a namespace apart from no salt), and
-# now and then one of the wrong type.
-SALTS = st.sampled_from([None, "a", "b", ""])
+# Cache salts: no salt, two tenants, the empty salt (a namespace apart from no salt), a
+# lone surrogate (a JSON request's "\ud800"), and now and then one of the wrong type.
+SALTS = st.sampled_from([None, "a", "b", "", "\ud800"])
 ANY_SALTS = st.one_of(SALTS, SALTS, SALTS, st.sampled_from([7, b"a", ("a",)]))
 
 # What each kind of argument of ``spec.api`` is drawn from, valid and malformed alike.
