@@ -47,7 +47,6 @@ from spec import (
     MAX_TOKEN_ID,
     AllocatorState,
     BlockAllocationError,
-    HostBlockAllocationError,
     KVBlockUsage,
     ReleasedBlocks,
     RequestBlockTable,
@@ -128,19 +127,9 @@ class KVCacheManager:
         count (its blocks are never cached), or token ids, reusing the longest prefix
         cached under ``cache_salt`` and caching every block they fill. Returns every
         group's table and the slots of the tokens past the hit."""
-        errors.check_request_id(request_id)
-        if request_id in self._tables or request_id in self._host.swapped:
-            errors.duplicate_request(request_id)
-        if errors.is_token_ids(tokens):
-            ids = tuple(tokens)
-            errors.check_token_ids(ids)
-            errors.check_cache_salt(cache_salt)
-            return self._allocate_token_ids(request_id, ids, cache_salt)
-        errors.check_token_count(tokens)
-        errors.check_cache_salt(cache_salt)
-        if cache_salt is not None:
-            errors.counted_with_salt(request_id)
-        assert isinstance(tokens, int)  # narrowed by check_token_count
+        tokens = errors.check_allocate(request_id, tokens, cache_salt, self._is_known)
+        if isinstance(tokens, tuple):
+            return self._allocate_token_ids(request_id, tokens, cache_salt)
         per_group = self._blocks_for(tokens)
         needed = per_group * len(self.group_windows)
         available = self._pool.free_blocks
@@ -236,7 +225,7 @@ class KVCacheManager:
         into a shared, partly filled last block gets a copy of it first."""
         parent = self._table(parent_id)
         errors.check_request_id(child_id)
-        if child_id in self._tables or child_id in self._host.swapped:
+        if self._is_known(child_id):
             errors.duplicate_request(child_id)
         child = parent.copy()
         self._tables[child_id] = child
@@ -298,7 +287,8 @@ class KVCacheManager:
         pending).
 
         Refused while a pending copy writes into one of its blocks (``ValueError``: take the
-        transfers first) and when the host tier is short (``HostBlockAllocationError``).
+        transfers first) and when there is no host tier or it is short
+        (``HostBlockAllocationError``).
         """
         table = self._table(request_id)
         host = self._host
@@ -310,9 +300,7 @@ class KVCacheManager:
                     if block_id in awaited:
                         errors.awaits_copy(request_id, block_id)
         device_ids = [block_id for held in table.group_block_ids for block_id in held]
-        available = host.free_blocks
-        if len(device_ids) > available:
-            raise HostBlockAllocationError.out_of_blocks(request_id, len(device_ids), available)
+        errors.check_host_room(request_id, len(device_ids), host.free_blocks, host.host_blocks)
         del self._tables[request_id]
         return self._groups.copy_to_host(request_id, table)
 
@@ -408,6 +396,9 @@ class KVCacheManager:
         """Raise ``AssertionError`` naming every spec invariant or counter this pool breaks,
         or a prefix cache whose hash index disagrees with its cached blocks."""
         checking.check_invariants(self.to_spec(), self.usage(), self._pool.caches)
+
+    def _is_known(self, request_id: str) -> bool:
+        return request_id in self._tables or request_id in self._host.swapped
 
     def _blocks_for(self, token_count: int) -> int:
         return blocks_for_tokens(self.block_size, token_count)

@@ -65,7 +65,24 @@ ANY_TOKEN_IDS = st.one_of(
     TOKEN_IDS,
     st.lists(ANY_TOKEN_ID, min_size=1, max_size=6).map(tuple),
 )
-ANY_PROMPTS = st.one_of(PROMPTS, PROMPTS, ANY_TOKEN_IDS)
+# What the spec does not take as token ids, or takes though they look odd: non-iterables,
+# iterables that are not sequences (a set, a dict, text), and sequences of ints that are
+# not tuples. Whatever a call makes of them, spec and impl must make the same.
+ODD_TOKENS: st.SearchStrategy[object] = st.sampled_from(
+    [
+        None,
+        2.5,
+        {1: 2},
+        {3, 1},
+        frozenset(),
+        "abc",
+        b"\x01\x02",
+        bytearray(b"\x01"),
+        range(3),
+        [1, 2],
+    ]
+)
+ANY_PROMPTS = st.one_of(PROMPTS, PROMPTS, ANY_TOKEN_IDS, ODD_TOKENS)
 NEW_REQUEST_IDS = st.one_of(REQUEST_IDS, REQUEST_IDS, REQUEST_IDS, BAD_REQUEST_IDS)
 # Cache salts: no salt, two tenants, the empty salt (a namespace apart from no salt), a
 # lone surrogate (a JSON request's "\ud800"), and now and then one of the wrong type.
