@@ -5,6 +5,7 @@ Everything that can be refused is refused before any worker starts, in one line 
 2: an unreachable Redis or Ray, a Redis holding another Hypothesis version's examples.
 """
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,8 +14,8 @@ from harness.cli.fuzz import FuzzTarget
 from harness.cli.parsing import EXIT_INTERRUPTED, fail
 from harness.cluster import ray_run
 from harness.cluster.replay import replay
-from harness.cluster.shared_database import LOCAL_DATABASE, SharedDatabaseError, connect
-from harness.cluster.tally import RunTally, RunTotals, recent_runs
+from harness.cluster.shared_database import SharedDatabaseError, connect, local_database
+from harness.cluster.tally import RunTally, recent_runs
 from harness.cluster.worker import FuzzJob, WorkerReport
 
 EXIT_FAILURE = 1
@@ -35,49 +36,54 @@ def run(
     """Fuzz ``target`` with ``workers`` Ray tasks for ``seconds``, sharing ``database``."""
     try:
         redis = connect(database)
-        started = ray_run.connect(address, workers)
+        ray_run.connect(address, workers)
+        tally = RunTally.start(redis, target.label, workers, seconds)
+        job = FuzzJob(
+            source_root=str(source_root),
+            test_file=target.test_file,
+            target=target.label,
+            database=database,
+            run_id=tally.run_id,
+            deadline=time.time() + seconds,
+            logs=f".hypothesis/fuzz-logs/{tally.run_id}",
+            local_database=local_database(os.environ),
+            environment=target.environment,
+        )
+        return _run(prog, job, workers, tally)
     except (SharedDatabaseError, ray_run.ClusterError) as error:
         return fail(prog, str(error))
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted while connecting to Ray", file=sys.stderr)
+        print(f"{prog}: interrupted before any worker started", file=sys.stderr)
         return EXIT_INTERRUPTED
-    tally = RunTally.start(redis, target.label, workers, seconds)
-    job = FuzzJob(
-        source_root=str(source_root),
-        test_file=target.test_file,
-        target=target.label,
-        database=database,
-        run_id=tally.run_id,
-        deadline=time.time() + seconds,
-        logs=f".hypothesis/fuzz-logs/{tally.run_id}",
-        environment=target.environment,
-    )
+    finally:
+        ray_run.disconnect()
+
+
+def _run(prog: str, job: FuzzJob, workers: int, tally: RunTally) -> int:
     cpus = ray_run.available_cpus()
     print(
-        f"{prog}: run {tally.run_id}: {workers} worker(s) on Ray ({cpus} CPUs) for {seconds} s, "
-        f"target {target.label}; logs in {job.logs}/ on each machine",
+        f"{prog}: run {tally.run_id}: {workers} worker(s) on Ray ({cpus} CPUs) for "
+        f"{int(job.deadline - time.time() + 0.5)} s, target {job.target}; logs in {job.logs}/ "
+        "on each machine",
         file=sys.stderr,
     )
     if cpus < workers:
         print(f"{prog}: only {cpus} CPUs: the other workers wait for one", file=sys.stderr)
-    follow = _Follow(tally)
+    follow = _Follow(prog, tally)
     try:
-        reports = ray_run.run_workers(job, workers, tally, follow)
+        ray_run.run_workers(job, workers, tally, follow)
     except KeyboardInterrupt:
         follow.end()
         tally.finish("interrupted")
-        ray_run.disconnect(started)
-        totals = tally.totals()
         print(
-            f"{prog}: interrupted; every worker stopped. {totals.describe()} "
-            f"(failing cases found so far in {database})",
+            f"{prog}: interrupted; every worker stopped. {tally.totals().describe()} (failing "
+            f"cases found so far: {job.database} and {job.local_database} on each machine)",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
     follow.end()
     tally.finish("finished")
-    ray_run.disconnect(started)
-    return _summary(prog, tally, reports)
+    return _summary(prog, tally)
 
 
 def status(prog: str, database: str) -> int:
@@ -103,10 +109,9 @@ def replay_saved(prog: str, source_root: Path, target: FuzzTarget, database: str
             connect(database)
         except SharedDatabaseError as error:
             return fail(prog, str(error))
-    where = LOCAL_DATABASE + (f" and {database}" if database else "")
-    found = replay(
-        source_root, target.test_file, dict(target.environment), database, LOCAL_DATABASE
-    )
+    local = local_database(os.environ)
+    where = local + (f" and {database}" if database else "")
+    found = replay(source_root, target.test_file, dict(target.environment), database, local)
     if found.status == 0:
         print(f"{prog}: no saved failing case of {target.label} fails ({where})")
         return 0
@@ -121,41 +126,49 @@ def replay_saved(prog: str, source_root: Path, target: FuzzTarget, database: str
     return EXIT_FAILURE
 
 
-def _summary(prog: str, tally: RunTally, reports: list[WorkerReport]) -> int:
-    """The end-of-run lines: the tally (the numbers --status shows), each failure with its
-    steps, each dead worker with its reason; 1 if either happened."""
+def _summary(prog: str, tally: RunTally) -> int:
+    """The end-of-run lines: each failure with its steps, then the tally (the numbers
+    ``--status`` shows); 1 if a worker found a failure or died."""
     for failure in tally.failures():
         print(f"worker {failure.worker} (run {failure.run}): FAILURE in {failure.test}")
         print(failure.steps)
-    for report in reports:
-        if report.died:
-            print(f"worker {report.worker} died: {report.died}", file=sys.stderr)
     totals = tally.totals()
     print(f"{prog}: {totals.describe()}", file=sys.stderr)
     return EXIT_FAILURE if totals.failures or totals.died else 0
 
 
 class _Follow:
-    """The run's tally while it goes: one line redrawn on a terminal, a line a minute when
-    piped."""
+    """The run as it goes, on stderr: a line for each worker that ends early (a failure, a
+    death), and the tally, redrawn each second on a terminal or a line a minute when piped."""
 
-    def __init__(self, tally: RunTally) -> None:
+    def __init__(self, prog: str, tally: RunTally) -> None:
+        self._prog = prog
         self._tally = tally
         self._bar = sys.stderr.isatty()
         self._last = time.monotonic()
 
-    def __call__(self) -> None:
+    def __call__(self, ended: list[WorkerReport]) -> None:
+        for report in ended:
+            if report.failure or report.died:
+                why = (
+                    f"found a failure in {report.failure.test}"
+                    if report.failure
+                    else f"died: {report.died}"
+                )
+                self._line(f"{self._prog}: worker {report.worker} {why}")
         if self._bar:
-            print(
-                f"\r\x1b[K[fuzz] {self._totals().describe()}", end="", file=sys.stderr, flush=True
-            )
+            line = f"[fuzz] {self._tally.totals().describe()}"
+            print(f"\r\x1b[K{line}", end="", file=sys.stderr, flush=True)
         elif time.monotonic() - self._last >= PLAIN_EVERY_S:
             self._last = time.monotonic()
-            print(f"[fuzz] {self._totals().describe()}", file=sys.stderr, flush=True)
+            self._line(f"[fuzz] {self._tally.totals().describe()}")
 
     def end(self) -> None:
+        """Close the redrawn line."""
         if self._bar:
             print(file=sys.stderr, flush=True)
 
-    def _totals(self) -> RunTotals:
-        return self._tally.totals()
+    def _line(self, text: str) -> None:
+        if self._bar:
+            print("\r\x1b[K", end="", file=sys.stderr)
+        print(text, file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ retries it (``max_retries=0``): a death is reported, not hidden by a retry.
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -39,16 +40,19 @@ def start_local_cluster(num_cpus: int) -> None:
     os.environ.update(LOOPBACK_ONLY)
     import ray  # noqa: PLC0415  (the optional 'cluster' extra)
 
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.ERROR,
-    )
+    try:
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+        )
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ClusterError(f"cannot start a local Ray cluster: {error}") from None
 
 
-def connect(address: str | None, workers: int) -> bool:
-    """Connect this process to Ray; whether it started a cluster it must stop.
+def connect(address: str | None, workers: int) -> None:
+    """Connect this process to Ray (a process already connected stays as it is).
 
     ``None`` starts a local cluster of ``workers`` CPUs; ``auto`` joins the cluster this
     machine is part of; ``ray://HOST:PORT`` (Ray Client) or ``HOST:PORT`` (the head's GCS)
@@ -56,24 +60,24 @@ def connect(address: str | None, workers: int) -> bool:
     import ray  # noqa: PLC0415
 
     if ray.is_initialized():
-        return False
+        return
     if address is None:
         start_local_cluster(workers)
-        return True
+        return
     if address != "auto":
         _check_reachable(address)
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ClusterError(f"cannot join the Ray cluster at {address}: {error}") from None
-    return False
 
 
 def run_workers(
-    job: FuzzJob, workers: int, tally: RunTally, follow: Callable[[], None]
+    job: FuzzJob, workers: int, tally: RunTally, follow: Callable[[list[WorkerReport]], None]
 ) -> list[WorkerReport]:
-    """Run ``workers`` tasks of ``job`` to their end, calling ``follow`` every second;
-    on Ctrl-C, stop every task (each stops its pytest) before the interrupt goes on."""
+    """Run ``workers`` tasks of ``job`` to their end, handing ``follow`` every second the
+    reports of the workers that ended since; on Ctrl-C, stop every task (each stops its
+    pytest) before the interrupt goes on."""
     import ray  # noqa: PLC0415
 
     task = ray.remote(num_cpus=1, max_retries=0)(fuzz_worker)
@@ -83,8 +87,9 @@ def run_workers(
     try:
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_S)
-            reports += [_report(ref, names[ref], tally) for ref in done]
-            follow()
+            ended = [_report(ref, names[ref], tally) for ref in done]
+            reports += ended
+            follow(ended)
     except KeyboardInterrupt:
         _stop(pending)
         raise
@@ -98,11 +103,10 @@ def available_cpus() -> int:
     return int(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
 
 
-def disconnect(started: bool) -> None:
-    """Leave Ray (stopping the local cluster when we started it)."""
-    import ray  # noqa: PLC0415
-
-    if started or ray.is_initialized():
+def disconnect() -> None:
+    """Leave Ray (which stops the local cluster, when this process started one)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
         ray.shutdown()
 
 

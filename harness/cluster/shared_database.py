@@ -77,11 +77,16 @@ def connect(url: str) -> "Redis":
     return client
 
 
+def local_database(environ: Mapping[str, str]) -> str:
+    """The local database's directory: ``PAGEDKV_FUZZ_LOCAL_DB``, else ``.hypothesis/fuzz-db``."""
+    return environ.get(LOCAL_ENV) or LOCAL_DATABASE
+
+
 def fuzz_database(environ: Mapping[str, str], read_only: bool = False) -> ExampleDatabase:
     """The ``fuzz`` profiles' database: the local directory, layered over Redis when the
     environment names a shared database (``read_only``: the replay reads Redis and never
     changes it, so replaying on a fixed branch does not delete the team's failures)."""
-    local = DirectoryBasedExampleDatabase(environ.get(LOCAL_ENV, LOCAL_DATABASE))
+    local = DirectoryBasedExampleDatabase(local_database(environ))
     url = environ.get(SHARED_ENV)
     if not url:
         return local
