@@ -132,7 +132,7 @@ def _stop(pending: "list[ObjectRef[WorkerReport]]") -> None:
 
     for ref in pending:
         ray.cancel(ref)
-    deadline = time.monotonic() + STOP_S + 5
+    deadline = time.monotonic() + 2 * STOP_S
     while pending and time.monotonic() < deadline:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_S)
     for ref in pending:

@@ -39,7 +39,7 @@ def test_a_run_shows_its_tally_counts_a_killed_worker_dead_and_ctrl_c_stops_ever
     )
     try:
         redis = connect(redis_url)
-        running = _wait_for(redis, lambda t: t.alive == 2 and t.cases > 0)
+        running = _wait_for(redis, lambda t: t.alive == 2 and _both_fuzzing(t.run_id))
         assert running.target == "allocator"
 
         shown = _pagedkv("fuzz", "--status", "--database", redis_url)
@@ -68,6 +68,10 @@ def test_a_run_shows_its_tally_counts_a_killed_worker_dead_and_ctrl_c_stops_ever
     assert f"{ended.cases:,} test cases, {ended.steps:,} steps" in lines[-1]
     time.sleep(1)
     assert _fuzz_processes(redis_url) == []
+    # The survivor's pytest took the interrupt and stopped cleanly (a Ray worker blocks
+    # SIGINT, and pytest would inherit that), rather than being killed STOP_S later.
+    logs = (ROOT / ".hypothesis" / "fuzz-logs" / ended.run_id).glob("worker-*.log")
+    assert any("KeyboardInterrupt !!!" in log.read_text() for log in logs)
 
 
 @pytest.mark.parametrize(
@@ -184,6 +188,13 @@ def _wait_for(redis: "Redis", reached: Callable[[RunTotals], bool]) -> RunTotals
             return totals
         time.sleep(0.5)
     raise AssertionError(f"the run never got there: {runs[0].totals() if runs else 'no run'}")
+
+
+def _both_fuzzing(run_id: str) -> bool:
+    """Whether each worker's pytest has tallied its first test cases (so it is past its
+    start, fuzzing)."""
+    tallies = ROOT / ".hypothesis" / "fuzz-logs" / run_id
+    return all(any((tallies / f"tally-w{n}").glob("*.txt")) for n in (1, 2))
 
 
 def _fuzz_processes(database: str) -> list[int]:
