@@ -8,6 +8,8 @@ the run's tally in Redis and renews its heartbeat there. A failure stops it, rec
 its shrunk steps; a pytest process that ends any other way before the deadline (killed,
 an internal error) counts it as dead, with the reason. At the deadline, as in fuzz.sh,
 pytest gets SIGINT (it stops cleanly and writes its tally) and SIGKILL a minute later.
+Should the worker itself be killed, Ray kills its process group, pytest with it (within a
+second, Ray 2.60; ``tests/cluster/test_fuzz_cluster_cli.py`` checks it).
 
 No seed is forced: Hypothesis draws a fresh 128-bit one in each process, and a forced seed
 (``--hypothesis-seed``) would turn the example database off, failures neither saved nor
@@ -15,7 +17,6 @@ replayed.
 """
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,10 +34,6 @@ POLL_S = 1.0
 GRACE_S = 60  # SIGINT at the deadline, SIGKILL this much later (fuzz.sh's `timeout -k 60`)
 STOP_S = 10  # on Ctrl-C, how long pytest gets to stop before SIGKILL
 PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider")  # + "-x" here, as in fuzz.sh
-# NOTE: Ray kills a worker's children when the worker exits, not when it is killed (the OOM
-# killer, SIGKILL, a lost node): pytest would then fuzz on, orphaned, for up to an hour.
-# util-linux's setpriv makes the kernel kill it with its parent (PR_SET_PDEATHSIG).
-_DIES_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--") if shutil.which("setpriv") else ()
 
 
 @dataclass(frozen=True)
@@ -80,10 +77,11 @@ def fuzz_worker(job: FuzzJob, index: int) -> WorkerReport:
             if left <= 0:
                 break
             status, interrupted, output = worker.run_pytest(run, left)
-            if status == 1:
-                return worker.failed(
-                    Failure(_failed_test(output), worker.name, run, _steps(output))
-                )
+            # A failure is a test pytest reports failed. Once interrupted at the deadline,
+            # pytest's exit status says nothing more (it can even crash reporting the
+            # interrupt, with status 1).
+            if failed := failed_tests(output):
+                return worker.failed(Failure(failed[0], worker.name, run, _steps(output)))
             if interrupted:
                 break
             if status != 0:
@@ -146,7 +144,7 @@ class _Worker:
         blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         try:
             return subprocess.Popen(
-                [*_DIES_WITH_PARENT, sys.executable, *PYTEST, "-x", self.job.test_file],
+                [sys.executable, *PYTEST, "-x", self.job.test_file],
                 cwd=self.job.source_root,
                 env=environment,
                 stdout=log,
@@ -196,10 +194,6 @@ class _Worker:
             self._cases += cases - seen[0]
             self._steps += steps - seen[1]
             seen[:] = [cases, steps]
-
-
-def _failed_test(output: str) -> str:
-    return next(iter(failed_tests(output)), "?")
 
 
 def _steps(output: str) -> str:
