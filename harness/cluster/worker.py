@@ -32,6 +32,9 @@ from harness.cluster.tally import Failure, RunTally
 
 POLL_S = 1.0
 GRACE_S = 60  # SIGINT at the deadline, SIGKILL this much later (fuzz.sh's `timeout -k 60`)
+# NOTE: and SIGINT again every few seconds until then: once here, on a loaded machine, a
+# pytest process lost the first interrupt and fuzzed on, silent, until the SIGKILL.
+INTERRUPT_EVERY_S = 5
 STOP_S = 10  # on Ctrl-C, how long pytest gets to stop before SIGKILL
 PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider")  # + "-x" here, as in fuzz.sh
 
@@ -154,21 +157,24 @@ class _Worker:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def _follow(self, process: "subprocess.Popen[bytes]") -> tuple[int, bool]:
-        """Tally and beat each second until ``process`` ends; SIGINT at the deadline,
-        SIGKILL ``GRACE_S`` later; on Ctrl-C (the task cancelled), stop it first."""
+        """Tally and beat each second until ``process`` ends; SIGINT at the deadline (and
+        every ``INTERRUPT_EVERY_S`` after), SIGKILL ``GRACE_S`` later; on Ctrl-C (the task
+        cancelled), stop it first."""
         seen = [0, 0]
         interrupted = False
+        next_interrupt = self.job.deadline
         try:
             while process.poll() is None:
                 time.sleep(POLL_S)
                 self._count(process.pid, seen)
                 self.tally.beat(self.name)
                 now = time.time()
-                if now >= self.job.deadline and not interrupted:
+                if now >= self.job.deadline + GRACE_S:
+                    process.kill()
+                elif now >= next_interrupt:
                     process.send_signal(signal.SIGINT)
                     interrupted = True
-                elif now >= self.job.deadline + GRACE_S:
-                    process.kill()
+                    next_interrupt = now + INTERRUPT_EVERY_S
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)
