@@ -157,6 +157,13 @@ def _plain(
     prog: str, seconds: int, workers: int | None, target: str | None, database: str | None
 ) -> int:
     """scripts/fuzz.sh with a progress bar; Ctrl-C stops its whole process group."""
+    if database is not None:  # checked here too, for a line under our name
+        from harness.cluster.shared_database import SharedDatabaseError, connect  # noqa: PLC0415
+
+        try:
+            connect(database)
+        except SharedDatabaseError as error:
+            return fail(prog, str(error))
     options = [
         *(["--target", target] if target else []),
         *(["--database", database] if database else []),

@@ -107,11 +107,11 @@ def test_an_unreachable_redis_or_ray_is_one_line_before_any_worker_starts(
     redis_url: str, ray_installed: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     closed = _closed_port()
-    assert main(["--ray", "--database", f"redis://127.0.0.1:{closed}/0"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(
-        f"pagedkv fuzz: error: cannot reach Redis at redis://127.0.0.1:{closed}/0: "
-    )
+    for argv in (["--ray"], ["5", "1"]):  # on Ray, and through scripts/fuzz.sh
+        assert main([*argv, "--database", f"redis://127.0.0.1:{closed}/0"]) == 2
+        err = capsys.readouterr().err
+        said = f"pagedkv fuzz: error: cannot reach Redis at redis://127.0.0.1:{closed}/0: "
+        assert err.startswith(said) and err.count("\n") == 1, err
     for address in (f"ray://127.0.0.1:{closed}", f"127.0.0.1:{closed}", "nowhere"):
         assert main(["--ray", address, "--database", redis_url]) == 2
         err = capsys.readouterr().err
