@@ -115,10 +115,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         epilog="Exit status: 0 no failure found, 1 a failure found (or replayed, or a worker "
         "died), 2 bad input, 130 interrupted.",
     )
-    parser.add_argument("seconds", type=int, nargs="?", help=f"default {DEFAULT_SECONDS}")
-    parser.add_argument("workers", type=int, nargs="?", help="default: one per core")
-    parser.add_argument("--seconds", type=int, dest="seconds_option", help="= SECONDS")
-    parser.add_argument("--workers", type=int, dest="workers_option", help="= WORKERS")
+    parser.add_argument(
+        "seconds", type=int, nargs="?", metavar="SECONDS", help=f"default {DEFAULT_SECONDS}"
+    )
+    parser.add_argument(
+        "workers", type=int, nargs="?", metavar="WORKERS", help="default: one per core"
+    )
+    parser.add_argument("--seconds", type=int, dest="seconds_option", metavar="SECONDS")
+    parser.add_argument("--workers", type=int, dest="workers_option", metavar="WORKERS")
     parser.add_argument(
         "--target",
         metavar="NAME",
