@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import harness.cli.fuzz
+from harness.cli.fuzz import FuzzTarget
 from harness.cluster import ray_run
 from harness.cluster.replay import replay
-from harness.cluster.shared_database import connect
+from harness.cluster.shared_database import LOCAL_ENV, connect
 from harness.cluster.tally import RunTally
 from harness.cluster.worker import FuzzJob
 
@@ -36,7 +38,11 @@ def local_ray(ray_installed: None) -> Iterator[None]:
 
 
 def test_one_worker_finds_a_planted_bug_another_run_replays_it_from_redis_and_the_tally_adds_up(
-    redis_url: str, local_ray: None, tmp_path: Path
+    redis_url: str,
+    local_ray: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import ray  # noqa: PLC0415
 
@@ -75,6 +81,19 @@ def test_one_worker_finds_a_planted_bug_another_run_replays_it_from_redis_and_th
     assert elsewhere.failed == [PLANTED_TEST]
     assert any(case.startswith("AssertionError") for case in elsewhere.steps)
     assert any((tmp_path / "elsewhere-db").iterdir()), "the replay kept no local copy"
+    # The same through `pagedkv fuzz --replay`, on a third "machine".
+    monkeypatch.setattr(
+        harness.cli.fuzz, "fuzz_target", lambda name: FuzzTarget("planted", PLANTED)
+    )
+    monkeypatch.setenv(LOCAL_ENV, str(tmp_path / "third-db"))
+    assert harness.cli.fuzz.main(["--replay", "--database", redis_url]) == 1
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == f"FAILED {PLANTED_TEST}"
+    assert shown[1].startswith("AssertionError") and "state.teardown()" in shown
+    assert shown[-1] == (
+        f"pagedkv fuzz: 1 test(s) of planted fail on cases saved in {tmp_path / 'third-db'} "
+        f"and {redis_url}"
+    )
     # A replay does not search: on an empty database it finds nothing, where a search
     # finds this bug within seconds.
     empty_redis = redis_url.removesuffix("/0") + "/1"
