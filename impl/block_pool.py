@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 from impl.prefix_cache import EventSink, PrefixCache
-from spec import AllBlocksCleared
+from spec import AllBlocksCleared, CachedBlock
 
 
 class BlockPool:
@@ -212,6 +212,15 @@ class BlockPool:
         if self.event_sink is not None:
             self.event_sink(AllBlocksCleared())
         return dropped
+
+    def cache_view(self) -> frozenset[CachedBlock]:
+        """Every (group, block id, key) the caches hold, free blocks and held ones.
+        O(cached blocks x their prefix length): for a consumer's resync, not a step."""
+        return frozenset(
+            CachedBlock(group, block_id, key)
+            for group, cache in enumerate(self.caches)
+            for key, block_id in cache.prefixes()
+        )
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies = self.pending_copies

@@ -39,6 +39,7 @@ from spec import (
     MAX_TOKEN_ID,
     AllocatorState,
     BlockAllocationError,
+    CachedBlock,
     HostBlockAllocationError,
     KVBlockUsage,
     ReleasedBlocks,
@@ -359,6 +360,11 @@ class KVCacheManager:
         return cached_tokens
 
     # -- queries ------------------------------------------------------------------------
+
+    def cache_view(self) -> frozenset[CachedBlock]:
+        """Every (group, block id, key) the device's prefix caches hold: what replaying
+        every KV cache event gives, for a consumer that missed some to resync from."""
+        return self._pool.cache_view()
 
     def tables(self, request_id: str) -> tuple[RequestBlockTable, ...]:
         """The request's table in every KV cache group, group 0's first; ``KeyError`` if it
