@@ -67,10 +67,19 @@ class KVBlockManager:
         The snapshot copies the table (O(blocks)), as the article's does; a decode loop
         that needs none should call ``append_slot`` (O(1)).
         """
-        table = self._table(request_id)
+        try:
+            table = self._manager._tables[request_id]
+        except KeyError:
+            unknown_request(request_id)  # NOTE: inlined, not ``_table``: a call is a fifth here
         if type(token_count) is not int or token_count < 0:
             check_token_count(token_count)  # by count only: token ids are refused here
-        self._manager._groups.grow(request_id, table, token_count)
+        if 0 < token_count <= table.room:
+            # NOTE: the growth path's in-block case (``KVCacheGroups.grow``) inlined, as in
+            # ``append_slot``: the article's decode step changes two counters.
+            table.room -= token_count
+            table.token_count += token_count
+        else:
+            self._manager._groups.grow(request_id, table, token_count)
         return table.snapshot(request_id)
 
     def append_slot(self, request_id: str) -> int:
