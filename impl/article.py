@@ -80,7 +80,10 @@ class KVBlockManager:
             table.token_count += token_count
         else:
             self._manager._groups.grow(request_id, table, token_count)
-        return table.snapshot(request_id)
+        # NOTE: ``Table.snapshot`` inlined: a call is a tenth of this path.
+        return RequestBlockTable(
+            request_id, list(table.group_block_ids[0]), table.token_count, table.skipped_blocks[0]
+        )
 
     def append_slot(self, request_id: str) -> int:
         """Grow a request by one token; return that token's pool slot in group 0: the row of
