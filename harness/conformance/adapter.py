@@ -29,7 +29,7 @@ Not here: checking. The adapter only translates; ``harness.conformance.propertie
 ``harness.conformance.judge`` judge.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -108,6 +108,25 @@ class Call:
     after: Observation
 
 
+class ServerError(Exception):
+    """The server's own exception inside an engine step (not a capacity refusal), raised by
+    an engine adapter from it with the allocator calls the step made before it."""
+
+    def __init__(self, calls: list[Call]) -> None:
+        super().__init__(f"the server raised after {len(calls)} allocator call(s)")
+        self.calls = calls
+
+
+def record_calls(calls: list[Call], run: Callable[[], object]) -> list[Call]:
+    """Run a server's step, whose watched allocator calls append to ``calls``: those
+    calls, or ``ServerError`` with the ones made before the server raised."""
+    try:
+        run()
+    except Exception as error:
+        raise ServerError(calls) from error
+    return calls
+
+
 class _Target(Protocol):
     """What both kinds of adapter show."""
 
@@ -155,7 +174,8 @@ class EngineAdapter(_Target, Protocol):
     def step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> list[Call]:
         """One engine step: schedule, a forward pass whose model samples ``sampled[r]``
         for each request r that gets a token (a stop token if r is in ``finishing``, so r
-        finishes after this forward), and the update; the allocator calls it made."""
+        finishes after this forward), and the update; the allocator calls it made. The
+        server's own exception is raised as ``ServerError`` from it."""
         ...
 
     def abort(self, request_id: str) -> list[Call]:

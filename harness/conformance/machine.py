@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import spec
-from harness.conformance.adapter import CACHE_SALT, Adapter, Call, EngineAdapter, Outcome, is_engine
+from harness.conformance.adapter import (
+    CACHE_SALT,
+    Adapter,
+    Call,
+    EngineAdapter,
+    Outcome,
+    ServerError,
+    is_engine,
+)
 from harness.conformance.judge import Judge, Tally
 from harness.conformance.properties import expected_step
 
@@ -199,8 +207,9 @@ class EngineMachine(ConformanceMachine):
         raised = None
         try:
             calls = run()
-        except Exception as error:  # the server's own failure: a finding, then shrunk
-            calls, raised = [], f"{type(error).__name__}: {error}"
+        except ServerError as error:  # the server's own failure: a finding, then shrunk
+            cause = error.__cause__
+            calls, raised = error.calls, f"{type(cause).__name__}: {cause}"
         for call in calls:
             if call.operation == "release" and call.args[0] in self.waiting_or_running:
                 self.waiting_or_running.remove(str(call.args[0]))

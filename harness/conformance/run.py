@@ -7,11 +7,13 @@ raises ``AssertionError`` with the report when a property breaks. Both take the 
 keywords: ``steps`` and ``seed``.
 """
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.internal.conjecture import engine as conjecture_engine
 from hypothesis.stateful import get_state_machine_test
 
 from harness.conformance.adapter import Adapter, EngineAdapter, is_engine
@@ -40,11 +42,12 @@ def check_target(
     seed: int = 0,
     progress: Callable[[Report], None] | None = None,
     progress_every_s: float = 10.0,
+    shrink_seconds: float = 120.0,
 ) -> Report:
     """Run the adapters ``factory`` makes (a fresh one per test case) for at least ``steps``
-    steps, or to the first discrepancy; ``progress(report)`` is called every
-    ``progress_every_s`` seconds, between test cases. Never raises for a discrepancy: the
-    report carries it."""
+    steps, or to the first discrepancy, shrunk for at most ``shrink_seconds``;
+    ``progress(report)`` is called every ``progress_every_s`` seconds, between test cases.
+    Never raises for a discrepancy: the report carries it."""
     probe = factory()
     properties = checked_properties(bool(getattr(probe, "exact", False)), is_engine(probe))
     if probe.observe().ref_counts is None:
@@ -84,7 +87,8 @@ def check_target(
             ),
         )
         try:
-            hypothesis_seed(seed * 1_000_003 + batch)(test)()
+            with _shrinking_for(shrink_seconds):
+                hypothesis_seed(seed * 1_000_003 + batch)(test)()
         except DiscrepancyError as found:
             report.discrepancy = found
             break
@@ -106,3 +110,15 @@ def assert_conforms(
     if report.discrepancy is not None:
         raise AssertionError(report.describe())
     return report
+
+
+@contextlib.contextmanager
+def _shrinking_for(seconds: float) -> Iterator[None]:
+    """Hypothesis shrinks for up to 300 s (``MAX_SHRINKING_SECONDS``, not a setting); an
+    engine target replays a whole server per attempt, so the kit bounds it itself."""
+    default = conjecture_engine.MAX_SHRINKING_SECONDS
+    conjecture_engine.MAX_SHRINKING_SECONDS = int(seconds)
+    try:
+        yield
+    finally:
+        conjecture_engine.MAX_SHRINKING_SECONDS = default

@@ -47,7 +47,7 @@ from transformers.generation.continuous_batching.requests import RequestState, R
 from transformers.generation.continuous_batching.scheduler import FIFOScheduler
 from transformers.generation.logits_process import LogitsProcessorList
 
-from harness.conformance.adapter import Call, Observation, Outcome, TargetTable
+from harness.conformance.adapter import Call, Observation, Outcome, TargetTable, record_calls
 
 STOP_TOKEN = 7  # outside the kit's vocabulary (0..3): the stub model samples it to finish
 
@@ -194,8 +194,11 @@ class TransformersEngine:
 
     def step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> list[Call]:
         self.calls = []
+        return record_calls(self.calls, lambda: self._step(sampled, finishing))
+
+    def _step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> None:
         if not self.processor.prepare_next_batch():
-            return self.calls
+            return
         io = self.processor.inputs_and_outputs
         # The stub forward: the sampled token of each request that gets one, in batch order.
         index = 0
@@ -206,14 +209,15 @@ class TransformersEngine:
                 io.output_ids[0, index] = token
                 index += 1
         self.processor.update_batch()
-        return self.calls
 
     def abort(self, request_id: str) -> list[Call]:
         self.calls = []
+        return record_calls(self.calls, lambda: self._cancel(request_id))
+
+    def _cancel(self, request_id: str) -> None:
         scheduler = self.processor.scheduler
         scheduler.set_request_cancellation(request_id)
         scheduler.clear_cancelled_requests()  # what the next prepare_next_batch does first
-        return self.calls
 
     # -- watching the cache -------------------------------------------------------------------
 

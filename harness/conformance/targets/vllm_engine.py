@@ -23,17 +23,14 @@ blocks), so only what must hold whatever the order is compared.
 """
 
 import functools
-import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # no GPU: vLLM's CPU platform
-
 import torch
 from transformers import LlamaConfig
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_group_id, get_request_block_hasher, init_none_hash
@@ -48,7 +45,14 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from harness.conformance.adapter import CACHE_SALT, Call, Observation, Outcome, TargetTable
+from harness.conformance.adapter import (
+    CACHE_SALT,
+    Call,
+    Observation,
+    Outcome,
+    TargetTable,
+    record_calls,
+)
 
 STOP_TOKEN = 7  # outside the kit's vocabulary (0..3): the stub model samples it to finish
 
@@ -108,7 +112,12 @@ def vllm_config(block_size: int, total_blocks: int) -> Any:  # Any: vLLM's confi
     scheduler = SchedulerConfig(
         max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=4096, is_encoder_decoder=False
     )
-    return VllmConfig(model_config=model, cache_config=cache, scheduler_config=scheduler)
+    return VllmConfig(
+        model_config=model,
+        cache_config=cache,
+        scheduler_config=scheduler,
+        device_config=DeviceConfig(device="cpu"),
+    )
 
 
 class VLLMEngine:
@@ -175,6 +184,9 @@ class VLLMEngine:
 
     def step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> list[Call]:
         self.calls = []
+        return record_calls(self.calls, lambda: self._step(sampled, finishing))
+
+    def _step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> None:
         scheduled = self.scheduler.schedule()
         request_ids = list(scheduled.num_scheduled_tokens)
         tokens = [[STOP_TOKEN if r in finishing else sampled[r]] for r in request_ids]
@@ -184,12 +196,11 @@ class VLLMEngine:
             sampled_token_ids=tokens,
         )
         self.scheduler.update_from_output(scheduled, output)
-        return self.calls
 
     def abort(self, request_id: str) -> list[Call]:
         self.calls = []
-        self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
-        return self.calls
+        aborted = RequestStatus.FINISHED_ABORTED
+        return record_calls(self.calls, lambda: self.scheduler.finish_requests(request_id, aborted))
 
     # -- watching the allocator ---------------------------------------------------------------
 
