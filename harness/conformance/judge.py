@@ -66,6 +66,10 @@ class Judge:
         self.token_ids: dict[str, tuple[int, ...]] = {}
         self.cache_salts: dict[str, str] = {}
         self.steps: list[StepRecord] = []
+        # The last view: an engine step's calls observe the pool between them twice (after
+        # one, before the next), and the kit's knowledge changes only when it learns.
+        self._viewed: tuple[Observation, int, spec.AllocatorState] | None = None
+        self._learned = 0
         self.observation = adapter.observe()
         self.state = self.view(self.observation)
         self.raise_bugs(state_findings(self.state, self.observes_ref_counts))
@@ -76,7 +80,11 @@ class Judge:
 
     def view(self, observation: Observation) -> spec.AllocatorState:
         """``observation`` as the spec state it is, under what the kit knows now."""
-        return to_state(
+        if self._viewed is not None:
+            seen, learned, state = self._viewed
+            if learned == self._learned and seen == observation:
+                return state
+        state = to_state(
             observation,
             block_size=self.adapter.block_size,
             group_windows=self.adapter.group_windows,
@@ -85,6 +93,8 @@ class Judge:
             token_ids=self.token_ids,
             cache_salts=self.cache_salts,
         )
+        self._viewed = (observation, self._learned, state)
+        return state
 
     # -- a step -----------------------------------------------------------------------------
 
@@ -222,6 +232,7 @@ class Judge:
         ]
 
     def _learn(self, observation: Observation) -> None:
+        self._learned += 1
         self.contents.learn(observation, self.token_ids, self.adapter.block_size, self.cache_salts)
 
     def _cached_prefixes(self, observation: Observation) -> list[dict[int, spec.CacheKey]]:
@@ -242,6 +253,7 @@ class Judge:
         request holding blocks (a declared non-atomic refusal) holds the tokens its
         table covers."""
         operation, args = call.operation, call.args
+        self._learned += 1
         if operation in TARGET_OPERATIONS:
             return
         request_id = args[0]

@@ -47,9 +47,10 @@ PROMPTS = st.builds(
 CACHE_SALTS = st.sampled_from([None, None, "a", "b"])
 NEW_TOKEN_IDS = st.lists(st.integers(0, 3), min_size=1, max_size=8).map(tuple)
 TOKEN_COUNTS = st.integers(1, 12)
-# An engine step: the token the stub model samples for each request slot, and the
-# requests whose token this step is a stop token.
-SAMPLED = st.lists(st.integers(0, 3), min_size=len(REQUEST_IDS), max_size=len(REQUEST_IDS))
+# An engine step: the token the stub model samples for each request slot (the base-4 digits
+# of one number: one draw a step, shrinking to all zeros), and the requests whose token
+# this step is a stop token.
+SAMPLED = st.integers(0, 4 ** len(REQUEST_IDS) - 1)
 FINISHING = st.frozensets(st.sampled_from(REQUEST_IDS), max_size=2)
 # A request this long finishes at its next token, so that one request alone always fits a
 # pool of 12 blocks of 4 tokens.
@@ -186,8 +187,8 @@ class EngineMachine(ConformanceMachine):
 
     @precondition(lambda self: self.waiting_or_running)
     @rule(sampled=SAMPLED, finishing=FINISHING)
-    def step(self, sampled: list[int], finishing: frozenset[str]) -> None:
-        tokens = dict(zip(REQUEST_IDS, sampled, strict=True))
+    def step(self, sampled: int, finishing: frozenset[str]) -> None:
+        tokens = {r: sampled // 4**slot % 4 for slot, r in enumerate(REQUEST_IDS)}
         long = {r for r, ids in self.judge.token_ids.items() if len(ids) + 1 >= MAX_REQUEST_TOKENS}
         ending = frozenset((finishing | long) & set(self.waiting_or_running))
         label = f"step(sampled={[tokens[r] for r in self.waiting_or_running]}, " + (

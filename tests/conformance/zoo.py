@@ -355,7 +355,7 @@ ZOO: list[Mutant] = [
     Mutant(
         "a key kept after eviction", "vLLM #44237; vLLM #4761", "vllm-full",
         "BlockPool._maybe_evict_cached_block", _key_kept_after_eviction,
-        _hit_after_the_block_was_reused, "hit_confirmed",
+        _hit_after_the_block_was_reused, "cached_content_exact",
     ),
     Mutant(
         "a window freeing a block early", "vLLM #3385", "vllm-hybrid",
