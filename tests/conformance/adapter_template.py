@@ -13,6 +13,9 @@ its own) and finds nothing: tests/conformance/test_wheel_adapter.py runs this ve
 from a wheel install.
 """
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from harness.conformance import Observation, TargetTable
 from spec import BlockAllocationError
 
@@ -110,7 +113,8 @@ class TinyPrefixPoolAdapter:
     group_windows: tuple[int | None, ...] = (None,)  # one group, full attention
     pool_block_ids = range(12)
     supports = frozenset({"allocate_prompt", "append_token_ids", "release", "preempt"})
-    differences: dict[str, str] = {}  # property (or property/operation) -> why, by design
+    # Property (or property/operation) -> why your allocator differs on it by design.
+    differences: Mapping[str, str] = MappingProxyType({})
 
     def __init__(self) -> None:
         self.pool = TinyPrefixPool(num_blocks=12, block_size=4)
