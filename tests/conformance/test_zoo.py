@@ -14,7 +14,7 @@ from tests.conformance.zoo import ZOO, Mutant
 # its run shrunk for at most SHRINK_SECONDS to at most SHRUNK_STEPS steps.
 STEPS = 1500
 SHRINK_SECONDS = 10
-SHRUNK_STEPS = 12
+SHRUNK_STEPS = 30
 
 
 def _needs(mutant: Mutant) -> list[pytest.MarkDecorator]:
