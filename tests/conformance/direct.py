@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from harness.conformance.targets.transformers_engine import llama_config
+
 # Any: vLLM's and transformers' objects are the untyped boundary.
 
 
@@ -75,7 +77,6 @@ def vllm_hit(manager: Any, hasher: Any, prompt: list[int], cache_salt: str | Non
 def transformers_cache(sliding_window: int | None = None) -> Any:
     """A ``PagedAttentionCache`` of 12 sectors of one 4-token block, for a one-layer Llama
     (or full + sliding-window layers), prefix sharing on when the model allows it."""
-    from transformers import LlamaConfig  # noqa: PLC0415
     from transformers.generation.configuration_utils import (  # noqa: PLC0415
         ContinuousBatchingConfig,
     )
@@ -86,23 +87,12 @@ def transformers_cache(sliding_window: int | None = None) -> Any:
         DistributedHelper,
     )
 
-    layers = (
-        ["full_attention"] if sliding_window is None else ["full_attention", "sliding_attention"]
-    )
-    config_class: Any = LlamaConfig
-    config = config_class(
-        vocab_size=8,
-        hidden_size=16,
-        num_hidden_layers=len(layers),
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=16,
-        intermediate_size=16,
-        layer_types=layers if sliding_window is not None else None,
-        sliding_window=sliding_window,
-    )
+    config = llama_config(sliding_window)
     cb_config = ContinuousBatchingConfig(
-        page_size=4, num_blocks=12 // len(layers), max_batch_tokens=64, max_memory_percent=0.5
+        page_size=4,
+        num_blocks=12 // config.num_hidden_layers,
+        max_batch_tokens=64,
+        max_memory_percent=0.5,
     )
     return PagedAttentionCache(
         config, cb_config, "cpu", DistributedHelper(None, None), dtype=torch.float16

@@ -10,27 +10,17 @@ venv through a ``.pth`` line to a folder that holds only them, so torch stays ou
 
 import importlib.metadata
 import shutil
-import subprocess
 import sys
 import venv
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.wheel_build import ROOT, build_wheel
+from tests.support.wheel_build import run as _run
+
 TEMPLATE = ROOT / "tests" / "conformance" / "adapter_template.py"
 KIT_DEPENDENCIES = ("hypothesis", "sortedcontainers")
-
-
-def _run(*command: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(part) for part in command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
 
 
 def _link_distribution(name: str, into: Path) -> None:
@@ -47,20 +37,7 @@ def _link_distribution(name: str, into: Path) -> None:
 def user_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with this source's wheel and Hypothesis, without torch; its python."""
     base = tmp_path_factory.mktemp("kit-wheel")
-    source = base / "source"
-    source.mkdir()
-    shutil.copy(ROOT / "pyproject.toml", source)
-    shutil.copy(ROOT / "README.md", source)
-    for package in ("spec", "impl", "harness"):
-        shutil.copytree(
-            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    built = _run(
-        sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
-        "-w", base / "wheels", cwd=source,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr
-    (wheel,) = (base / "wheels").glob("pagedkv-*.whl")
+    wheel = build_wheel(base)
     venv.create(base / "user", with_pip=False)
     python = base / "user" / "bin" / "python"
     installed = _run(

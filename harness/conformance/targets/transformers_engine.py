@@ -89,6 +89,27 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
 )
 
 
+def llama_config(sliding_window: int | None) -> Any:  # Any: transformers' config
+    """A one-layer Llama config (full attention), or a full layer beside a sliding-window
+    layer of ``sliding_window`` tokens: one block of 4 tokens fills a 256-byte sector."""
+    layers = ["full_attention"]
+    if sliding_window is not None:
+        layers.append("sliding_attention")
+    # Any: transformers' config takes the layer types and window as extra keywords.
+    config_class: Any = LlamaConfig
+    return config_class(
+        vocab_size=8,
+        hidden_size=16,
+        num_hidden_layers=len(layers),
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=16,
+        layer_types=layers if sliding_window is not None else None,
+        sliding_window=sliding_window,
+    )
+
+
 class TransformersEngine:
     """A real ``ContinuousBatchProcessor``: full attention, or full + sliding window groups."""
 
@@ -102,24 +123,7 @@ class TransformersEngine:
         block_size: int = 4,
         known_findings: bool = False,
     ) -> None:
-        layers = (
-            ["full_attention"]
-            if sliding_window is None
-            else ["full_attention", "sliding_attention"]
-        )
-        # Any: transformers' config takes the layer types and window as extra keywords.
-        config_class: Any = LlamaConfig
-        config = config_class(
-            vocab_size=8,
-            hidden_size=16,
-            num_hidden_layers=len(layers),
-            num_attention_heads=1,
-            num_key_value_heads=1,
-            head_dim=16,
-            intermediate_size=16,
-            layer_types=layers if sliding_window is not None else None,
-            sliding_window=sliding_window,
-        )
+        config = llama_config(sliding_window)
         # 12 sectors in all: one block of 16 x 2 x fp16 x 4 tokens = 256 bytes per sector;
         # a token budget no batch of the kit's requests reaches (no prefill is split).
         # Any: the resolved config is transformers' (its fields typed as the unresolved ones).
@@ -127,7 +131,7 @@ class TransformersEngine:
             config,
             ContinuousBatchingConfig(
                 page_size=block_size,
-                num_blocks=12 // len(layers),
+                num_blocks=12 // config.num_hidden_layers,
                 max_batch_tokens=256,
                 max_memory_percent=0.5,
                 use_async_batching=False,
