@@ -178,7 +178,9 @@ class Judge:
             token_ids, cache_salt = args[1], args[2] if len(args) > 2 else None
             assert isinstance(token_ids, tuple)
             assert cache_salt is None or isinstance(cache_salt, str)
-            shadow_hit = self.shadow.hit(before, token_ids, cache_salt, visible_before)
+            shadow_hit = self.shadow.hit(
+                before, token_ids, cache_salt, visible_before, self.contents
+            )
         self._track_tokens(call)
         self._learn(call.after)
         after = self.state = self.view(call.after)
@@ -222,14 +224,10 @@ class Judge:
         )
         return [_tagged(f, operation) for f in findings + eviction], expected, evicted
 
-    def _spare_duplicates(self, observation: Observation) -> list[int]:
-        """Per group, the cached free blocks whose key another cached block holds too."""
+    def _spare_duplicates(self, observation: Observation) -> int:
+        """The cached free blocks whose key another cached block of their group holds too."""
         duplicates = set(duplicate_cached_blocks(observation, self.contents))
-        free = set(observation.cached_free_block_ids)
-        return [
-            len(duplicates & free & cached)
-            for cached in (observation.cached_block_ids or [frozenset()] * self.groups)
-        ]
+        return len(duplicates & set(observation.cached_free_block_ids))
 
     def _learn(self, observation: Observation) -> None:
         self._learned += 1

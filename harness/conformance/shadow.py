@@ -92,12 +92,13 @@ class Shadow:
         token_ids: tuple[int, ...],
         cache_salt: str | None,
         visible_now: Keys | None,
+        contents: Contents,
     ) -> int:
-        """The spec's hit rule over the shadow, less the keys the target no longer shows
-        (evicted earlier in this step; the step's end judges whether it was justified)."""
+        """The spec's hit rule over the shadow, less the keys evicted earlier in this step:
+        those the target no longer shows, or (if it shows none) no block holds any more."""
         caches = []
         for group, keys in enumerate(self.keys):
-            kept = keys if visible_now is None else keys & visible_now[group]
+            kept = keys & (contents.held_keys(group) if visible_now is None else visible_now[group])
             caches.append(spec.FrozenMap(dict.fromkeys(kept, -1)))
         shadow_state = replace(state, group_caches=tuple(caches))
         return spec.cached_prefix_tokens(shadow_state, token_ids, cache_salt)
@@ -144,31 +145,32 @@ def eviction_findings(
     visible_before: Keys | None,
     visible_after: Keys | None,
     evicted: list[float],
-    spare_duplicates: list[int],
+    spare_duplicates: int,
 ) -> tuple[list[Finding], Keys]:
-    """One call's ``eviction_justified`` findings and the keys it evicted (per group).
-    ``evicted[g]``: how many keys the spec's operation evicted on the same state;
-    ``spare_duplicates[g]``: the cached free blocks whose key another block caches too. A
-    finding's ``operation`` is ``duplicate`` when evicting spare copies instead would have
-    kept every key."""
+    """One call's ``eviction_justified`` finding and the keys it evicted (per group).
+    ``evicted[g]``: how many keys the spec's operation evicted on the same state from
+    group g; ``spare_duplicates``: the cached free blocks whose key another block caches
+    too. The groups share one pool and which group's block goes first is a matter of
+    order, so the count is the calls' over every group. A finding's ``operation`` is
+    ``duplicate`` when evicting spare copies instead would have kept every key."""
     if visible_before is None or visible_after is None:
         return [], [frozenset() for _ in evicted]
-    findings = []
-    lost_keys = []
-    for group, allowed in enumerate(evicted):
-        lost = visible_before[group] - visible_after[group]
-        lost_keys.append(lost)
-        if len(lost) > allowed:
-            spare = allowed + spare_duplicates[group] >= len(lost)
-            findings.append(
-                Finding(
-                    "eviction_justified",
-                    f"group {group}: {len(lost)} key(s) left the cache: {_keys_text(lost)}",
-                    f"at most {allowed:.0f} evicted",
-                    "duplicate" if spare else None,
-                )
-            )
-    return findings, lost_keys
+    lost = [before - after for before, after in zip(visible_before, visible_after, strict=True)]
+    allowed = sum(evicted)
+    count = sum(len(keys) for keys in lost)
+    if count <= allowed:
+        return [], lost
+    text = "; ".join(
+        f"group {group}: {_keys_text(keys)}" for group, keys in enumerate(lost) if keys
+    )
+    spare = allowed + spare_duplicates >= count
+    finding = Finding(
+        "eviction_justified",
+        f"{count} key(s) left the cache: {text}",
+        f"at most {allowed:.0f} evicted",
+        "duplicate" if spare else None,
+    )
+    return [finding], lost
 
 
 def _keys_text(keys: frozenset[spec.CacheKey]) -> str:
