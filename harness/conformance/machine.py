@@ -186,6 +186,9 @@ class EngineMachine(ConformanceMachine):
         salt = cache_salt if CACHE_SALT in self.adapter.supports else None
         self.adapter.submit(request_id, token_ids, salt)
         self.waiting_or_running.append(request_id)
+        # A step of its own in the report (no allocator call: the pool must not change).
+        label = f"arrive({request_id!r}, {token_ids!r}, {salt!r})"
+        self.judge.judge_step(label, [], self.adapter.observe())
 
     @precondition(lambda self: self.waiting_or_running)
     @rule(sampled=SAMPLED, finishing=FINISHING)

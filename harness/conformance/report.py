@@ -96,7 +96,7 @@ class DiscrepancyError(AssertionError):
         for finding in self.findings:
             reason = declared_reason(finding, self.differences)
             kind = f"declared policy difference ({reason})" if reason else "BUG"
-            where = f" (in {finding.operation})" if finding.operation else ""
+            where = f" ({finding.operation})" if finding.operation else ""
             lines += [
                 f"property {finding.name}: {kind}{where}",
                 f"  rule:   {statement(finding.name)}",
