@@ -83,10 +83,10 @@ ABSOLUTE_PROPERTIES: Mapping[str, str] = {
     "computed_findable": "after a step, every full block a call of the step computed (a "
     "table's block whose tokens are all known and all computed, in the group where it sits "
     "past skipped_blocks) is in the cache under its CacheKey: a prefix hit finds it",
-    "eviction_justified": "a CacheKey leaves a group's cache only as the spec's operations "
-    "on the same states evict (BlockRemoved: a block was needed and the free queue was "
-    "empty, or truncate emptied a cached block's end) or on reset_prefix_cache: a step "
-    "loses at most as many keys as the spec's calls of that step evict",
+    "eviction_justified": "a CacheKey leaves a cache only as the spec's operation on the "
+    "same state evicts (BlockRemoved: a block was needed and the free queue was empty, or "
+    "truncate emptied a cached block's end) or on reset_prefix_cache: a call loses, over "
+    "every group, at most as many keys as the spec's operation evicts",
     "shadow_hit_maximal": "a prompt's hit is at least the spec's hit rule "
     "(cached_prefix_tokens) over the kit's shadow: every key the target's calls computed "
     "or cached, less the keys it evicted as eviction_justified allows",

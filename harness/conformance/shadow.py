@@ -9,8 +9,8 @@ construction. These do not take the target's cache as given:
 - ``computed_findable``: every block a step's calls filled with computed tokens is cached,
   under its key, when the step ends (one computed and evicted in the same step counts as
   an eviction);
-- ``eviction_justified``: keys leave the cache only as the spec's own calls on the same
-  states evict (its ``BlockRemoved`` events), or on a reset;
+- ``eviction_justified``: a call loses, over every group, at most as many keys as the
+  spec's operation on the same state evicts (its ``BlockRemoved`` events), or on a reset;
 - ``shadow_hit_maximal``: the ``Shadow`` holds every key the target's calls computed or
   it cached, less those evicted; an admission's hit is at least the spec's hit rule over
   it. A hit is only asked of blocks whose forward pass ended before the admission's step.
@@ -115,7 +115,7 @@ class Shadow:
         """End a step: the findings of ``computed_findable``, then the shadow's update.
         ``computed[g]``: each key the step's calls computed, and the request that computed
         it; ``released``: the requests released or preempted in the step; ``evicted[g]``:
-        the keys its calls evicted as ``eviction_findings`` allows.
+        the keys its calls evicted (``eviction_findings`` judged each call).
 
         A finding's ``operation`` is ``release`` when every key computed and not cached
         was computed by a request the step then released (after its last forward)."""
