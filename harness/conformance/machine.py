@@ -44,8 +44,8 @@ PROMPTS = st.builds(
     st.lists(st.integers(0, 3), min_size=0, max_size=6).map(tuple),
 ).filter(bool)
 # Cache salts for an adapter that takes them: no salt half the time, two tenants. Not the
-# empty salt: vLLM's API refuses one and its hasher takes it for none (docs/conformance.md
-# finding 7); pagedkv's own lockstep covers it.
+# empty salt: vLLM's API refuses one and its hasher takes it for none (docs/conformance.md,
+# "Declared differences"); pagedkv's own lockstep covers it.
 CACHE_SALTS = st.sampled_from([None, None, "a", "b"])
 NEW_TOKEN_IDS = st.lists(st.integers(0, 3), min_size=1, max_size=8).map(tuple)
 TOKEN_COUNTS = st.integers(1, 12)
