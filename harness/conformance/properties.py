@@ -21,10 +21,13 @@ import spec
 from harness.conformance.adapter import OPERATION_NAMES, Outcome
 from spec.invariants import INVARIANTS
 
-# The spec's transition of each operation an adapter may support: its public function of
-# the same name (state, arguments) -> state.
+# The kit's operation names (``adapter.OPERATION_NAMES``) that are another row of
+# ``spec.api``: token ids or a count, the same ``allocate`` and ``append``.
+SPEC_ROWS = {"allocate_prompt": "allocate", "append_token_ids": "append", "append_tokens": "append"}
+# The spec's transition of each operation an adapter may support: the public function of
+# its row (state, arguments) -> state.
 SPEC_OPERATIONS: Mapping[str, Callable[..., spec.AllocatorState]] = {
-    name: getattr(spec, name) for name in OPERATION_NAMES
+    name: getattr(spec, SPEC_ROWS.get(name, name)) for name in OPERATION_NAMES
 }
 
 # spec.invariants that an observation can decide (pending copies and skipped-block lists

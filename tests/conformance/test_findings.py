@@ -169,7 +169,7 @@ def test_vllm_takes_an_empty_cache_salt_for_none_where_the_spec_keeps_it_apart()
     vllm_admit(manager, hasher, "r0", prompt)  # unsalted: blocks 1..2 cache (1..8)
     hits = {salt: vllm_hit(manager, hasher, prompt, salt) for salt in ("", "a")}
     assert hits == {"": 8, "a": 0}
-    state = spec.allocate_prompt(spec.init(12, 4), "r0", tuple(prompt))
+    state = spec.allocate(spec.init(12, 4), "r0", tuple(prompt))
     assert spec.cached_prefix_tokens(state, tuple(prompt), "") == 0
 
 

@@ -12,7 +12,7 @@ from harness.cli.main import main
 from harness.kv_events import KVEventLog, event_json, read_events, write_events
 from harness.kv_layout import KVLayout
 from harness.runtime.kv_pool import new_manager
-from impl import KVBlockManager
+from impl import KVCacheManager
 from impl.prefix_cache import EventSink
 from spec import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.support.harness_cases import save_model_directory, tiny_model
@@ -42,7 +42,7 @@ def _argv(tiny_dir: Path, tmp_path: Path) -> list[str]:
 def test_the_events_of_the_main_command_replay_to_the_cache_it_ended_with(
     tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    managers: list[KVBlockManager] = []
+    managers: list[KVCacheManager] = []
 
     def keeping_the_recorded_manager(
         layout: KVLayout,
@@ -52,7 +52,7 @@ def test_the_events_of_the_main_command_replay_to_the_cache_it_ended_with(
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,
-    ) -> KVBlockManager:
+    ) -> KVCacheManager:
         manager = new_manager(
             layout,
             total_blocks,
