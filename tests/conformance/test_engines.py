@@ -81,3 +81,12 @@ def test_a_preemption_happens_in_the_middle_of_a_step(name: str) -> None:
     first = preempts[0]
     refused = [i for i, call in enumerate(calls[:first]) if call.outcome.refusal is not None]
     assert refused and first > 1, _trace(calls)
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_client_abort_releases_a_running_request(name: str) -> None:
+    adapter = _engine(name)
+    adapter.submit("r0", (1, 2, 3, 0, 1))
+    adapter.step({"r0": 0}, frozenset())
+    assert _trace(adapter.abort("r0")) == ["release r0"]
+    assert not any("r0" in tables for tables in adapter.observe().tables)
