@@ -10,7 +10,6 @@ from a directory outside the repository, so the source folders are not on its pa
 """
 
 import shutil
-import subprocess
 import sys
 import sysconfig
 import venv
@@ -18,41 +17,19 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.wheel_build import ROOT, build_wheel
+from tests.support.wheel_build import run as _run
+
 USER_FILE = ROOT / "tests" / "support" / "wheel_user.py"
 # torch's own analysis is most of a cold run (~1 min on 2 cores); kept between runs here.
 MYPY_CACHE = ROOT / ".mypy_cache" / "wheel-user"
-
-
-def _run(*command: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(part) for part in command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")
 def user_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the wheel of this source installed; its python."""
     base = tmp_path_factory.mktemp("wheel")
-    source = base / "source"
-    source.mkdir()
-    shutil.copy(ROOT / "pyproject.toml", source)
-    shutil.copy(ROOT / "README.md", source)
-    for package in ("spec", "impl", "harness"):
-        shutil.copytree(
-            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    built = _run(
-        sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
-        "-w", base / "wheels", cwd=source,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr
-    (wheel,) = (base / "wheels").glob("pagedkv-*.whl")
+    wheel = build_wheel(base)
     venv.create(base / "user", with_pip=False)
     python = base / "user" / "bin" / "python"
     site = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=base)
