@@ -11,7 +11,6 @@ from a directory outside the repository, so the source folders are not on its pa
 """
 
 import shutil
-import subprocess
 import sys
 import sysconfig
 import venv
@@ -19,25 +18,17 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.wheel_build import ROOT, build_wheel
+from tests.support.wheel_build import run as _run
+
 USER_FILE = ROOT / "tests" / "support" / "wheel_user.py"
 # torch's own analysis is most of a cold run (~1 min on 2 cores); kept between runs here.
 MYPY_CACHE = ROOT / ".mypy_cache" / "wheel-user"
 
 
-def _run(*command: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(part) for part in command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-
 def _source_copy(base: Path) -> Path:
-    """The files a build reads, copied under ``base``: the repository stays untouched."""
+    """The files an editable install reads (setup.cfg's editable mode among them), copied
+    under ``base``: the repository stays untouched."""
     source = base / "source"
     source.mkdir()
     for name in ("pyproject.toml", "setup.cfg", "README.md"):
@@ -71,12 +62,7 @@ def _install(python: Path, *what: str | Path, cwd: Path) -> None:
 def user_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the wheel of this source installed; its python."""
     base = tmp_path_factory.mktemp("wheel")
-    built = _run(
-        sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
-        "-w", base / "wheels", cwd=_source_copy(base),
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr
-    (wheel,) = (base / "wheels").glob("pagedkv-*.whl")
+    wheel = build_wheel(base)
     python = _fresh_venv(base)
     _install(python, wheel, cwd=base)
     return python

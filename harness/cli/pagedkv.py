@@ -1,8 +1,10 @@
-"""The ``pagedkv`` console script: ``check`` (the main command), ``bench NAME`` and ``fuzz``.
+"""The ``pagedkv`` console script: ``check`` (the main command), ``bench NAME``, ``fuzz``
+and ``conformance``.
 
 A dispatcher only: ``pagedkv check ...`` is ``python -m harness ...`` with the same options
-and exit codes, ``pagedkv bench NAME ...`` is ``python -m harness.bench.NAME ...``, and
-``pagedkv fuzz`` runs ``harness.cli.fuzz`` (a source checkout's long fuzzing).
+and exit codes, ``pagedkv bench NAME ...`` is ``python -m harness.bench.NAME ...``,
+``pagedkv fuzz`` runs ``harness.cli.fuzz`` (a source checkout's long fuzzing), and
+``pagedkv conformance ...`` is ``python -m harness.conformance ...``.
 Importing it loads no torch; each command imports what it runs.
 """
 
@@ -44,6 +46,8 @@ commands:
   bench NAME       run a benchmark (pagedkv bench --help lists them)
   fuzz             long fuzzing of the allocator against its spec, from a source
                    checkout (pagedkv fuzz --help)
+  conformance      check a shipped allocator (vllm, transformers, your own adapter)
+                   against the spec; = python -m harness.conformance
 
 Exit status: 0 success, 1 a check failed, 2 bad input, 130 interrupted.
 """
@@ -77,7 +81,12 @@ def _dispatch(command: str, rest: list[str]) -> int:
 
         interrupts_raise()
         return fuzz(rest, prog=f"{PROG} fuzz")
-    return fail(PROG, f"unknown command {command!r} (expected check, bench or fuzz)")
+    if command == "conformance":
+        from harness.conformance.cli import main as conformance  # noqa: PLC0415
+
+        return conformance(rest, prog=f"{PROG} conformance")
+    known = "check, bench, fuzz or conformance"
+    return fail(PROG, f"unknown command {command!r} (expected {known})")
 
 
 def _bench(args: list[str]) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.bench import allocator as bench_allocator
+from harness.bench import api_cost as bench_api_cost
 from harness.bench import decode as bench_decode
 from harness.bench import host_prefix as bench_host_prefix
 from harness.bench import preemption as bench_preemption
@@ -209,3 +210,20 @@ def test_bad_counts_are_one_line_and_exit_2_before_the_benchmark_runs(
     assert code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"python -m harness.bench.{argv[0]}: error: {message}")
+
+
+def test_the_api_cost_benchmark_compares_two_checkouts_taking_turns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    this_checkout = Path(bench_api_cost.__file__).resolve().parents[2]
+    argv = ["--before", str(this_checkout), "--rounds", "1", "--requests", "40"]
+    assert bench_api_cost.main(argv) == 0
+    out, err = capsys.readouterr()
+    rows = out.splitlines()[2:]
+    assert len(rows) == 14 and rows[0].startswith("| trace, engine decode call")
+    assert "round 1/1: before" in err and "round 1/1: after" in err
+
+
+def test_the_api_cost_benchmark_refuses_bad_input_with_exit_code_2() -> None:
+    assert bench_api_cost.main(["--before", "/nonexistent"]) == 2
+    assert bench_api_cost.main(["--before", ".", "--rounds", "0"]) == 2
