@@ -93,7 +93,7 @@ ANY_SALTS = st.one_of(SALTS, SALTS, SALTS, st.sampled_from([7, b"a", ("a",)]))
 ARGUMENTS: dict[Argument, st.SearchStrategy[object]] = {
     Argument.REQUEST_ID: NEW_REQUEST_IDS,
     Argument.CHILD_ID: NEW_REQUEST_IDS,
-    Argument.TOKENS: st.one_of(COUNTS, ANY_PROMPTS),
+    Argument.TOKENS: st.one_of(COUNTS, ANY_PROMPTS, ODD_TOKENS),
     Argument.TOKEN_COUNT: st.one_of(st.integers(-1, 40), BAD_COUNTS),
     Argument.CACHE_SALT: ANY_SALTS,
     Argument.PROMPT: ANY_PROMPTS,
