@@ -22,6 +22,7 @@ from typing import ClassVar
 
 from impl import checking
 from impl.block_pool import BlockPool
+from impl.events import PendingEvents
 from impl.groups import KVCacheGroups
 from impl.host_tier import HostTier
 from impl.prefix_cache import (
@@ -40,7 +41,6 @@ from spec import (
     AllocatorState,
     BlockAllocationError,
     CachedBlock,
-    HostBlockAllocationError,
     KVBlockUsage,
     ReleasedBlocks,
     RequestBlockTable,
@@ -58,7 +58,7 @@ class KVCacheManager:
     (``None``: full attention; W: a sliding window of W tokens; the default is one
     full-attention group); ``block_hash`` is the prefix cache's hash of a parent hash and a
     block's token ids; ``event_sink`` (e.g. a list's ``append``) is called with every KV
-    cache event (``spec.events``) as the caches change, and with ``None`` no event is built;
+    cache event (``spec.events``) once its call is done, and with ``None`` no event is built;
     ``host_blocks`` sizes the host tier ``swap_out`` copies a request to (0: none) and
     ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``).
     """
@@ -93,13 +93,15 @@ class KVCacheManager:
         self.host_blocks = host_blocks
         self.host_prefix_cache = host_prefix_cache
         groups = range(len(windows))
+        self._events = PendingEvents(event_sink)  # each call delivers its own when it is done
+        emit = self._events.emit
         caches = [
-            self.prefix_cache_class(total_blocks, block_hash, group=g, event_sink=event_sink)
+            self.prefix_cache_class(total_blocks, block_hash, group=g, event_sink=emit)
             for g in groups
         ]
         # No event sink on the host caches: host-tier events are not emitted yet.
         host_caches = [self.prefix_cache_class(host_blocks, block_hash, group=g) for g in groups]
-        self._pool = self.block_pool_class(total_blocks, caches, event_sink)
+        self._pool = self.block_pool_class(total_blocks, caches, emit)
         self._host = self.host_tier_class(host_blocks, host_caches if host_prefix_cache else ())
         self._groups = self.groups_class(block_size, windows, self._pool, self._host, block_hash)
         self._hits = self.prefix_hits_class(
@@ -221,7 +223,8 @@ class KVCacheManager:
         self, request_id: str, table: Table, new_tokens: int, cached_tokens: int
     ) -> AppendedSlots:
         """Every group's table and the slots of its last ``new_tokens`` positions."""
-        return table.appended(request_id, self.block_size, new_tokens, cached_tokens)
+        appended = table.appended(request_id, self.block_size, new_tokens, cached_tokens)
+        return self._events.delivered(appended) if self._events.events else appended
 
     # -- sharing, release and preemption ------------------------------------------------
 
@@ -252,7 +255,7 @@ class KVCacheManager:
             skipped_blocks=table.skipped_blocks,
             first_reads=[first_window_token(token_count, w) for w in self.group_windows],
         )
-        return self._groups.truncate(table, token_count)
+        return self._events.delivered(self._groups.truncate(table, token_count))
 
     def release(self, request_id: str) -> ReleasedBlocks:
         """Drop a request; each block loses a reference, group by group, last block first.
@@ -287,7 +290,7 @@ class KVCacheManager:
         pending).
 
         Refused while a pending copy writes into one of its blocks (``ValueError``: take the
-        transfers first) and when the host tier is short (``HostBlockAllocationError``).
+        transfers first) and when the host tier is absent or short (``HostBlockAllocationError``).
         """
         table = self._table(request_id)
         host = self._host
@@ -299,9 +302,7 @@ class KVCacheManager:
                     if block_id in awaited:
                         errors.awaits_copy(request_id, block_id)
         device_ids = [block_id for held in table.group_block_ids for block_id in held]
-        available = host.free_blocks
-        if len(device_ids) > available:
-            raise HostBlockAllocationError.out_of_blocks(request_id, len(device_ids), available)
+        errors.check_host_room(request_id, len(device_ids), host.free_blocks, host.host_blocks)
         del self._tables[request_id]
         return self._groups.copy_to_host(request_id, table)
 
@@ -318,7 +319,7 @@ class KVCacheManager:
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
         table = self._tables[request_id] = self._groups.copy_from_host(request_id, swapped)
-        return table.snapshots(request_id)
+        return self._events.delivered(table.snapshots(request_id))
 
     def take_transfers(self) -> Transfers:
         """What the KV pool must do before the next forward, in order, and clears it: every
@@ -344,7 +345,7 @@ class KVCacheManager:
         many cached blocks were dropped. O(pool): for a weight reload, not a step."""
         dropped = self._pool.reset_caches()
         self._groups.queue_copied(self._host.reset())
-        return dropped
+        return self._events.delivered(dropped)
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         """How many tokens of ``token_ids`` ``allocate`` would find cached under

@@ -18,10 +18,17 @@ from pathlib import Path
 
 import torch
 
-from harness.check import CheckSettingsError, check_model
-from harness.cli.limits import check_threads
+from harness.check import check_model
 from harness.cli.output import DEFAULT_PLOT_NAME, check_writable, plot_target, write_replacing
-from harness.cli.parsing import EXIT_INTERRUPTED, OneLineParser, UsageError, fail
+from harness.cli.parsing import (
+    EXIT_INTERRUPTED,
+    OneLineParser,
+    UsageError,
+    fail,
+    int_in,
+    interrupts_raise,
+    thread_count,
+)
 from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
 from harness.kv_events import KVEventLog, write_events
@@ -43,6 +50,7 @@ from harness.prompts import (
 )
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.preemption import PREEMPT_MODES
+from harness.settings import CheckSettings, CheckSettingsError
 
 PROG = "python -m harness"
 PROGRESS_PREFIX = "[harness]"
@@ -156,7 +164,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=thread_count,
         default=None,
         help="torch CPU threads (default: torch's choice, one per core); on a machine shared "
         "with other jobs, 1 is several times faster: the per-request attention is many small ops",
@@ -197,7 +205,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--pool-map",
-        type=int,
+        type=int_in(1),
         default=None,
         metavar="EVERY",
         help="print the pool's block map (on stderr) every EVERY engine steps of the "
@@ -228,6 +236,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Run the equivalence and print the table; returns the exit status."""
+    interrupts_raise()  # Ctrl-C exited at once while importing; from here it says where
     args = build_parser(prog).parse_args(argv)
     progress = Progress.for_stderr(PROGRESS_PREFIX, plain=args.json)
     try:
@@ -241,13 +250,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     try:
         device, dtype = _device_and_dtype(args.device, args.dtype)
-        _check_flags(args)
+        settings = _settings(args)
         plot = None if args.plot is None else plot_target("--plot", args.plot)
         if args.events is not None:
             check_writable("--events", args.events)
         kv_events = None if args.events is None else KVEventLog()
         if args.threads is not None:
-            check_threads(args.threads)
             torch.set_num_threads(args.threads)
         if args.system_prompt is not None:
             check_prompt_text(args.system_prompt, "--system-prompt")
@@ -263,28 +271,17 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             loaded.model,
             loaded.tokenizer,
             [[{"role": role, "content": content} for role, content in m] for m in prompts],
-            max_new_tokens=args.max_new_tokens,
-            block_size=args.block_size,
-            total_blocks=args.total_blocks,
-            attention=args.attention,
-            prefix_cache=not args.no_prefix_cache,
-            poison_freed=args.poison_freed,
-            n=args.n,
-            arrival_gap=args.arrival_gap,
-            batch_invariant=args.batch_invariant,
-            speculate=args.speculate,
-            max_batch_tokens=args.max_batch_tokens,
-            salts=args.salts,
-            preempt=args.preempt,
-            host_blocks=args.host_blocks,
+            settings,
             name=loaded.name,
             observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
             kv_events=kv_events,
             progress=progress,
         )
+    except CheckSettingsError as error:
+        progress.finish()
+        return fail(prog, error.naming_the_option())
     except (
         UsageError,
-        CheckSettingsError,
         PromptsFileError,
         PromptTextError,
         ModelNotFoundError,
@@ -309,30 +306,25 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     return EXIT_OK if output_error is None else fail(prog, output_error)
 
 
-def _check_flags(args: argparse.Namespace) -> None:
-    """Refuse the flags no model can take, before the model loads."""
-    for flag, value, least in (
-        ("--block-size", args.block_size, 1),
-        ("--max-new-tokens", args.max_new_tokens, 1),
-        ("--arrival-gap", args.arrival_gap, 0),
-        ("--n", args.n, 1),
-        ("--pool-map", args.pool_map, 1),
-        ("--salts", args.salts, 1),
-        ("--host-blocks", args.host_blocks, 1),
-    ):
-        if value is not None and value < least:
-            raise UsageError(f"{flag} must be >= {least}, got {value}")
-    if args.host_blocks is not None and args.no_prefix_cache and args.preempt != "swap":
-        raise UsageError(
-            f"--host-blocks {args.host_blocks} would hold nothing: it keeps swapped requests "
-            "(--preempt swap) and cached prefixes (not with --no-prefix-cache)"
-        )
-    if args.speculate is not None and args.speculate < 1:
-        raise UsageError(f"--speculate must be >= 1 draft token, got {args.speculate}")
-    if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
-        raise UsageError(
-            f"--max-batch-tokens must be >= 1 token per step, got {args.max_batch_tokens}"
-        )
+def _settings(args: argparse.Namespace) -> CheckSettings:
+    """The options as ``check_model``'s settings, checked as it checks them, before the
+    model loads."""
+    return CheckSettings(
+        max_new_tokens=args.max_new_tokens,
+        block_size=args.block_size,
+        total_blocks=args.total_blocks,
+        attention=args.attention,
+        prefix_cache=not args.no_prefix_cache,
+        poison_freed=args.poison_freed,
+        n=args.n,
+        arrival_gap=args.arrival_gap,
+        batch_invariant=args.batch_invariant,
+        speculate=args.speculate,
+        max_batch_tokens=args.max_batch_tokens,
+        salts=args.salts,
+        preempt=args.preempt,
+        host_blocks=args.host_blocks,
+    )
 
 
 def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> str | None:

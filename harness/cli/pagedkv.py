@@ -12,7 +12,13 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from harness.cli.parsing import EXIT_BAD_INPUT, fail, run_interruptible
+from harness.cli.parsing import (
+    EXIT_BAD_INPUT,
+    exit_on_interrupt,
+    fail,
+    interrupts_raise,
+    run_interruptible,
+)
 from harness.progress import stderr_as_progress
 
 PROG = "pagedkv"
@@ -54,6 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, end="", file=sys.stdout if args else sys.stderr)
         return 0 if args else EXIT_BAD_INPUT
     command, rest = args[0], args[1:]
+    # Ctrl-C while the command imports torch and transformers: one line and exit 130; each
+    # command's own handling takes over once it runs (and here, whatever happens).
+    exit_on_interrupt(f"{PROG} {' '.join(args[:2]) if command == 'bench' else command}")
+    try:
+        return _dispatch(command, rest)
+    finally:
+        interrupts_raise()
+
+
+def _dispatch(command: str, rest: list[str]) -> int:
     if command == "check":
         from harness.cli.main import main as check  # noqa: PLC0415
 
@@ -63,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "fuzz":
         from harness.cli.fuzz import main as fuzz  # noqa: PLC0415
 
+        interrupts_raise()
         return fuzz(rest, prog=f"{PROG} fuzz")
     if command == "conformance":
         from harness.conformance.cli import main as conformance  # noqa: PLC0415

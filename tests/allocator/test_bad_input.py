@@ -110,6 +110,30 @@ def test_a_pool_that_cannot_be_served_is_refused_at_once(
     assert str(refused.value).startswith(message)
 
 
+@pytest.mark.parametrize("make", [SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
+def test_a_host_prefix_cache_without_a_host_tier_is_refused_at_once(make: type[Manager]) -> None:
+    with pytest.raises(ValueError) as refused:
+        make(4, 4, host_blocks=0, host_prefix_cache=True)
+    assert str(refused.value) == (
+        "host_prefix_cache needs a host tier to demote freed prefixes to: host_blocks is 0"
+    )
+
+
+@pytest.mark.parametrize(
+    "tokens", [None, 1.5, "abc", (1, "x"), {1, 2}], ids=["none", "float", "str", "ids", "set"]
+)
+@pytest.mark.parametrize("make", [SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
+def test_a_held_request_id_is_refused_before_whatever_its_tokens_are(
+    make: type[Manager], tokens: object
+) -> None:
+    # Issue 33: one order, ``spec.errors.check_allocate``, for both.
+    pool = _a_pool_with_a_prompt_and_a_counted_request(make)
+    before = _state(pool)
+    with pytest.raises(ValueError, match="request already has allocated blocks: c"):
+        pool.allocate("c", tokens)  # type: ignore[arg-type]
+    assert _state(pool) == before
+
+
 def test_a_request_id_that_is_not_itself_cannot_break_the_invariants() -> None:
     pool = KVCacheManager(4, 4)
     with pytest.raises(TypeError):
