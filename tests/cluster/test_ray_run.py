@@ -21,8 +21,8 @@ from harness.cluster.worker import FuzzJob
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED = "tests/cluster/planted_fuzz_target.py"
-PLANTED_TEST = f"{PLANTED}::TestFuzzRefusedAllocateTakesBlocks::runTest"
-SECONDS = 150  # the bound; the bug is found in seconds (100-150 test cases)
+PLANTED_TEST = f"{PLANTED}::TestFuzzLeaksOneBlockOnRelease::runTest"
+SECONDS = 150  # the bound; the bug is found within the first test cases
 
 
 @pytest.fixture
