@@ -1,19 +1,12 @@
 """``KVCacheManager``: the fast, mutable allocator an engine calls on every step, one method
 per row of ``spec.api.OPERATIONS``.
 
-Each method checks every argument, refuses before it changes anything, and hands the work
-to the parts it is made of, each owning one thing:
-- ``impl.tables``: each request's ``Table`` (its blocks in every group, its length, its
-  token ids and keys);
-- ``impl.groups``: the KV cache groups (full attention or a sliding window) and every
-  table operation across them: growth (one path, its in-block case first), release,
-  truncation;
-- ``impl.prefix_hits``: a prompt's prefix hit across the groups, and what it caches;
-- ``impl.block_pool``: the free and cached free queues, ref counts, the prefix caches,
-  pending copy-on-write copies and the blocks windows freed;
-- ``impl.host_tier``: the host tier beside the pool: swapped-out requests, the copies
-  between the tiers, the blocks in flight, the host prefix cache;
-- ``impl.checking``: the mapping to spec state and the self-check (for tests).
+Each method checks every argument and refuses before it changes anything, then hands the
+work to the parts it is made of, each owning one thing: the tables (``impl.tables``), the
+KV cache groups and every table operation across them (``impl.groups``: growth, release,
+truncation), a prompt's prefix hit (``impl.prefix_hits``), the device pool
+(``impl.block_pool``) and, beside it, the host tier (``impl.host_tier``); ``impl.checking``
+maps it to a spec state (for tests).
 
 It behaves exactly like the spec (same block ids, same queue orders, same errors) and is
 tested against it in lockstep. What it adds is speed: O(1) amortised per operation, with
@@ -46,6 +39,7 @@ from spec import (
     MAX_TOKEN_ID,
     AllocatorState,
     BlockAllocationError,
+    CachedBlock,
     HostBlockAllocationError,
     KVBlockUsage,
     ReleasedBlocks,
@@ -124,17 +118,23 @@ class KVCacheManager:
         count (its blocks are never cached), or token ids, reusing the longest prefix
         cached under ``cache_salt`` and caching every block they fill. Returns every
         group's table and the slots of the tokens past the hit."""
-        errors.check_request_id(request_id)
-        if request_id in self._tables or request_id in self._host.swapped:
-            errors.duplicate_request(request_id)
         if errors.is_token_ids(tokens):
+            self._check_new(request_id)
             ids = tuple(tokens)
             errors.check_token_ids(ids)
             errors.check_cache_salt(cache_salt)
             return self._allocate_token_ids(request_id, ids, cache_salt)
+        table = self._allocate_count(request_id, tokens, cache_salt)
+        return self._appended(request_id, table, table.token_count, 0)
+
+    def _allocate_count(
+        self, request_id: str, tokens: object, cache_salt: str | None = None
+    ) -> Table:
+        """``allocate`` by count without its result record (the article layer's too)."""
+        self._check_new(request_id)
         errors.check_token_count(tokens)
-        errors.check_cache_salt(cache_salt)
         if cache_salt is not None:
+            errors.check_cache_salt(cache_salt)
             errors.counted_with_salt(request_id)
         assert isinstance(tokens, int)  # narrowed by check_token_count
         per_group = self._blocks_for(tokens)
@@ -147,7 +147,7 @@ class KVCacheManager:
         )
         self._groups.set_skipped(table, 0)
         self._tables[request_id] = table
-        return self._appended(request_id, table, tokens, 0)
+        return table
 
     def _allocate_token_ids(
         self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None
@@ -163,8 +163,8 @@ class KVCacheManager:
     def append(self, request_id: str, tokens: int | Sequence[int] = 1) -> AppendedSlots:
         """Grow a request by ``tokens`` (one token by default): a count for a request
         allocated by count, token ids for one allocated by token ids (the blocks they fill
-        get cached). Returns every
-        group's table and the new tokens' slots: what one engine step needs of it.
+        get cached). Returns every group's table and the new tokens' slots: what one
+        engine step needs of it.
 
         O(1) when the tokens land in every group's own last block (``Table.room``), else
         O(blocks taken, skipped or hashed)."""
@@ -180,10 +180,10 @@ class KVCacheManager:
                 # the decode append of a request allocated by count, one call less.
                 table.room -= tokens
                 table.token_count += tokens
-            else:
-                if tokens < 0:
-                    errors.check_token_count(tokens)
-                self._groups.grow(request_id, table, tokens)
+                return table.appended(request_id, self.block_size, tokens, 0)
+            if tokens < 0:
+                errors.check_token_count(tokens)
+            self._groups.grow(request_id, table, tokens)
             return self._appended(request_id, table, tokens, 0)
         if not errors.is_token_ids(tokens):
             if table.token_ids is not None:
@@ -230,16 +230,8 @@ class KVCacheManager:
         returns the child's tables. O(blocks). Takes no block: whichever side later appends
         into a shared, partly filled last block gets a copy of it first."""
         parent = self._table(parent_id)
-        errors.check_request_id(child_id)
-        if child_id in self._tables or child_id in self._host.swapped:
-            errors.duplicate_request(child_id)
-        child = parent.copy()
-        self._tables[child_id] = child
-        for held in parent.group_block_ids:
-            for block_id in held:
-                self._pool.add_reference(block_id)
-        self._groups.set_room(parent)
-        self._groups.set_room(child)
+        self._check_new(child_id)
+        child = self._tables[child_id] = self._groups.fork(parent)
         return child.snapshots(child_id)
 
     def truncate(self, request_id: str, token_count: int) -> ReleasedBlocks:
@@ -277,7 +269,9 @@ class KVCacheManager:
     def _release(self, request_id: str) -> ReleasedBlocks:
         table = self._tables.pop(request_id, None)
         if table is not None:
-            return self._groups.release(table)
+            freed, cached = self._groups.release(table)
+            block_ids = [block_id for held in table.group_block_ids for block_id in held]
+            return ReleasedBlocks(tuple(block_ids), tuple(freed), tuple(cached))
         if request_id not in self._host.swapped:
             errors.unknown_request(request_id)
         freed, cached = self._groups.queue_copied(self._host.release_swapped(request_id))
@@ -367,6 +361,11 @@ class KVCacheManager:
 
     # -- queries ------------------------------------------------------------------------
 
+    def cache_view(self) -> frozenset[CachedBlock]:
+        """Every (group, block id, key) the device's prefix caches hold: what replaying
+        every KV cache event gives, for a consumer that missed some to resync from."""
+        return self._pool.cache_view()
+
     def tables(self, request_id: str) -> tuple[RequestBlockTable, ...]:
         """The request's table in every KV cache group, group 0's first; ``KeyError`` if it
         holds no device blocks. O(groups), a block list copied once per change."""
@@ -406,6 +405,12 @@ class KVCacheManager:
 
     def _blocks_for(self, token_count: int) -> int:
         return blocks_for_tokens(self.block_size, token_count)
+
+    def _check_new(self, request_id: str) -> None:
+        """Refuse ``request_id`` for a new request: not a request id, or one in use."""
+        errors.check_request_id(request_id)
+        if request_id in self._tables or request_id in self._host.swapped:
+            errors.duplicate_request(request_id)
 
     def _table(self, request_id: str) -> Table:
         try:

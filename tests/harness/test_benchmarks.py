@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.bench import allocator as bench_allocator
+from harness.bench import api_cost as bench_api_cost
 from harness.bench import decode as bench_decode
 from harness.bench import host_prefix as bench_host_prefix
 from harness.bench import preemption as bench_preemption
@@ -154,3 +155,20 @@ def test_the_preemption_benchmark_swaps_on_the_tight_pool_and_recomputes_nothing
     swaps, recomputes = rows["| swap"][3].split(" / ")
     assert int(swaps) > 0 and recomputes == "0" and rows["| swap"][4] == "0"
     assert rows["| recompute"][3].startswith("0 / ") and int(rows["| recompute"][4]) > 0
+
+
+def test_the_api_cost_benchmark_compares_two_checkouts_taking_turns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    this_checkout = Path(bench_api_cost.__file__).resolve().parents[2]
+    argv = ["--before", str(this_checkout), "--rounds", "1", "--requests", "40"]
+    assert bench_api_cost.main(argv) == 0
+    out, err = capsys.readouterr()
+    rows = out.splitlines()[2:]
+    assert len(rows) == 14 and rows[0].startswith("| trace, engine decode call")
+    assert "round 1/1: before" in err and "round 1/1: after" in err
+
+
+def test_the_api_cost_benchmark_refuses_bad_input_with_exit_code_2() -> None:
+    assert bench_api_cost.main(["--before", "/nonexistent"]) == 2
+    assert bench_api_cost.main(["--before", ".", "--rounds", "0"]) == 2

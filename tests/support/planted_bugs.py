@@ -535,9 +535,26 @@ class PrefixQueryCoversTheLastToken(KVCacheManager):
         return hit
 
 
+class _ViewsTheFreeQueueOnly(BlockPool):
+    __slots__ = ()
+
+    def cache_view(self) -> frozenset[spec.CachedBlock]:
+        return frozenset(
+            entry for entry in super().cache_view() if entry.block_id in self.cached_free
+        )
+
+
+class CacheViewMissesHeldBlocks(KVCacheManager):
+    """(w) ``cache_view`` lists the cached free queue only: a router resyncing from it
+    forgets every prefix running requests hold, the hits it should route to most."""
+
+    block_pool_class = _ViewsTheFreeQueueOnly
+
+
 QUERY_BUGS: list[type[KVCacheManager]] = [
     RollbackReportsCachedBlocksAsFreed,
     PrefixQueryCoversTheLastToken,
+    CacheViewMissesHeldBlocks,
 ]
 
 # -- the all-groups step API -------------------------------------------------------------
