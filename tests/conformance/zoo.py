@@ -7,8 +7,10 @@ has a direct call into the library (``shows``) whose answer the planted bug chan
 proof that the mutant is live before the kit is asked to find it. ``caught_by`` is the
 property whose breach the kit must report, as a bug, with a shrunk run.
 
-The kit runs each on the bundled configuration with its findings declared
-(``known_findings``), so that what it reports is the planted bug, not a known finding.
+vLLM's plants and direct calls are here, transformers' in
+``tests.conformance.zoo_transformers``. The kit runs each on the bundled configuration with
+its findings declared (``known_findings``), so that what it reports is the planted bug,
+not a known finding.
 """
 
 import inspect
@@ -18,15 +20,20 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.direct import (
-    transformers_admit,
-    transformers_cache,
-    vllm_admit,
-    vllm_hit,
-    vllm_manager,
+from tests.conformance.direct import vllm_admit, vllm_hit, vllm_manager
+from tests.conformance.zoo_transformers import (
+    P8,
+    eviction_keeps_hashes,
+    hash_kept_on_a_soft_reset,
+    hashes_after_a_soft_reset,
+    hashes_after_an_eviction,
+    marking_skipped,
+    pool_double_free,
+    transformers_free_count_after_a_release,
+    transformers_hit_on_a_cached_prompt,
+    transformers_hit_on_the_same_prompt,
+    whole_prompt_match,
 )
-
-P8 = [1, 2, 3, 1, 2, 3, 1, 2]  # two full blocks of 4
 
 
 @dataclass(frozen=True)
@@ -235,108 +242,6 @@ def _hybrid_hit_on_a_cached_prompt() -> object:
     return vllm_hit(manager, hasher, [*P8, 1])
 
 
-# -- transformers 5.23.0 ------------------------------------------------------------------
-
-
-def _marking_skipped(mp: pytest.MonkeyPatch) -> None:
-    from transformers.generation.continuous_batching.cache_allocators import (  # noqa: PLC0415
-        FullAttentionCacheAllocator,
-    )
-
-    mp.setattr(FullAttentionCacheAllocator, "mark_complete_blocks", lambda self, *a: None)
-
-
-def _transformers_hit_on_a_cached_prompt() -> object:
-    cache = transformers_cache()
-    transformers_admit(cache, "r0", [*P8, 0])
-    return cache.search_prefix_match("probe", [*P8, 1])
-
-
-def _hash_kept_on_a_soft_reset(mp: pytest.MonkeyPatch) -> None:
-    from transformers.generation.continuous_batching.cache_allocators.cache_allocator import (  # noqa: PLC0415
-        BlockLedger,
-    )
-
-    release = BlockLedger.release
-
-    def planted(self: Any, block_id: int, no_cache: bool = False) -> bool:
-        if (
-            no_cache
-            and block_id in self.block_to_hash
-            and self.shared_ref_counts.get(block_id, 1) == 1
-        ):
-            self.shared_ref_counts.pop(block_id, None)
-            return True  # to the pool, its hash still findable
-        return bool(release(self, block_id, no_cache))
-
-    mp.setattr(BlockLedger, "release", planted)
-
-
-def _hashes_after_a_soft_reset() -> object:
-    cache = transformers_cache()
-    transformers_admit(cache, "r0", [*P8, 0])
-    cache.free_blocks("r0", no_cache=True)
-    return sorted(cache.cache_allocators["full_attention"].ledger.block_to_hash)
-
-
-def _pool_double_free(mp: pytest.MonkeyPatch) -> None:
-    from transformers.generation.continuous_batching.cache_allocators import (  # noqa: PLC0415
-        CachePool,
-    )
-
-    free_blocks = CachePool.free_blocks
-
-    def planted(self: Any, index: int, block_ids: list[int]) -> None:
-        free_blocks(self, index, block_ids + block_ids[:1])  # the first block, twice
-
-    mp.setattr(CachePool, "free_blocks", planted)
-
-
-def _transformers_free_count_after_a_release() -> object:
-    cache = transformers_cache()
-    transformers_admit(cache, "r0", [0, 1, 2, 3, 0])
-    cache.free_blocks("r0")
-    return cache.pool.count_free_blocks(0)
-
-
-def _whole_prompt_match(mp: pytest.MonkeyPatch) -> None:
-    from transformers.generation.continuous_batching.cache_allocators import (  # noqa: PLC0415
-        CacheAllocator,
-    )
-
-    match = CacheAllocator.match_prefix_blocks
-    mp.setattr(
-        CacheAllocator, "match_prefix_blocks", lambda self, prompt: match(self, [*prompt, -1])
-    )
-
-
-def _transformers_hit_on_the_same_prompt() -> object:
-    cache = transformers_cache()
-    transformers_admit(cache, "r0", P8)
-    return cache.search_prefix_match("probe", P8)
-
-
-def _eviction_keeps_hashes(mp: pytest.MonkeyPatch) -> None:
-    from transformers.generation.continuous_batching.cache_allocators.cache_allocator import (  # noqa: PLC0415
-        BlockLedger,
-    )
-
-    def planted(self: Any) -> list[int]:
-        evicted = list(self.cached_blocks)
-        self.cached_blocks.clear()
-        return evicted  # their hashes stay: a later match finds a block that is gone
-
-    mp.setattr(BlockLedger, "evict_cached_blocks", planted)
-
-
-def _hashes_after_an_eviction() -> object:
-    cache = transformers_cache()
-    transformers_admit(cache, "r0", [*P8, 0])
-    cache.free_blocks("r0")
-    cache.evict_cached_blocks()
-    return sorted(cache.cache_allocators["full_attention"].ledger.block_to_hash)
-
-
 ZOO: list[Mutant] = [
     Mutant(
         "double free into the free queue", "vLLM #42571; vllm-ascend #15990", "vllm-full",
@@ -398,28 +303,28 @@ ZOO: list[Mutant] = [
     ),
     Mutant(
         "a computed block never cached", "vLLM #45238; ROCm/ATOM #939", "transformers-full",
-        "FullAttentionCacheAllocator.mark_complete_blocks", _marking_skipped,
-        _transformers_hit_on_a_cached_prompt, "computed_findable",
+        "FullAttentionCacheAllocator.mark_complete_blocks", marking_skipped,
+        transformers_hit_on_a_cached_prompt, "computed_findable",
     ),
     Mutant(
         "a key kept when a block goes back to the pool", "vLLM #44237", "transformers-full",
-        "BlockLedger.release", _hash_kept_on_a_soft_reset, _hashes_after_a_soft_reset,
+        "BlockLedger.release", hash_kept_on_a_soft_reset, hashes_after_a_soft_reset,
         "cache_sound",
     ),
     Mutant(
         "double free into the free pool", "vLLM #42571", "transformers-full",
-        "CachePool.free_blocks", _pool_double_free, _transformers_free_count_after_a_release,
+        "CachePool.free_blocks", pool_double_free, transformers_free_count_after_a_release,
         "partition",
     ),
     Mutant(
         "a hit covering the whole prompt (one block too long)",
         "transformers #42094 (its edge case); vLLM #3193", "transformers-full",
-        "CacheAllocator.match_prefix_blocks", _whole_prompt_match,
-        _transformers_hit_on_the_same_prompt, "hit_maximal",
+        "CacheAllocator.match_prefix_blocks", whole_prompt_match,
+        transformers_hit_on_the_same_prompt, "hit_maximal",
     ),
     Mutant(
         "a key kept after eviction", "vLLM #4761", "transformers-full",
-        "BlockLedger.evict_cached_blocks", _eviction_keeps_hashes, _hashes_after_an_eviction,
+        "BlockLedger.evict_cached_blocks", eviction_keeps_hashes, hashes_after_an_eviction,
         "cache_sound",
     ),
 ]  # fmt: skip
