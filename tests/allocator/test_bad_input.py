@@ -12,6 +12,7 @@ import pytest
 from impl import KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
+from tests.support.planted_bugs import TakesAnyIterableAsTokenIds
 
 Manager = KVCacheManager | SpecBackedManager
 Call = Callable[[Manager], object]
@@ -190,3 +191,35 @@ def test_a_block_hash_that_raises_leaves_the_manager_unchanged(call: Call) -> No
     assert _impl_state(pool) == before
     pool.check_invariants()
     assert pool.append("p", [4]).slots == ((3,),)  # still usable, where it would have been
+
+
+def _odd_token_differences(target_class: type[KVCacheManager]) -> list[str]:
+    """Each value lockstep's ``ODD_TOKENS`` draws, given to ``allocate`` on a fresh pool:
+    where the target's outcome (its error, or admitting) differs from the spec's."""
+    from spec.growth import allocate  # noqa: PLC0415
+    from spec.state import init  # noqa: PLC0415
+    from tests.support.lockstep import ODD_VALUES  # noqa: PLC0415
+
+    differences = []
+    for tokens in ODD_VALUES:
+        outcomes = []
+        for call in (
+            lambda tokens=tokens: allocate(init(8, 2), "r0", tokens),
+            lambda tokens=tokens: target_class(8, 2).allocate("r0", tokens),
+        ):
+            try:
+                call()
+                outcomes.append("admitted")
+            except Exception as error:
+                outcomes.append(f"{type(error).__name__}: {error}")
+        if outcomes[0] != outcomes[1]:
+            differences.append(f"{tokens!r}: spec {outcomes[0]}, target {outcomes[1]}")
+    return differences
+
+
+def test_allocate_treats_every_odd_token_collection_as_the_spec_does() -> None:
+    assert _odd_token_differences(KVCacheManager) == []
+
+
+def test_a_target_taking_any_iterable_as_token_ids_differs_from_the_spec() -> None:
+    assert _odd_token_differences(TakesAnyIterableAsTokenIds)

@@ -745,7 +745,7 @@ class ChecksTheTokensBeforeTheId(KVCacheManager):
         return super().allocate(request_id, tokens, cache_salt)
 
 
-REFUSAL_BUGS: list[type[KVCacheManager]] = [
-    TakesAnyIterableAsTokenIds,
-    ChecksTheTokensBeforeTheId,
-]
+# TakesAnyIterableAsTokenIds is caught by a scenario over every odd value
+# (tests/allocator/test_bad_input.py): the derandomized machine draws a set as a prompt too
+# rarely to be relied on.
+REFUSAL_BUGS: list[type[KVCacheManager]] = [ChecksTheTokensBeforeTheId]
