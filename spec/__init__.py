@@ -28,6 +28,7 @@ from spec.errors import (
     check_host_tier,
     check_pool_shape,
     check_request_id,
+    check_state_groups,
     check_token_count,
     check_token_ids,
     check_truncate,
@@ -51,6 +52,7 @@ from spec.frozen_map import FrozenMap
 from spec.growth import allocate, append
 from spec.host_tier import HostCounters, HostTier, SwappedRequest
 from spec.invariants import INVARIANTS, is_usage_consistent, violated_invariants
+from spec.kinds import GroupKind, RecurrentState
 from spec.records import (
     AppendedSlots,
     CacheKey,
@@ -97,12 +99,14 @@ __all__ = [
     "CachedBlock",
     "EventReplayError",
     "FrozenMap",
+    "GroupKind",
     "HostBlockAllocationError",
     "HostCounters",
     "HostTier",
     "KVBlock",
     "KVBlockUsage",
     "KVCacheEvent",
+    "RecurrentState",
     "ReleasedBlocks",
     "RequestBlockTable",
     "SharingCounters",
@@ -123,6 +127,7 @@ __all__ = [
     "check_host_tier",
     "check_pool_shape",
     "check_request_id",
+    "check_state_groups",
     "check_token_count",
     "check_token_ids",
     "check_truncate",

@@ -27,6 +27,7 @@ from typing import Any
 from spec import blocks, caching, growth, releasing, sharing, swap
 from spec.errors import check_cache_salt, check_token_ids, is_token_ids
 from spec.events import CachedBlock
+from spec.kinds import is_state_group
 from spec.records import (
     AppendedSlots,
     KVBlockUsage,
@@ -251,7 +252,8 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType(
 def _appended_slots(
     state: AllocatorState, request_id: str, new_tokens: int, cached_tokens: int
 ) -> AppendedSlots:
-    """The request in every group, and the slots of its last ``new_tokens`` positions."""
+    """The request in every group, and the slots of its last ``new_tokens`` positions (none
+    in a state group: its one block holds a state, not a token's K/V)."""
     held = get_tables(state, request_id)
     token_count = held[0].token_count
     return AppendedSlots(
@@ -260,11 +262,13 @@ def _appended_slots(
         tuple(t.block_ids for t in held),
         tuple(t.skipped_blocks for t in held),
         tuple(
-            tuple(
+            ()
+            if is_state_group(kind)
+            else tuple(
                 slot_index(state.block_size, t.block_ids, p, t.skipped_blocks)
                 for p in range(token_count - new_tokens, token_count)
             )
-            for t in held
+            for kind, t in zip(state.group_windows, held, strict=True)
         ),
         cached_tokens,
     )

@@ -15,12 +15,14 @@ its own salt, and caches the blocks it fills under it.
   in a group with window W only those covering [max(0, h - W + 1), h): the window rule
   at L0 = h skips the blocks before, so they are born skipped. ``allocate`` takes the
   largest such h (vLLM's ``find_longest_cache_hit``: a sliding-window group needs
-  ceil((W - 1) / block_size) contiguous cached blocks ending at the hit). With the host
+  ceil((W - 1) / block_size) contiguous cached blocks ending at the hit), and in a state
+  group a checkpoint cached on the device under exactly the hit's prefix (``spec.kinds``;
+  vLLM's ``HybridKVCacheCoordinator`` finds the same h as a fixed point). With the host
   prefix cache a key cached on the host only counts too: the hit takes a device block
   for it and copies it back (``copy_in_from_host``).
-- What is cached. Every full block of a request allocated by token ids, in every group,
-  block index order, under its salt, unless that group caches the key already
-  (``cache_full_blocks``).
+- What is cached. Every full block of a request allocated by token ids, in every
+  attention group, block index order, under its salt, unless that group caches the key
+  already (``cache_full_blocks``); in a state group, the checkpoints of ``spec.kinds``.
 
 KV cache events (``spec.events``). Every change to a group's prefix cache appends an event
 to ``events``, in the order the caches changed, until ``take_events`` drains them:
@@ -41,6 +43,7 @@ from spec.blocks import with_host
 from spec.events import AllBlocksCleared, BlockStored, CachedBlock
 from spec.frozen_map import FrozenMap
 from spec.host_tier import release_host_blocks
+from spec.kinds import is_state_group
 from spec.records import CacheKey
 from spec.state import (
     AllocatorState,
@@ -97,8 +100,10 @@ def hit_keys(
     state: AllocatorState, token_ids: TokenIds, group: int, cache_salt: str | None
 ) -> list[CacheKey]:
     """The keys of the blocks a hit needs in ``group``, in index order (those not born
-    skipped)."""
+    skipped); in a state group, its checkpoint's (none for no hit)."""
     hit_tokens = cached_prefix_tokens(state, token_ids, cache_salt)
+    if is_state_group(state.group_windows[group]):
+        return [CacheKey(cache_salt, token_ids[:hit_tokens])] if hit_tokens else []
     block_size = state.block_size
     first = compute_skipped_blocks(state, group, hit_tokens)
     return [
@@ -145,13 +150,16 @@ def get_cached_blocks(state: AllocatorState) -> frozenset[CachedBlock]:
 
 
 def cache_full_blocks(state: AllocatorState, request_id: str, first_index: int) -> AllocatorState:
-    """In each group, cache every full block the table holds from ``first_index`` on under
-    the request's salt, unless that group caches that key already; each one cached emits
-    ``BlockStored`` (its parent: the block the group caches the prefix before it in)."""
+    """In each attention group, cache every full block the table holds from
+    ``first_index`` on under the request's salt, unless that group caches that key
+    already; each one cached emits ``BlockStored`` (its parent: the block the group caches
+    the prefix before it in)."""
     token_ids = state.token_ids[request_id]
     cache_salt = get_cache_salt(state, request_id)
     block_size = state.block_size
     for group, tables in enumerate(state.group_tables):
+        if is_state_group(state.group_windows[group]):
+            continue
         table = tables[request_id]
         cache = state.group_caches[group]
         start = max(first_index, table.skipped_blocks)
@@ -164,6 +172,30 @@ def cache_full_blocks(state: AllocatorState, request_id: str, first_index: int) 
             state = emit(state, _stored(cache, block_id, group, prefix, block_size))
         state = set_cache(state, group, cache)
     return state
+
+
+def checkpoint_key(state: AllocatorState, request_id: str, computed_tokens: int) -> CacheKey:
+    """The key a state group caches the checkpoint of ``request_id`` at ``computed_tokens``
+    under: its salt and its first ``computed_tokens`` token ids."""
+    return CacheKey(
+        get_cache_salt(state, request_id), state.token_ids[request_id][:computed_tokens]
+    )
+
+
+def cache_checkpoint(
+    state: AllocatorState, group: int, request_id: str, computed_tokens: int
+) -> AllocatorState:
+    """The checkpoint rule of ``spec.kinds``: cache the running block of ``request_id`` in
+    state group ``group`` under its salt and its first ``computed_tokens`` token ids,
+    unless a block is cached under that key already (then nothing, and no event)."""
+    key = checkpoint_key(state, request_id, computed_tokens)
+    cache = state.group_caches[group]
+    if key in cache:
+        return state
+    block_id = state.group_tables[group][request_id].block_ids[0]
+    cache = cache.set(key, block_id)
+    state = emit(state, _stored(cache, block_id, group, key, state.block_size))
+    return set_cache(state, group, cache)
 
 
 def copy_in_from_host(

@@ -21,6 +21,9 @@ adds tokens of the same kind: a count to the first, token ids to the second.
 - Copy-on-write. Appending into a shared, partly filled last block copies it first: the
   writer gets a fresh block and the (source, destination) pair joins ``pending_copies``
   for the KV pool to perform (``take_transfers``).
+- A state group (``spec.kinds``) holds one block per request: an adding operation
+  checkpoints it at L0 on the group's grid, then copies a cached or shared running block
+  into a fresh one (its write rule), and takes no other block.
 """
 
 from collections.abc import Sequence
@@ -28,9 +31,11 @@ from dataclasses import replace
 
 from spec.blocks import add_references, hold_in_flight, release_in_order, take_blocks
 from spec.caching import (
+    cache_checkpoint,
     cache_full_blocks,
     cached_prefix_blocks,
     cached_prefix_tokens,
+    checkpoint_key,
     copy_in_from_host,
     hit_keys,
     host_prefix_hits,
@@ -44,8 +49,9 @@ from spec.errors import (
     is_token_ids,
     tracks_token_ids,
 )
+from spec.kinds import blocks_for_group, is_checkpoint_at, is_state_group
 from spec.records import RequestBlockTable
-from spec.rules import blocks_for_request, blocks_for_tokens
+from spec.rules import blocks_for_tokens
 from spec.state import (
     AllocatorState,
     TokenIds,
@@ -74,12 +80,12 @@ def allocate(
     )
     if isinstance(tokens, tuple):
         return _allocate_token_ids(state, request_id, tokens, cache_salt)
-    per_group = blocks_for_tokens(state.block_size, tokens)
-    needed = blocks_for_request(state.block_size, tokens, len(state.group_windows))
+    per_group = [blocks_for_group(state.block_size, tokens, k) for k in state.group_windows]
+    needed = sum(per_group)
     if needed > free_blocks(state):
         raise BlockAllocationError.out_of_blocks(request_id, needed, free_blocks(state))
     for group in range(len(state.group_windows)):
-        state, taken = take_blocks(state, per_group)
+        state, taken = take_blocks(state, per_group[group])
         state = set_table(state, group, RequestBlockTable(request_id, taken, tokens))
     return state
 
@@ -96,14 +102,16 @@ def _allocate_token_ids(
     host keeps its copy), and the blocks past the hit come from the queues; every block
     the prompt fills is cached under ``cache_salt``. Refused (BlockAllocationError) when
     the queues, less the cached free blocks the hit holds again, hold fewer blocks than
-    the blocks past the hit and the host hits need."""
+    the blocks past the hit and the host hits need. In a state group the hit is the
+    checkpoint, held and then copied into the group's one fresh block (``spec.kinds``)."""
     groups = range(len(state.group_windows))
     hit_tokens = cached_prefix_tokens(state, token_ids, cache_salt)
     hits = [cached_prefix_blocks(state, token_ids, group, cache_salt) for group in groups]
     host_hits = [host_prefix_hits(state, token_ids, group, cache_salt) for group in groups]
     keys = [hit_keys(state, token_ids, group, cache_salt) for group in groups]
-    per_group = blocks_for_tokens(state.block_size, len(token_ids)) - hit_tokens // state.block_size
-    needed = per_group * len(groups) + sum(len(group_hits) for group_hits in host_hits)
+    past_hit = blocks_for_tokens(state.block_size, len(token_ids)) - hit_tokens // state.block_size
+    per_group = [1 if is_state_group(k) else past_hit for k in state.group_windows]
+    needed = sum(per_group) + sum(len(group_hits) for group_hits in host_hits)
     held_again = [b for group_hits in hits for b in group_hits if b in state.cached_free_block_ids]
     available = free_blocks(state) - len(held_again)
     if needed > available:
@@ -120,9 +128,15 @@ def _allocate_token_ids(
         host=hold_in_flight(state.host, {b for h in hits for b in h}),
     )
     for group in groups:
+        if is_state_group(state.group_windows[group]):
+            state, taken = take_blocks(state, 1)
+            if hits[group]:
+                state = _copy_state(state, hits[group][0], taken[0])
+            state = set_table(state, group, RequestBlockTable(request_id, taken, len(token_ids)))
+            continue
         state, from_host = take_blocks(state, len(host_hits[group]))
         state = copy_in_from_host(state, group, host_hits[group], from_host, keys[group])
-        state, taken = take_blocks(state, per_group)
+        state, taken = take_blocks(state, per_group[group])
         device_hits = iter(hits[group])
         copied_in = dict(zip((i for i, _ in host_hits[group]), from_host, strict=True))
         held = tuple(
@@ -205,8 +219,23 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
     new_token_count = computed_tokens + token_count
     copies: list[bool] = []
     needed: list[int] = []
-    for tables in state.group_tables:
+    checkpoints: list[bool] = []
+    for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
+        kind = state.group_windows[group]
+        checkpoints.append(
+            token_count > 0
+            and request_id in state.token_ids
+            and is_checkpoint_at(kind, computed_tokens)
+            and checkpoint_key(state, request_id, computed_tokens) not in state.group_caches[group]
+        )
+        if is_state_group(kind):
+            copy_state = token_count > 0 and (
+                checkpoints[group] or state.ref_counts[table.block_ids[0]] > 1
+            )
+            copies.append(copy_state)
+            needed.append(int(copy_state))
+            continue
         copy_on_write = (
             token_count > 0
             and computed_tokens % block_size != 0
@@ -219,6 +248,18 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
         raise BlockAllocationError.out_of_blocks(request_id, sum(needed), free_blocks(state))
     for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
+        if is_state_group(state.group_windows[group]):
+            if checkpoints[group]:
+                state = cache_checkpoint(state, group, request_id, computed_tokens)
+            state, taken = take_blocks(state, needed[group])
+            if taken:
+                state = _copy_state(state, table.block_ids[0], taken[0])
+            state = set_table(
+                state,
+                group,
+                replace(table, block_ids=taken or table.block_ids, token_count=new_token_count),
+            )
+            continue
         state, taken = take_blocks(state, needed[group])
         block_ids = table.block_ids
         if copies[group]:
@@ -233,3 +274,15 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
         grown = replace(table, block_ids=block_ids + taken, token_count=new_token_count)
         state = set_table(state, group, grown)
     return state
+
+
+def _copy_state(state: AllocatorState, source: int, destination: int) -> AllocatorState:
+    """The write rule of a state group: queue the (``source``, ``destination``) copy and drop
+    the request's reference to ``source`` (held, a checkpoint or a fork's), which goes
+    where ``release`` sends a block once no table holds it."""
+    state = replace(
+        state,
+        pending_copies=(*state.pending_copies, (source, destination)),
+        counters=replace(state.counters, cow_copies=state.counters.cow_copies + 1),
+    )
+    return release_in_order(state, (source,))

@@ -12,11 +12,12 @@ next query may read.
 """
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from itertools import combinations
 
 from spec.host_tier import copying_block_ids, copying_in_host_block_ids
-from spec.records import KVBlockUsage, RequestBlockTable
+from spec.kinds import RecurrentState, attention_window, is_state_group
+from spec.records import CacheKey, KVBlockUsage, RequestBlockTable
 from spec.rules import blocks_for_tokens, first_window_token
 from spec.state import AllocatorState, compute_skipped_blocks, usage
 
@@ -64,14 +65,21 @@ def is_ref_counted(state: AllocatorState) -> bool:
     return dict(holders) == dict(state.ref_counts)
 
 
+def _attention_tables(state: AllocatorState) -> Iterator[RequestBlockTable]:
+    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
+        if not is_state_group(kind):
+            yield from tables.values()
+
+
 def is_tightly_sized(state: AllocatorState) -> bool:
-    """Every table holds exactly ceil(token_count / block_size) - skipped_blocks blocks."""
+    """Every table of an attention group holds exactly ceil(token_count / block_size) -
+    skipped_blocks blocks (a state group's: ``is_state_table_single``)."""
     return all(
         table.token_count >= 0
         and table.skipped_blocks >= 0
         and table.skipped_blocks + len(table.block_ids)
         == blocks_for_tokens(state.block_size, table.token_count)
-        for table in _all_tables(state)
+        for table in _attention_tables(state)
     )
 
 
@@ -84,7 +92,7 @@ def is_keyed_by_request_id(state: AllocatorState) -> bool:
 
 def is_grouped_consistently(state: AllocatorState) -> bool:
     """One table and one cache per group; every group has a table for the same requests,
-    with the same token count; a full-attention group never skips; a block sits in one
+    with the same token count; a full-attention or state group never skips; a block sits in one
     group's tables and cache at most."""
     if not _has_one_entry_per_group(state):
         return False
@@ -92,7 +100,8 @@ def is_grouped_consistently(state: AllocatorState) -> bool:
     for group, tables in enumerate(state.group_tables):
         if {request_id: t.token_count for request_id, t in tables.items()} != counts:
             return False
-        if state.group_windows[group] is None and any(t.skipped_blocks for t in tables.values()):
+        window = attention_window(state.group_windows[group])
+        if window is None and any(t.skipped_blocks for t in tables.values()):
             return False
     owners = [
         {b for t in tables.values() for b in t.block_ids} | set(state.group_caches[group].values())
@@ -112,7 +121,8 @@ def is_window_readable(state: AllocatorState) -> bool:
     """No hole is read: a table in a group with window W skipped only blocks the next query
     (at position token_count) cannot read, skipped_blocks * block_size <= max(0,
     token_count - W + 1)."""
-    for window, tables in zip(state.group_windows, state.group_tables, strict=True):
+    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
+        window = attention_window(kind)
         if window is None:
             continue
         for table in tables.values():
@@ -166,8 +176,14 @@ def is_cache_sound(state: AllocatorState) -> bool:
 
 
 def is_cached_content_exact(state: AllocatorState) -> bool:
-    """A cached block in a table sits where its key ends, and the table's tokens equal the key."""
-    for tables, cache in zip(state.group_tables, state.group_caches, strict=True):
+    """A cached block in an attention group's table sits where its key ends, and the table's
+    tokens equal the key (a state group's running block is never cached:
+    ``is_running_state_uncached``)."""
+    for kind, tables, cache in zip(
+        state.group_windows, state.group_tables, state.group_caches, strict=True
+    ):
+        if is_state_group(kind):
+            continue
         prefix_of = {block_id: key for key, block_id in cache.items()}
         for request_id, table in tables.items():
             ids = state.token_ids.get(request_id)
@@ -202,9 +218,11 @@ def is_shared_only_over_a_common_prefix(state: AllocatorState) -> bool:
     after one of them computed a duplicate of a cached block). Where either is tracked by
     count, the only way to share is a fork, so the blocks before must be the very same
     (where both still hold them). Indices are block indices: a table's ``block_ids[i]`` is index
-    ``skipped_blocks + i``.
+    ``skipped_blocks + i``. A state group's sharing is ``is_state_shared_only_by_forks``'.
     """
-    for tables in state.group_tables:
+    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
+        if is_state_group(kind):
+            continue
         for first, second in combinations(tables.values(), 2):
             if not _is_shared_soundly(state, first, second):
                 return False
@@ -321,6 +339,61 @@ def is_copy_source_in_flight(state: AllocatorState) -> bool:
     )
 
 
+def _state_groups(
+    state: AllocatorState,
+) -> Iterator[tuple[RecurrentState, Mapping[str, RequestBlockTable], Mapping[CacheKey, int]]]:
+    for kind, tables, cache in zip(
+        state.group_windows, state.group_tables, state.group_caches, strict=True
+    ):
+        if isinstance(kind, RecurrentState):
+            yield kind, tables, cache
+
+
+def is_state_table_single(state: AllocatorState) -> bool:
+    """Every table of a state group holds exactly one block, its running state, and skips
+    none, whatever its length (``spec.kinds``)."""
+    return all(
+        len(table.block_ids) == 1 and table.skipped_blocks == 0
+        for _, tables, _ in _state_groups(state)
+        for table in tables.values()
+    )
+
+
+def is_running_state_uncached(state: AllocatorState) -> bool:
+    """No block a state group's table holds is cached: a checkpoint is copied before the
+    next write (the write rule), so a cached state is never written again."""
+    return all(
+        not {b for t in tables.values() for b in t.block_ids} & set(cache.values())
+        for _, tables, cache in _state_groups(state)
+    )
+
+
+def is_checkpoint_on_grid(state: AllocatorState) -> bool:
+    """Every checkpoint a state group caches is keyed by a prefix whose length is a
+    positive multiple of the group's interval: the tokens its state is after."""
+    return all(
+        len(key.token_ids) > 0 and len(key.token_ids) % kind.interval == 0
+        for kind, _, cache in _state_groups(state)
+        for key in cache
+    )
+
+
+def is_state_shared_only_by_forks(state: AllocatorState) -> bool:
+    """Two tables of a state group share their block only at the same length, over the
+    same token ids where both track them: a fork neither side has added to since."""
+    for _, tables, _ in _state_groups(state):
+        for first, second in combinations(tables.values(), 2):
+            if first.block_ids != second.block_ids:
+                continue
+            if first.token_count != second.token_count:
+                return False
+            first_ids = state.token_ids.get(first.request_id)
+            second_ids = state.token_ids.get(second.request_id)
+            if first_ids is not None and second_ids is not None and first_ids != second_ids:
+                return False
+    return True
+
+
 INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "conservation": is_conserved,
     "partition": is_partitioned,
@@ -340,6 +413,10 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "host_partition": is_host_partitioned,
     "swapped_sound": is_swapped_sound,
     "copy_source_in_flight": is_copy_source_in_flight,
+    "state_table_single": is_state_table_single,
+    "running_state_uncached": is_running_state_uncached,
+    "checkpoint_on_grid": is_checkpoint_on_grid,
+    "state_shared_only_by_forks": is_state_shared_only_by_forks,
 }
 
 

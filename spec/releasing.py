@@ -15,6 +15,7 @@ from spec.errors import check_token_count, check_truncate
 from spec.events import BlockRemoved
 from spec.frozen_map import FrozenMap
 from spec.host_tier import release_host_blocks
+from spec.kinds import attention_window, is_state_group
 from spec.rules import blocks_for_tokens, first_window_token
 from spec.state import (
     AllocatorState,
@@ -57,7 +58,8 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
     speculative tokens.
 
     Checks: an ``int`` ``token_count >= 0`` (TypeError, ValueError), a known request
-    (KeyError), ``token_count`` at most the request's tokens (ValueError), and no group
+    (KeyError), ``token_count`` at most the request's tokens (ValueError), not below them
+    in a pool with a state group (ValueError: a state cannot be rewound), and no group
     with window W that skipped a block the shorter request would read again, i.e. with
     ``skipped_blocks * block_size > max(0, token_count - W + 1)`` (ValueError): its K/V is
     gone. In each group the blocks wholly beyond the new length are dropped as ``release``
@@ -76,11 +78,15 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
         block_size=state.block_size,
         group_windows=state.group_windows,
         skipped_blocks=[tables[request_id].skipped_blocks for tables in state.group_tables],
-        first_reads=[first_window_token(token_count, window) for window in state.group_windows],
+        first_reads=[
+            first_window_token(token_count, attention_window(kind)) for kind in state.group_windows
+        ],
     )
     keep = blocks_for_tokens(state.block_size, token_count)
     for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
+        if is_state_group(state.group_windows[group]):
+            continue  # truncated to its own length (anything shorter was refused)
         held = keep - table.skipped_blocks
         state = drop_references(state, table.block_ids[held:])
         kept = table.block_ids[:held]

@@ -20,7 +20,8 @@ Block order is part of the contract, so that impl can be compared with it exactl
   prefix, else to the tail of the free queue.
 
 KV cache groups (vLLM v1's word): ``group_windows`` lists them, ``None`` for a group of
-full-attention layers, W for a group of layers with a sliding window of W tokens. All
+full-attention layers, W for a group of layers with a sliding window of W tokens, a
+``RecurrentState`` for a group of recurrent state layers (``spec.kinds``). All
 groups share the one pool and its two queues; a request has one table per group, all
 with the same ``token_count``, and every operation acts on all of them, group 0 first.
 The default ``(None,)`` is the allocator without groups.
@@ -41,11 +42,13 @@ from spec.errors import (
     check_group_windows,
     check_host_tier,
     check_pool_shape,
+    check_state_groups,
     unknown_request,
 )
 from spec.events import KVCacheEvent
 from spec.frozen_map import FrozenMap
 from spec.host_tier import HostTier, host_free_blocks, init_host_tier, swapped_host_block_ids
+from spec.kinds import GroupKind, attention_window
 from spec.records import CacheKey, KVBlockUsage, RequestBlockTable
 from spec.rules import skipped_blocks_at
 
@@ -89,7 +92,7 @@ class AllocatorState:
     group_caches: tuple[FrozenMap[CacheKey, int], ...]
     pending_copies: tuple[tuple[int, int], ...]
     counters: SharingCounters
-    group_windows: tuple[int | None, ...] = (None,)
+    group_windows: tuple[GroupKind, ...] = (None,)
     pending_skipped_block_ids: tuple[int, ...] = ()
     cache_salts: FrozenMap[str, str] = field(default_factory=FrozenMap[str, str])
     events: tuple[KVCacheEvent, ...] = ()
@@ -109,21 +112,24 @@ class AllocatorState:
 def init(
     total_blocks: int,
     block_size: int,
-    group_windows: Sequence[int | None] = (None,),
+    group_windows: Sequence[GroupKind] = (None,),
     host_blocks: int = 0,
     host_prefix_cache: bool = False,
 ) -> AllocatorState:
     """An empty pool of ``total_blocks`` blocks of ``block_size`` tokens, all free, in id order,
-    shared by the KV cache groups ``group_windows`` (``None``: full attention; W: a window),
-    and a host tier of ``host_blocks`` blocks (``spec.host_tier``), all free, in id order.
+    shared by the KV cache groups ``group_windows`` (``None``: full attention; W: a window;
+    ``RecurrentState``: a state group), and a host tier of ``host_blocks`` blocks
+    (``spec.host_tier``), all free, in id order.
 
     Checks: both sizes ``int`` (TypeError), in [1, MAX_TOTAL_BLOCKS] and [1, MAX_BLOCK_SIZE]
     (ValueError); ``group_windows`` as ``spec.errors.check_group_windows`` says; the host
-    tier as ``spec.errors.check_host_tier`` says.
+    tier as ``spec.errors.check_host_tier`` says; a state group as
+    ``spec.errors.check_state_groups`` says.
     """
     check_pool_shape(total_blocks, block_size)
     windows = check_group_windows(group_windows)
     check_host_tier(host_blocks, host_prefix_cache)
+    check_state_groups(windows, block_size, host_blocks)
     return AllocatorState(
         block_size=block_size,
         total_blocks=total_blocks,
@@ -167,8 +173,9 @@ def free_blocks(state: AllocatorState) -> int:
 def compute_skipped_blocks(state: AllocatorState, group: int, computed_tokens: int) -> int:
     """How many leading blocks of a table in ``group`` no query at a position at or past
     ``computed_tokens`` reads: max(0, computed_tokens - W + 1) // block_size, 0 in a full
-    group (the window rule of ``spec.growth``)."""
-    return skipped_blocks_at(state.block_size, computed_tokens, state.group_windows[group])
+    or a state group (the window rule of ``spec.growth``)."""
+    window = attention_window(state.group_windows[group])
+    return skipped_blocks_at(state.block_size, computed_tokens, window)
 
 
 def is_request_known(state: AllocatorState, request_id: str) -> bool:
