@@ -22,13 +22,14 @@ from impl.manager import KVCacheManager
 from impl.records import RequestBlockTable
 from impl.tables import Blocks, RequestTables, Table
 from spec import (
+    GroupKind,
     KVBlock,
     KVBlockUsage,
-    blocks_for_request,
     check_group,
     check_token_count,
     unknown_request,
 )
+from spec.kinds import blocks_for_group
 
 
 @dataclass(eq=False)
@@ -44,7 +45,7 @@ class KVBlockManager:
     total_blocks: int
     block_size: int = 16
     _: KW_ONLY
-    group_windows: tuple[int | None, ...] = (None,)
+    group_windows: tuple[GroupKind, ...] = (None,)
 
     def __post_init__(self) -> None:
         self._manager = KVCacheManager(
@@ -144,7 +145,7 @@ class KVBlockManager:
     def can_allocate(self, token_count: int) -> bool:
         """Whether ``allocate`` of ``token_count`` tokens would find enough blocks now (a
         table's worth in every group)."""
-        needed = blocks_for_request(self.block_size, token_count, len(self.group_windows))
+        needed = sum(blocks_for_group(self.block_size, token_count, k) for k in self.group_windows)
         return needed <= self.free_blocks
 
     def _table(self, request_id: str) -> Table:

@@ -200,6 +200,18 @@ class BlockPool:
         self.pending_copies.append((source, destination))
         self.cow_copies += 1
 
+    def copy_state(self, block_ids: list[int], destination: int, group: int) -> None:
+        """A state group's write rule (``spec.kinds``): ``destination`` replaces the one block
+        of ``block_ids`` (a checkpoint or a fork's), the pair waits for ``take_copies``, and
+        the old block loses the table's reference; left with none, it joins its queue (the
+        cached free queue's tail, for a checkpoint). No host tier sits beside a state group,
+        so nothing stays in flight."""
+        source = block_ids[0]
+        block_ids[0] = destination
+        self.pending_copies.append((source, destination))
+        self.cow_copies += 1
+        self.queue(self.drop([source], group), group)
+
     def reset_caches(self) -> int:
         """Forget every cached prefix in every group: the cached free blocks join the tail
         of the free queue in their queue order, held blocks lose their keys. Returns how

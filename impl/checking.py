@@ -21,6 +21,7 @@ from spec import (
     AllocatorState,
     CacheKey,
     FrozenMap,
+    GroupKind,
     HostCounters,
     KVBlockUsage,
     SharingCounters,
@@ -31,7 +32,7 @@ from spec import (
 
 def to_spec(
     block_size: int,
-    group_windows: tuple[int | None, ...],
+    group_windows: tuple[GroupKind, ...],
     *,
     pool: BlockPool,
     host: HostTier,

@@ -1,8 +1,10 @@
-"""The KV cache groups of a pool: their two kinds, and every table operation across them.
+"""The KV cache groups of a pool: their three kinds, and every table operation across them.
 
-A group is full attention (``FullAttentionGroup``: it keeps every block of a table) or a
+A group is full attention (``FullAttentionGroup``: it keeps every block of a table), a
 sliding window (``SlidingWindowGroup``: it releases a table's leading blocks once no
-query reads them, the window rule of ``spec.growth``). ``KVCacheGroups`` applies an
+query reads them, the window rule of ``spec.growth``) or a recurrent state
+(``RecurrentStateGroup``: one block per table, checkpointed and copied on the rules of
+``spec.kinds``). ``KVCacheGroups`` applies an
 operation to a request's table in every group, group 0 first: growing a table (one path,
 whose first case is the in-block one: ``Table.room``), forking, releasing, truncating. A prompt's
 prefix hit across the groups is ``impl.prefix_hits``'.
@@ -16,49 +18,16 @@ from itertools import islice
 from typing import ClassVar
 
 from impl.block_pool import BlockPool
+from impl.group_kinds import (
+    FullAttentionGroup,
+    RecurrentStateGroup,
+    SlidingWindowGroup,
+    group_kind,
+)
 from impl.host_tier import GroupBlock, HostTier, SwappedRequest
 from impl.prefix_cache import BlockHash
-from impl.tables import NEVER, Table
-from spec import (
-    BlockAllocationError,
-    ReleasedBlocks,
-    blocks_for_tokens,
-    skipped_blocks_at,
-    slot_index,
-)
-from spec.rules import next_skip_token_count
-
-
-class FullAttentionGroup:
-    """A group of full-attention layers: every query reads every key, nothing is skipped."""
-
-    __slots__ = ("window",)
-
-    def __init__(self, window: int | None = None) -> None:
-        self.window = window
-
-    def skip_target(self, block_size: int, computed_tokens: int) -> int:
-        """``spec.compute_skipped_blocks``: the leading blocks of a table no query at or past
-        ``computed_tokens`` reads."""
-        return 0
-
-    def next_skip_at(self, block_size: int, skipped_blocks: int) -> int:
-        """The least computed length at which a table skipping ``skipped_blocks`` skips more."""
-        return NEVER
-
-
-class SlidingWindowGroup(FullAttentionGroup):
-    """A group of layers with a sliding window of ``window`` tokens."""
-
-    __slots__ = ()
-
-    def skip_target(self, block_size: int, computed_tokens: int) -> int:
-        return skipped_blocks_at(block_size, computed_tokens, self.window)
-
-    def next_skip_at(self, block_size: int, skipped_blocks: int) -> int:
-        skip_at = next_skip_token_count(block_size, skipped_blocks, self.window)
-        assert skip_at is not None, "a sliding window has a width"
-        return skip_at
+from impl.tables import Table
+from spec import BlockAllocationError, GroupKind, ReleasedBlocks, blocks_for_tokens, slot_index
 
 
 class KVCacheGroups:
@@ -69,26 +38,42 @@ class KVCacheGroups:
     tiers still needs.
     """
 
-    __slots__ = ("block_hash", "block_size", "groups", "host", "pool", "windowed")
+    __slots__ = (
+        "block_hash",
+        "block_size",
+        "groups",
+        "host",
+        "pool",
+        "state_groups",
+        "windowed",
+    )
 
     # The kinds a subclass may swap for its own (the planted bugs of the tests do).
     full_attention_group: ClassVar[type[FullAttentionGroup]] = FullAttentionGroup
     sliding_window_group: ClassVar[type[SlidingWindowGroup]] = SlidingWindowGroup
+    recurrent_state_group: ClassVar[type[RecurrentStateGroup]] = RecurrentStateGroup
 
     def __init__(
         self,
         block_size: int,
-        group_windows: tuple[int | None, ...],
+        group_windows: tuple[GroupKind, ...],
         pool: BlockPool,
         host: HostTier,
         block_hash: BlockHash,
     ) -> None:
         self.block_size = block_size
         self.groups = [
-            self.full_attention_group() if window is None else self.sliding_window_group(window)
+            group_kind(
+                window,
+                self.full_attention_group,
+                self.sliding_window_group,
+                self.recurrent_state_group,
+            )
             for window in group_windows
         ]
-        self.windowed = any(window is not None for window in group_windows)
+        self.windowed = any(type(window) is int for window in group_windows)
+        # The state groups' indices: a table's ``state_groups`` (no slots there).
+        self.state_groups = tuple(g for g, kind in enumerate(self.groups) if kind.interval)
         self.pool = pool
         self.host = host
         self.block_hash = block_hash
@@ -162,6 +147,7 @@ class KVCacheGroups:
             and position < table.next_skip_at
             and len(group_block_ids) == 1
             and token_count
+            and not self.state_groups
         ):
             # NOTE: the block-opening case of a single group: the tokens start a block and
             # no window slides, so the table only takes its missing blocks (a decode
@@ -197,7 +183,16 @@ class KVCacheGroups:
                 drops.append(drop)
         needed: list[int] = []
         copies: list[int] = []  # the groups whose shared, partly filled last block is copied
+        checkpoints = self.checkpoints(table, token_count) if self.state_groups else ()
         for group, held in enumerate(table.group_block_ids):
+            if group in self.state_groups:
+                copy_state = token_count > 0 and (
+                    group in checkpoints
+                    or ref_counts[held[0]] > 1
+                    or pool.caches[group].block_keys[held[0]] is not None
+                )
+                needed.append(int(copy_state))
+                continue
             count = blocks - table.skipped_blocks[group] - len(held)
             if writes_into_last and ref_counts[held[-1]] > 1:
                 copies.append(group)
@@ -213,7 +208,13 @@ class KVCacheGroups:
                     self.skip(table, group, drop)
         for group, held in enumerate(table.group_block_ids):
             count = needed[group]
-            if count:
+            if group in checkpoints:
+                assert table.keys is not None, "only a table of token ids checkpoints"
+                pool.caches[group].insert(table.keys[position // block_size - 1], held[0])
+            if count and group in self.state_groups:
+                pool.copy_state(held, pool.take(1, group)[0], group)
+                table.changed()
+            elif count:
                 taken = pool.take(count, group)
                 if copies and group in copies:
                     pool.copy_last_block(held, taken.pop(0))
@@ -223,6 +224,25 @@ class KVCacheGroups:
         # Tokens added land in each group's own last block: one just taken, a copy of a
         # shared one, or one it held alone.
         self.set_room(table, own_last_blocks=token_count > 0)
+
+    def checkpoints(self, table: Table, token_count: int) -> tuple[int, ...]:
+        """The state groups an append of ``token_count`` tokens to ``table`` checkpoints
+        (``spec.kinds``): at least one token, token ids tracked, the length on the group's
+        grid, and no block cached under that prefix there yet."""
+        position = table.token_count
+        if not token_count or table.keys is None or not position:
+            return ()
+        on_grid = [g for g in self.state_groups if position % self.groups[g].interval == 0]
+        if not on_grid:
+            return ()
+        key = table.keys[position // self.block_size - 1]
+        caches = self.pool.caches
+        return tuple(
+            group
+            for group in on_grid
+            if caches[group].lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt)
+            is None
+        )
 
     def fork(self, parent: Table) -> Table:
         """A table sharing every block of ``parent``, one more reference each (for the
@@ -339,6 +359,9 @@ class KVCacheGroups:
         cached: list[int] = []
         stale: list[tuple[int, ...]] = []
         for group, held in enumerate(table.group_block_ids):
+            if group in self.state_groups:
+                stale.append(())  # truncated to its own length: shorter was refused
+                continue
             skipped = table.skipped_blocks[group]
             kept = keep - skipped
             group_dropped = held[kept:]

@@ -41,6 +41,7 @@ from spec import (
     AllocatorState,
     BlockAllocationError,
     CachedBlock,
+    GroupKind,
     KVBlockUsage,
     ReleasedBlocks,
     RequestBlockTable,
@@ -49,14 +50,16 @@ from spec import (
     errors,
     first_window_token,
 )
+from spec.kinds import attention_window, blocks_for_group
 
 
 class KVCacheManager:
     """A pool of ``total_blocks`` blocks of ``block_size`` tokens, lent to requests.
 
     Keyword-only: ``group_windows`` lists the KV cache groups that share the pool
-    (``None``: full attention; W: a sliding window of W tokens; the default is one
-    full-attention group); ``block_hash`` is the prefix cache's hash of a parent hash and a
+    (``None``: full attention; W: a sliding window of W tokens; ``RecurrentState(C)``: a
+    state group checkpointed every C tokens; the default is one full-attention group);
+    ``block_hash`` is the prefix cache's hash of a parent hash and a
     block's token ids; ``event_sink`` (e.g. a list's ``append``) is called with every KV
     cache event (``spec.events``) once its call is done, and with ``None`` no event is built;
     ``host_blocks`` sizes the host tier ``swap_out`` copies a request to (0: none) and
@@ -75,7 +78,7 @@ class KVCacheManager:
         total_blocks: int,
         block_size: int = 16,
         *,
-        group_windows: Sequence[int | None] = (None,),
+        group_windows: Sequence[GroupKind] = (None,),
         block_hash: BlockHash = default_block_hash,
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
@@ -85,6 +88,7 @@ class KVCacheManager:
         check_hooks(block_hash, event_sink)
         windows = errors.check_group_windows(group_windows)
         errors.check_host_tier(host_blocks, host_prefix_cache)
+        errors.check_state_groups(windows, block_size, host_blocks)
         self.total_blocks = total_blocks
         self.block_size = block_size
         self.group_windows = windows
@@ -139,13 +143,15 @@ class KVCacheManager:
             errors.check_cache_salt(cache_salt)
             errors.counted_with_salt(request_id)
         assert isinstance(tokens, int)  # narrowed by check_token_count
-        per_group = self._blocks_for(tokens)
-        needed = per_group * len(self.group_windows)
+        per_group = [blocks_for_group(self.block_size, tokens, k) for k in self.group_windows]
+        needed = sum(per_group)
         available = self._pool.free_blocks
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
         table = Table(
-            [self._pool.take(per_group, g) for g in range(len(self.group_windows))], tokens
+            [self._pool.take(count, g) for g, count in enumerate(per_group)],
+            tokens,
+            state_groups=self._groups.state_groups,
         )
         self._groups.set_skipped(table, 0)
         self._tables[request_id] = table
@@ -253,7 +259,10 @@ class KVCacheManager:
             block_size=self.block_size,
             group_windows=self.group_windows,
             skipped_blocks=table.skipped_blocks,
-            first_reads=[first_window_token(token_count, w) for w in self.group_windows],
+            first_reads=[
+                first_window_token(token_count, attention_window(kind))
+                for kind in self.group_windows
+            ],
         )
         return self._events.delivered(self._groups.truncate(table, token_count))
 

@@ -4,14 +4,15 @@ the host's back, and caching the blocks a prompt fills.
 ``PrefixHits.match`` applies the hit rule of ``spec.caching`` to every group's prefix cache
 (``impl.prefix_cache``, one per group in the ``BlockPool``) and, with the host prefix
 cache, to the host tier's: the longest hit every group allows, a sliding-window group
-needing only the blocks its window reads. The admission (``KVCacheManager.allocate``) checks
+needing only the blocks its window reads, a state group a checkpoint at exactly the hit.
+The admission (``KVCacheManager.allocate``) checks
 the blocks it needs, then holds the device hits (``hold_hits``), takes a device block for
 each host hit with its copy in (``held_with_host_hits``) and caches what the prompt fills
 (``cache_full_blocks``). It never checks arguments: the front has done that.
 """
 
 from impl.block_pool import BlockPool
-from impl.groups import FullAttentionGroup
+from impl.group_kinds import FullAttentionGroup
 from impl.host_tier import HostTier
 from impl.prefix_cache import BlockHash, BlockKey, default_block_hash
 from impl.tables import Table
@@ -22,7 +23,7 @@ class PrefixHits:
     """The prefix-cache operations of a prompt over the groups ``kinds`` (their windows),
     the pool's caches and the host tier's."""
 
-    __slots__ = ("block_hash", "block_size", "groups", "host", "pool")
+    __slots__ = ("block_hash", "block_size", "groups", "host", "pool", "state_groups")
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class PrefixHits:
     ) -> None:
         self.block_size = block_size
         self.groups = groups
+        self.state_groups = tuple(g for g, kind in enumerate(groups) if kind.interval)
         self.pool = pool
         self.host = host
         self.block_hash = block_hash
@@ -51,7 +53,9 @@ class PrefixHits:
         pool = self.pool
         cached_tokens, group_hits, group_host_hits, keys = self.match(token_ids, cache_salt)
         per_group = blocks - cached_tokens // block_size
-        needed = per_group * len(self.groups) + sum(map(len, group_host_hits))
+        state_groups = self.state_groups
+        needed = per_group * (len(self.groups) - len(state_groups)) + len(state_groups)
+        needed += sum(map(len, group_host_hits))
         cached_free = pool.cached_free  # an in-flight hit is unreferenced but not free
         held_again = sum(1 for hits in group_hits for b in hits if b in cached_free)
         available = pool.free_blocks - held_again
@@ -64,9 +68,31 @@ class PrefixHits:
                 cached_tokens, group_hits, group_host_hits, keys, per_group
             )
         else:
-            held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
-        table = Table(held, len(token_ids), list(token_ids), keys, cache_salt=cache_salt)
+            held = [
+                self.take_state(hits, group)
+                if group in state_groups
+                else hits + pool.take(per_group, group)
+                for group, hits in enumerate(group_hits)
+            ]
+        table = Table(
+            held,
+            len(token_ids),
+            list(token_ids),
+            keys,
+            cache_salt=cache_salt,
+            state_groups=state_groups,
+        )
         return table, cached_tokens
+
+    def take_state(self, hits: list[int], group: int) -> list[int]:
+        """A new table's one block in state group ``group``: a fresh block, into which the
+        write rule copies the checkpoint of the hit (``hits``, held already), if any."""
+        held = self.pool.take(1, group)
+        if hits:
+            fresh = held[0]
+            held[0] = hits[0]
+            self.pool.copy_state(held, fresh, group)
+        return held
 
     def hold_hits(self, group_hits: list[list[int]]) -> None:
         """Each group's device hits gain a reference (a cached free block leaves its queue,
@@ -140,6 +166,8 @@ class PrefixHits:
         parent: BlockKey | None = None
         parent_hash = caches[0].root_hash(cache_salt)
         longest = hit_limit
+        # A miss in a full-attention group ends the search; a window's or a state's does not.
+        reads_all = [group.window is None and not group.interval for group in groups]
         for index in range(hit_limit):
             chunk = token_ids[index * block_size : (index + 1) * block_size]
             if inline_hash:
@@ -159,7 +187,7 @@ class PrefixHits:
                         key = key or host_cache.block_keys[host_id]
                         continue
                 if block_id is None:
-                    missed = missed or groups[group].window is None
+                    missed = missed or reads_all[group]
                 elif key is None:
                     # The cached key object itself, so later lookups meet the very parent.
                     key = cache.block_keys[block_id]
@@ -173,7 +201,13 @@ class PrefixHits:
             for group_found, on_host in zip(found, host_found, strict=True)
         ]
         for hit_blocks in range(longest, 0, -1):
-            firsts = [group.skip_target(block_size, hit_blocks * block_size) for group in groups]
+            # A state group needs its checkpoint at the hit: one block, the last.
+            firsts = [
+                hit_blocks - 1
+                if group.interval
+                else group.skip_target(block_size, hit_blocks * block_size)
+                for group in groups
+            ]
             if all(
                 run[hit_blocks - 1] >= hit_blocks - first
                 for run, first in zip(runs, firsts, strict=True)
@@ -198,9 +232,11 @@ class PrefixHits:
         keys = table.keys
         full_blocks = len(table.token_ids) // self.block_size
         assert len(keys) >= full_blocks, "every full block is keyed before it is cached"
-        for cache, held, skipped in zip(
-            self.pool.caches, table.group_block_ids, table.skipped_blocks, strict=True
+        for group, (cache, held, skipped) in enumerate(
+            zip(self.pool.caches, table.group_block_ids, table.skipped_blocks, strict=True)
         ):
+            if group in self.state_groups:
+                continue  # a state group caches checkpoints only (``KVCacheGroups.grow``)
             for index in range(max(first_index, skipped), full_blocks):
                 cache.insert(keys[index], held[index - skipped])
 

@@ -19,7 +19,7 @@ import spec
 from impl.events import deliver_events
 from impl.prefix_cache import EventSink
 from impl.records import AppendedSlots
-from spec import AllocatorState, take_events
+from spec import AllocatorState, GroupKind, take_events
 from spec.api import OPERATIONS
 
 
@@ -47,7 +47,7 @@ class SpecBackedManager:
         total_blocks: int,
         block_size: int = 16,
         *,
-        group_windows: tuple[int | None, ...] = (None,),
+        group_windows: tuple[GroupKind, ...] = (None,),
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,
@@ -79,7 +79,7 @@ class SpecBackedManager:
         return self.state.block_size
 
     @property
-    def group_windows(self) -> tuple[int | None, ...]:
+    def group_windows(self) -> tuple[GroupKind, ...]:
         return self.state.group_windows
 
     def to_spec(self) -> AllocatorState:

@@ -230,8 +230,11 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
             and checkpoint_key(state, request_id, computed_tokens) not in state.group_caches[group]
         )
         if is_state_group(kind):
+            running = table.block_ids[0]
             copy_state = token_count > 0 and (
-                checkpoints[group] or state.ref_counts[table.block_ids[0]] > 1
+                checkpoints[group]
+                or running in state.group_caches[group].values()
+                or state.ref_counts[running] > 1
             )
             copies.append(copy_state)
             needed.append(int(copy_state))

@@ -177,8 +177,7 @@ def is_cache_sound(state: AllocatorState) -> bool:
 
 def is_cached_content_exact(state: AllocatorState) -> bool:
     """A cached block in an attention group's table sits where its key ends, and the table's
-    tokens equal the key (a state group's running block is never cached:
-    ``is_running_state_uncached``)."""
+    tokens equal the key (a state group's: ``is_checkpoint_unwritten``)."""
     for kind, tables, cache in zip(
         state.group_windows, state.group_tables, state.group_caches, strict=True
     ):
@@ -359,13 +358,20 @@ def is_state_table_single(state: AllocatorState) -> bool:
     )
 
 
-def is_running_state_uncached(state: AllocatorState) -> bool:
-    """No block a state group's table holds is cached: a checkpoint is copied before the
-    next write (the write rule), so a cached state is never written again."""
-    return all(
-        not {b for t in tables.values() for b in t.block_ids} & set(cache.values())
-        for _, tables, cache in _state_groups(state)
-    )
+def is_checkpoint_unwritten(state: AllocatorState) -> bool:
+    """A state group's cached block (a checkpoint) is held only by tables whose token ids
+    and salt are exactly its key's: the write rule copies it before any table adds to it,
+    so a cached state is never written again."""
+    for _, tables, cache in _state_groups(state):
+        key_of = {block_id: key for key, block_id in cache.items()}
+        for table in tables.values():
+            key = key_of.get(table.block_ids[0]) if table.block_ids else None
+            if key is None:
+                continue
+            ids = state.token_ids.get(table.request_id)
+            if ids != key.token_ids or state.cache_salts.get(table.request_id) != key.cache_salt:
+                return False
+    return True
 
 
 def is_checkpoint_on_grid(state: AllocatorState) -> bool:
@@ -394,6 +400,30 @@ def is_state_shared_only_by_forks(state: AllocatorState) -> bool:
     return True
 
 
+def is_state_hit_exact(
+    before: AllocatorState, after: AllocatorState, request_id: str, cached_tokens: int
+) -> bool:
+    """The hit rule in a state group, for one admission: after ``allocate`` gave
+    ``request_id`` a hit of ``cached_tokens`` (h), its block in each state group is fresh
+    when h is 0, and otherwise the destination of a copy whose source ``before`` cached
+    under exactly its salt and first h token ids (never an earlier checkpoint). An
+    operation property, as ``is_window_tight``: the state records no admission."""
+    copies = dict((d, s) for s, d in after.pending_copies)
+    for group, kind in enumerate(after.group_windows):
+        if not is_state_group(kind):
+            continue
+        (block_id,) = after.group_tables[group][request_id].block_ids
+        if cached_tokens == 0:
+            if block_id in copies:
+                return False
+            continue
+        token_ids = after.token_ids.get(request_id, ())
+        key = CacheKey(after.cache_salts.get(request_id), token_ids[:cached_tokens])
+        if copies.get(block_id) != before.group_caches[group].get(key, -1):
+            return False
+    return True
+
+
 INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "conservation": is_conserved,
     "partition": is_partitioned,
@@ -414,7 +444,7 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "swapped_sound": is_swapped_sound,
     "copy_source_in_flight": is_copy_source_in_flight,
     "state_table_single": is_state_table_single,
-    "running_state_uncached": is_running_state_uncached,
+    "checkpoint_unwritten": is_checkpoint_unwritten,
     "checkpoint_on_grid": is_checkpoint_on_grid,
     "state_shared_only_by_forks": is_state_shared_only_by_forks,
 }

@@ -18,11 +18,13 @@ transitions of ``spec.growth``, ``spec.caching`` and ``spec.releasing`` follow:
   prefix cache (a ``BlockStored``), unless a block is cached under that key already. C is
   a multiple of block_size, so a checkpoint ends on a block boundary.
 - The write rule (copy-on-write of the whole state). An adding operation of at least one
-  token whose running block is shared (a fork) or cached (the checkpoint just made) takes
+  token whose running block is shared (a fork) or cached (a checkpoint: just made, or
+  made by a fork's other side) takes
   a fresh block (free queue first, then evicting), queues the (old, fresh) copy with the
   copy-on-write copies, and drops its reference to the old block, which goes where
-  ``release`` sends a block: a checkpoint to the cached free queue's tail. So a running
-  state block is never cached, and a cached state is never written again.
+  ``release`` sends a block: a checkpoint to the cached free queue's tail. So a cached
+  state is never written again: a table holds one only while its length is the
+  checkpoint's (a fork's other side, which has not added to it since).
 - A prefix hit of h tokens needs, in a state group, h == 0 or a checkpoint cached on the
   device under exactly ``CacheKey(salt, token_ids[:h])``; the common hit is the largest h
   every group allows (``spec.caching``). On h > 0 the new request holds the checkpoint

@@ -38,7 +38,7 @@ from impl.checking import check_indexes
 from impl.spec_backed import as_impl
 from spec import AllocatorState, CachedBlock, KVCacheEvent
 from spec.api import OPERATIONS, Argument, Operation
-from spec.invariants import is_window_tight
+from spec.invariants import is_state_hit_exact, is_window_tight
 
 T = TypeVar("T")
 
@@ -373,7 +373,7 @@ class WindowedAllocatorMachine(AllocatorMachine):
         group_windows=GROUP_WINDOWS,
     )
     def init_pool(
-        self, total_blocks: int, block_size: int, group_windows: tuple[int | None, ...]
+        self, total_blocks: int, block_size: int, group_windows: tuple[spec.GroupKind, ...]
     ) -> None:
         self.model = spec.init(total_blocks, block_size, group_windows)
         self.target = self.target_class(
@@ -394,6 +394,45 @@ class WindowedAllocatorMachine(AllocatorMachine):
         assert is_window_tight(self.model, request_id, computed_tokens), (
             f"{name}{args}: a windowed table holds a block wholly outside its window"
         )
+        return result
+
+
+# Hybrid pools (``spec.kinds``): a full-attention group and a recurrent state group, the
+# shape of LFM2 and Qwen3-Next, in both orders, with checkpoints every block and every
+# other block; and a window beside a state group.
+
+@st.composite
+def hybrid_groups(draw: st.DrawFn) -> tuple[int, tuple[spec.GroupKind, ...]]:
+    """A block size and hybrid groups whose state interval is 1 or 2 blocks of it."""
+    block_size = draw(st.integers(1, 3))
+    state = spec.RecurrentState(block_size * draw(st.sampled_from([1, 2])))
+    shape = draw(st.sampled_from([(None, state), (state, None), (2, state), (None, None, state)]))
+    return block_size, shape
+
+
+class HybridAllocatorMachine(WindowedAllocatorMachine):
+    """``AllocatorMachine`` on hybrid pools: attention groups beside a state group. After
+    every admission the state group's hit is checked against the caches it was found in
+    (``spec.invariants.is_state_hit_exact``)."""
+
+    @initialize(total_blocks=st.integers(1, 12), groups=hybrid_groups())
+    def init_pool(  # type: ignore[override]  # the block size comes with the groups
+        self, total_blocks: int, groups: tuple[int, tuple[spec.GroupKind, ...]]
+    ) -> None:
+        block_size, group_windows = groups
+        self.model = spec.init(total_blocks, block_size, group_windows)
+        self.target = self.target_class(
+            total_blocks, block_size, group_windows=group_windows, event_sink=self.events.append
+        )
+
+    def _step(self, name: str, *args: object) -> object:
+        before = self.model
+        result = super()._step(name, *args)
+        if name == "allocate" and isinstance(result, AppendedSlots):
+            assert is_state_hit_exact(before, self.model, result.request_id, result.cached_tokens), (
+                f"{name}{args}: the state group's hit of {result.cached_tokens} tokens is not "
+                "a copy of the checkpoint at exactly that length"
+            )
         return result
 
 

@@ -1,0 +1,68 @@
+"""The kinds of KV cache group (``spec.kinds``), each a small object ``impl.groups`` asks
+what its rule says for a table: which leading blocks no query reads any more (a sliding
+window's), and when it skips next; a state group's checkpoint interval.
+"""
+
+from impl.tables import NEVER
+from spec import GroupKind, RecurrentState, skipped_blocks_at
+from spec.rules import next_skip_token_count
+
+
+class FullAttentionGroup:
+    """A group of full-attention layers: every query reads every key, nothing is skipped.
+    ``interval`` is 0 in every attention group (a state group's checkpoint interval)."""
+
+    __slots__ = ("interval", "window")
+
+    def __init__(self, window: int | None = None) -> None:
+        self.window = window
+        self.interval = 0
+
+    def skip_target(self, block_size: int, computed_tokens: int) -> int:
+        """``spec.compute_skipped_blocks``: the leading blocks of a table no query at or past
+        ``computed_tokens`` reads."""
+        return 0
+
+    def next_skip_at(self, block_size: int, skipped_blocks: int) -> int:
+        """The least computed length at which a table skipping ``skipped_blocks`` skips more."""
+        return NEVER
+
+
+class SlidingWindowGroup(FullAttentionGroup):
+    """A group of layers with a sliding window of ``window`` tokens."""
+
+    __slots__ = ()
+
+    def skip_target(self, block_size: int, computed_tokens: int) -> int:
+        return skipped_blocks_at(block_size, computed_tokens, self.window)
+
+    def next_skip_at(self, block_size: int, skipped_blocks: int) -> int:
+        skip_at = next_skip_token_count(block_size, skipped_blocks, self.window)
+        assert skip_at is not None, "a sliding window has a width"
+        return skip_at
+
+
+class RecurrentStateGroup(FullAttentionGroup):
+    """A group of recurrent state layers (``spec.kinds``): it never skips, and its tables
+    hold one block each, checkpointed every ``interval`` tokens."""
+
+    __slots__ = ()
+
+    def __init__(self, interval: int) -> None:
+        super().__init__(None)
+        self.interval = interval
+
+
+def group_kind(
+    window: GroupKind,
+    full_attention: type[FullAttentionGroup],
+    sliding_window: type[SlidingWindowGroup],
+    recurrent_state: type[RecurrentStateGroup],
+) -> FullAttentionGroup:
+    """The group object of one entry of ``group_windows``, of the classes given (a planted
+    bug may swap one)."""
+    if window is None:
+        return full_attention()
+    if isinstance(window, RecurrentState):
+        return recurrent_state(window.interval)
+    return sliding_window(window)
