@@ -25,7 +25,7 @@ from impl.group_kinds import (
     group_kind,
 )
 from impl.host_tier import GroupBlock, HostTier, SwappedRequest
-from impl.prefix_cache import BlockHash
+from impl.prefix_cache import BlockHash, BlockKey
 from impl.tables import Table
 from spec import BlockAllocationError, GroupKind, ReleasedBlocks, blocks_for_tokens, slot_index
 
@@ -209,8 +209,7 @@ class KVCacheGroups:
         for group, held in enumerate(table.group_block_ids):
             count = needed[group]
             if group in checkpoints:
-                assert table.keys is not None, "only a table of token ids checkpoints"
-                pool.caches[group].insert(table.keys[position // block_size - 1], held[0])
+                pool.caches[group].insert(self.checkpoint_key(table, group), held[0])
             if count and group in self.state_groups:
                 pool.copy_state(held, pool.take(1, group)[0], group)
                 table.changed()
@@ -235,14 +234,20 @@ class KVCacheGroups:
         on_grid = [g for g in self.state_groups if position % self.groups[g].interval == 0]
         if not on_grid:
             return ()
-        key = table.keys[position // self.block_size - 1]
         caches = self.pool.caches
         return tuple(
             group
             for group in on_grid
-            if caches[group].lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt)
+            if (key := self.checkpoint_key(table, group))
+            and caches[group].lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt)
             is None
         )
+
+    def checkpoint_key(self, table: Table, group: int) -> BlockKey:
+        """The key of the checkpoint ``table`` makes at its length in state group ``group``:
+        the key of its last full block (a checkpoint ends on a block boundary)."""
+        assert table.keys is not None, "only a table of token ids checkpoints"
+        return table.keys[table.token_count // self.block_size - 1]
 
     def fork(self, parent: Table) -> Table:
         """A table sharing every block of ``parent``, one more reference each (for the

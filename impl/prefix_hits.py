@@ -200,29 +200,41 @@ class PrefixHits:
             _hit_runs([b if b is not None else on_host.get(i) for i, b in enumerate(group_found)])
             for group_found, on_host in zip(found, host_found, strict=True)
         ]
+        state_groups = self.state_groups
         for hit_blocks in range(longest, 0, -1):
-            # A state group needs its checkpoint at the hit: one block, the last.
-            firsts = [
-                hit_blocks - 1
-                if group.interval
-                else group.skip_target(block_size, hit_blocks * block_size)
-                for group in groups
-            ]
-            if all(
+            firsts = [group.skip_target(block_size, hit_blocks * block_size) for group in groups]
+            state_hits = {g: self.state_hit(found[g], hit_blocks) for g in state_groups}
+            if None not in state_hits.values() and all(
                 run[hit_blocks - 1] >= hit_blocks - first
-                for run, first in zip(runs, firsts, strict=True)
+                for group, (run, first) in enumerate(zip(runs, firsts, strict=True))
+                if group not in state_hits
             ):
                 # The run check made every one of these a hit: the filter only narrows type.
                 hits = [
-                    [b for b in group_found[first:hit_blocks] if b is not None]
-                    for group_found, first in zip(found, firsts, strict=True)
+                    state_hit
+                    if (state_hit := state_hits.get(group)) is not None
+                    else [b for b in group_found[first:hit_blocks] if b is not None]
+                    for group, (group_found, first) in enumerate(zip(found, firsts, strict=True))
                 ]
                 host_hits = [
-                    [(i, on_host[i]) for i in range(first, hit_blocks) if group_found[i] is None]
-                    for group_found, on_host, first in zip(found, host_found, firsts, strict=True)
+                    []
+                    if group in state_hits
+                    else [
+                        (i, on_host[i]) for i in range(first, hit_blocks) if group_found[i] is None
+                    ]
+                    for group, (group_found, on_host, first) in enumerate(
+                        zip(found, host_found, firsts, strict=True)
+                    )
                 ]
                 return hit_blocks * block_size, hits, host_hits, keys
         return 0, [[] for _ in caches], [[] for _ in caches], keys
+
+    def state_hit(self, found: list[int | None], hit_blocks: int) -> list[int] | None:
+        """A state group's part of a hit of ``hit_blocks`` blocks (``found[i]``: its
+        checkpoint after block index i, or None): the checkpoint at exactly the hit, or
+        None when it has none there (the hit is not allowed)."""
+        block_id = found[hit_blocks - 1]
+        return None if block_id is None else [block_id]
 
     def cache_full_blocks(self, table: Table, first_index: int) -> None:
         """Cache every full block from ``first_index`` on, in every group, unless that

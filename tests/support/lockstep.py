@@ -401,6 +401,7 @@ class WindowedAllocatorMachine(AllocatorMachine):
 # shape of LFM2 and Qwen3-Next, in both orders, with checkpoints every block and every
 # other block; and a window beside a state group.
 
+
 @st.composite
 def hybrid_groups(draw: st.DrawFn) -> tuple[int, tuple[spec.GroupKind, ...]]:
     """A block size and hybrid groups whose state interval is 1 or 2 blocks of it."""
@@ -416,7 +417,7 @@ class HybridAllocatorMachine(WindowedAllocatorMachine):
     (``spec.invariants.is_state_hit_exact``)."""
 
     @initialize(total_blocks=st.integers(1, 12), groups=hybrid_groups())
-    def init_pool(  # type: ignore[override]  # the block size comes with the groups
+    def init_pool(  # the block size comes with the groups
         self, total_blocks: int, groups: tuple[int, tuple[spec.GroupKind, ...]]
     ) -> None:
         block_size, group_windows = groups
@@ -429,7 +430,9 @@ class HybridAllocatorMachine(WindowedAllocatorMachine):
         before = self.model
         result = super()._step(name, *args)
         if name == "allocate" and isinstance(result, AppendedSlots):
-            assert is_state_hit_exact(before, self.model, result.request_id, result.cached_tokens), (
+            assert is_state_hit_exact(
+                before, self.model, result.request_id, result.cached_tokens
+            ), (
                 f"{name}{args}: the state group's hit of {result.cached_tokens} tokens is not "
                 "a copy of the checkpoint at exactly that length"
             )

@@ -16,7 +16,8 @@ from impl import (
     ReleasedBlocks,
 )
 from impl.block_pool import BlockPool
-from impl.groups import KVCacheGroups, SlidingWindowGroup
+from impl.group_kinds import SlidingWindowGroup
+from impl.groups import KVCacheGroups
 from impl.host_tier import GroupBlock, HostTier
 from impl.prefix_cache import BlockKey, EventSink, PrefixCache
 from impl.prefix_hits import PrefixHits

@@ -1,0 +1,85 @@
+"""Deliberately broken state groups (``spec.kinds``): each must make the hybrid lockstep
+machine and the bounded walk fail. Each is the smallest change to ``KVCacheManager`` that
+plants one class of bug the trackers show in hybrid allocators (issue 34)."""
+
+from impl import KVCacheManager
+from impl.block_pool import BlockPool
+from impl.groups import KVCacheGroups
+from impl.prefix_cache import BlockKey
+from impl.prefix_hits import PrefixHits
+from impl.tables import Table
+
+
+class _RestoresAnEarlierCheckpoint(PrefixHits):
+    __slots__ = ()
+
+    def state_hit(self, found: list[int | None], hit_blocks: int) -> list[int] | None:
+        earlier = [b for b in found[:hit_blocks] if b is not None]
+        return earlier[-1:] or None
+
+
+class HitsPastTheLastCheckpoint(KVCacheManager):
+    """A hit past a boundary the state cannot be rewound to (vllm #57128, #53912, #50630 as
+    issue 34 cites them): the state group accepts a hit of h with any checkpoint at or
+    before h, and restores that one."""
+
+    prefix_hits_class = _RestoresAnEarlierCheckpoint
+
+
+class _KeysCheckpointsInIntervals(KVCacheGroups):
+    __slots__ = ()
+
+    def checkpoint_key(self, table: Table, group: int) -> BlockKey:
+        assert table.keys is not None
+        return table.keys[table.token_count // self.groups[group].interval - 1]
+
+
+class CheckpointKeyedInIntervals(KVCacheManager):
+    """A checkpoint indexed in the wrong units (vllm #55600, #53142): its key is the prefix
+    of ``L0 // interval`` blocks, not ``L0 // block_size``, so with an interval of two
+    blocks a state after L0 tokens is cached as the state after L0 / 2."""
+
+    groups_class = _KeysCheckpointsInIntervals
+
+
+class _TakesTheLongestCheckpoint(PrefixHits):
+    __slots__ = ()
+
+    def state_hit(self, found: list[int | None], hit_blocks: int) -> list[int] | None:
+        return [b for b in found if b is not None][-1:]
+
+
+class CommonHitIsTheMax(KVCacheManager):
+    """Per-group hits that disagree (vllm #45614, #46453): the common hit is the attention
+    groups' alone (the max over groups), and the state group restores its own longest
+    checkpoint, or none."""
+
+    prefix_hits_class = _TakesTheLongestCheckpoint
+
+
+class _FreesTheCheckpoint(BlockPool):
+    __slots__ = ()
+
+    def copy_state(self, block_ids: list[int], destination: int, group: int) -> None:
+        source = block_ids[0]
+        super().copy_state(block_ids, destination, group)
+        if source in self.cached_free:
+            del self.cached_free[source]
+            self.evict(source)
+            self.free.append(source)
+
+
+class FreesTheCheckpointBeforeItsCopy(KVCacheManager):
+    """A state slot freed while a checkpoint still reads it: the write rule gives the
+    checkpoint's block back as a free block (its key dropped) while its copy is pending,
+    so the next allocation may take it, and a poisoned pool fills it before the copy."""
+
+    block_pool_class = _FreesTheCheckpoint
+
+
+STATE_PLANTED_BUGS: list[type[KVCacheManager]] = [
+    HitsPastTheLastCheckpoint,
+    CheckpointKeyedInIntervals,
+    CommonHitIsTheMax,
+    FreesTheCheckpointBeforeItsCopy,
+]
