@@ -310,8 +310,8 @@ def _window_findings(
     else:
         computed_tokens = before.tables[request_id].token_count
     for group, window in enumerate(after.group_windows):
-        if window is None:
-            continue
+        if not isinstance(window, int):
+            continue  # full attention or a state group: never skips
         allowed = spec.skipped_blocks_at(after.block_size, computed_tokens, window)
         skipped = after.group_tables[group][request_id].skipped_blocks
         if skipped > allowed:

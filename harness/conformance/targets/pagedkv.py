@@ -27,6 +27,7 @@ class PagedKVAdapter:
         manager_class: type[KVCacheManager] = KVCacheManager,
     ) -> None:
         self.manager = manager_class(total_blocks, block_size, group_windows=group_windows)
+        self._group_windows = group_windows
         self.name = f"pagedkv {manager_class.__name__} windows={list(group_windows)}"
 
     @property
@@ -35,7 +36,7 @@ class PagedKVAdapter:
 
     @property
     def group_windows(self) -> tuple[int | None, ...]:
-        return self.manager.group_windows
+        return self._group_windows
 
     @property
     def pool_block_ids(self) -> Sequence[int]:
