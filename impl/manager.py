@@ -50,7 +50,7 @@ from spec import (
     errors,
     first_window_token,
 )
-from spec.kinds import attention_window, blocks_for_group
+from spec.kinds import attention_window
 
 
 class KVCacheManager:
@@ -143,7 +143,9 @@ class KVCacheManager:
             errors.check_cache_salt(cache_salt)
             errors.counted_with_salt(request_id)
         assert isinstance(tokens, int)  # narrowed by check_token_count
-        per_group = [blocks_for_group(self.block_size, tokens, k) for k in self.group_windows]
+        blocks = self._blocks_for(tokens)
+        state_groups = self._groups.state_groups
+        per_group = [1 if g in state_groups else blocks for g in range(len(self.group_windows))]
         needed = sum(per_group)
         available = self._pool.free_blocks
         if needed > available:

@@ -64,7 +64,11 @@ def is_hit_cached(
 ) -> bool:
     """Whether ``group`` caches, under ``cache_salt``, every block a hit of ``hit_tokens``
     tokens needs there (on the device or the host: ``is_key_cached``): the blocks from
-    ``compute_skipped_blocks(hit_tokens)`` up to ``hit_tokens``."""
+    ``compute_skipped_blocks(hit_tokens)`` up to ``hit_tokens``; in a state group, the
+    checkpoint of exactly ``hit_tokens`` on the device (``spec.kinds``)."""
+    if is_state_group(state.group_windows[group]):
+        key = CacheKey(cache_salt, token_ids[:hit_tokens])
+        return hit_tokens == 0 or key in state.group_caches[group]
     block_size = state.block_size
     first = compute_skipped_blocks(state, group, hit_tokens)
     return all(

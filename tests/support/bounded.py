@@ -52,7 +52,7 @@ from spec import (
     SharingCounters,
 )
 from spec.api import OPERATIONS, Argument, Kind
-from spec.invariants import is_window_tight
+from spec.invariants import is_state_hit_exact, is_window_tight
 
 # The errors the spec may raise for a refused operation; anything else is a bug.
 SPECIFIED_ERRORS = (TypeError, ValueError, KeyError, BlockAllocationError)
@@ -70,7 +70,7 @@ class Bounds:
     # the prefix query); none means the walk tries only the count-based operations.
     prompts: tuple[tuple[int, ...], ...] = ()
     # The pool's KV cache groups (spec.init's group_windows).
-    group_windows: tuple[int | None, ...] = (None,)
+    group_windows: tuple[spec.GroupKind, ...] = (None,)
     # A sliding window frees blocks as a request grows, so with windows alone token counts
     # are not bounded by the pool: a state with a request longer than the pool's capacity
     # by more than this is checked on arrival but not walked from. (A full-attention group
@@ -251,6 +251,10 @@ def _check_spec_step(
         request_id = result.request_id
         if not is_window_tight(after, request_id, _computed_tokens(before, op, result)):
             return "spec left a block wholly outside its window in a table"
+        if op.name == "allocate" and not is_state_hit_exact(
+            before, after, request_id, result.cached_tokens
+        ):
+            return "spec's state group restored a state other than the checkpoint at its hit"
     if (after.total_blocks, after.block_size) != (before.total_blocks, before.block_size):
         return "spec changed the pool's shape"
     touched = {arg for arg in op.args if isinstance(arg, str)}
@@ -598,6 +602,33 @@ def all_host_bounds() -> Iterator[Bounds]:
     yield HOST_PREFIX_BOUNDS
 
 
+# The hybrid walk (``spec.kinds``): (blocks, block_size, group_windows), one request id,
+# token counts -1..0 and the hybrid prompts. A window of one token beside a state group
+# checkpointed every two tokens: the window needs no block for a hit and frees one as it
+# slides, so in 3 blocks a request decodes past two checkpoints and a prompt hits one (a
+# full-attention group needs 4 blocks for that: 4,584 states, ~80 s under load). Then a
+# full-attention group beside a state group checkpointed every token.
+HYBRID_SHAPES: tuple[tuple[int, int, tuple[spec.GroupKind, ...]], ...] = (
+    (3, 1, (1, spec.RecurrentState(2))),
+    (3, 1, (None, spec.RecurrentState(1))),
+)
+
+
+def hybrid_prompts(interval: int) -> tuple[tuple[int, ...], ...]:
+    """Prompts that reach every case of the state group's hit rule in a tiny pool: one
+    token, which decodes (appends of (0,)) to the checkpoints at C and 2C, and 2C zeros
+    and a one, whose hit at 2C needs the checkpoint there and may not take the one at C."""
+    return ((0,), (0,) * (2 * interval) + (1,))
+
+
+def all_hybrid_bounds() -> Iterator[Bounds]:
+    """The hybrid walk: ``HYBRID_SHAPES`` with the hybrid prompts of their intervals."""
+    for total_blocks, block_size, group_windows in HYBRID_SHAPES:
+        (interval,) = (k.interval for k in group_windows if isinstance(k, spec.RecurrentState))
+        prompts = hybrid_prompts(interval)
+        yield Bounds(total_blocks, block_size, ("r0",), 0, prompts, group_windows, 0)
+
+
 def all_bounds(
     max_blocks: int, max_block_size: int, request_ids: int, max_token_count: int | None
 ) -> Iterator[Bounds]:
@@ -648,6 +679,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="walk the fixed host-tier shapes (swap out, swap in, copies) instead",
     )
     parser.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="walk the fixed hybrid shapes (a recurrent state group beside attention) instead",
+    )
+    parser.add_argument(
         "--windows",
         action="store_true",
         help="walk the fixed window shapes (KV cache groups with sliding windows) instead",
@@ -660,6 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         walks = all_host_bounds()
     elif args.windows:
         walks = all_window_bounds()
+    elif args.hybrid:
+        walks = all_hybrid_bounds()
     elif args.sharing:
         walks = all_sharing_bounds(args.max_blocks, args.max_block_size, args.request_ids)
     else:

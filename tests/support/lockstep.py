@@ -416,7 +416,7 @@ class HybridAllocatorMachine(WindowedAllocatorMachine):
     every admission the state group's hit is checked against the caches it was found in
     (``spec.invariants.is_state_hit_exact``)."""
 
-    @initialize(total_blocks=st.integers(1, 12), groups=hybrid_groups())
+    @initialize(total_blocks=st.integers(1, 24), groups=hybrid_groups())
     def init_pool(  # the block size comes with the groups
         self, total_blocks: int, groups: tuple[int, tuple[spec.GroupKind, ...]]
     ) -> None:
@@ -425,6 +425,42 @@ class HybridAllocatorMachine(WindowedAllocatorMachine):
         self.target = self.target_class(
             total_blocks, block_size, group_windows=group_windows, event_sink=self.events.append
         )
+
+    @rule(
+        request_id=REQUEST_IDS,
+        sharer_id=REQUEST_IDS,
+        token_ids=PROMPTS,
+        suffix=TOKEN_IDS,
+        data=st.data(),
+    )
+    def prefill_on_the_grid_then_share(
+        self,
+        request_id: str,
+        sharer_id: str,
+        token_ids: tuple[int, ...],
+        suffix: tuple[int, ...],
+        data: st.DataObject,
+    ) -> None:
+        """A hybrid engine's chunked prefill: every chunk ends on the state group's
+        checkpoint grid, so the next chunk's append checkpoints it; then a second request
+        shares a prefix of the prompt and adds its own tokens: its hit restores the
+        checkpoint at exactly the common hit, or starts from no state."""
+        interval = min(
+            k.interval for k in self.model.group_windows if isinstance(k, spec.RecurrentState)
+        )
+        if not token_ids or request_id in self.model.tables:
+            return
+        done = min(interval, len(token_ids))
+        if self._step("allocate", request_id, token_ids[:done]) is None:
+            return
+        while done < len(token_ids):
+            chunk = token_ids[done : done + interval]
+            if self._step("append", request_id, chunk) is None:
+                return
+            done += len(chunk)
+        cut = data.draw(st.integers(0, len(token_ids)))
+        if sharer_id not in self.model.tables:
+            self._step("allocate", sharer_id, token_ids[:cut] + suffix)
 
     def _step(self, name: str, *args: object) -> object:
         before = self.model
