@@ -173,7 +173,11 @@ def test_a_refused_append_counts_blocks_its_skips_would_free_and_changes_nothing
     [
         ((), ValueError, "group_windows must name at least 1 KV cache group, got 0"),
         ((None, 0), ValueError, "window of group 1 must be at least 1 token, got 0"),
-        ((True,), TypeError, "window of group 0 must be None or an int, got bool True"),
+        (
+            (True,),
+            TypeError,
+            "window of group 0 must be None, an int or a RecurrentState, got bool True",
+        ),
         (4, TypeError, "group_windows must be a tuple, got int 4"),
     ],
 )
