@@ -407,7 +407,9 @@ def hybrid_groups(draw: st.DrawFn) -> tuple[int, tuple[spec.GroupKind, ...]]:
     """A block size and hybrid groups whose state interval is 1 or 2 blocks of it."""
     block_size = draw(st.integers(1, 3))
     state = spec.RecurrentState(block_size * draw(st.sampled_from([1, 2])))
-    shape = draw(st.sampled_from([(None, state), (state, None), (2, state), (None, None, state)]))
+    shape = draw(
+        st.sampled_from([(None, state), (state, None), (2, state), (None, None, state), (state,)])
+    )
     return block_size, shape
 
 
