@@ -28,6 +28,7 @@ from impl.host_tier import GroupBlock, HostTier, SwappedRequest
 from impl.prefix_cache import BlockHash, BlockKey
 from impl.tables import Table
 from spec import BlockAllocationError, GroupKind, ReleasedBlocks, blocks_for_tokens, slot_index
+from spec.kinds import is_checkpoint_at
 
 
 class KVCacheGroups:
@@ -231,7 +232,9 @@ class KVCacheGroups:
         position = table.token_count
         if not token_count or table.keys is None or not position:
             return ()
-        on_grid = [g for g in self.state_groups if position % self.groups[g].interval == 0]
+        on_grid = [
+            g for g in self.state_groups if is_checkpoint_at(self.groups[g].interval, position)
+        ]
         if not on_grid:
             return ()
         caches = self.pool.caches

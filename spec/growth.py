@@ -49,7 +49,7 @@ from spec.errors import (
     is_token_ids,
     tracks_token_ids,
 )
-from spec.kinds import blocks_for_group, is_checkpoint_at, is_state_group
+from spec.kinds import RecurrentState, blocks_for_group, is_checkpoint_at, is_state_group
 from spec.records import RequestBlockTable
 from spec.rules import blocks_for_tokens
 from spec.state import (
@@ -226,7 +226,8 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
         checkpoints.append(
             token_count > 0
             and request_id in state.token_ids
-            and is_checkpoint_at(kind, computed_tokens)
+            and isinstance(kind, RecurrentState)
+            and is_checkpoint_at(kind.interval, computed_tokens)
             and checkpoint_key(state, request_id, computed_tokens) not in state.group_caches[group]
         )
         if is_state_group(kind):

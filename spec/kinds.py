@@ -68,14 +68,10 @@ def is_state_group(kind: GroupKind) -> bool:
     return isinstance(kind, RecurrentState)
 
 
-def is_checkpoint_at(kind: GroupKind, computed_tokens: int) -> bool:
-    """Whether a state group checkpoints a request whose first ``computed_tokens`` (L0) are
-    computed: L0 a positive multiple of its interval. Never in an attention group."""
-    return (
-        isinstance(kind, RecurrentState)
-        and computed_tokens > 0
-        and computed_tokens % kind.interval == 0
-    )
+def is_checkpoint_at(interval: int, computed_tokens: int) -> bool:
+    """Whether a state group of this checkpoint ``interval`` checkpoints a request whose
+    first ``computed_tokens`` (L0) are computed: L0 a positive multiple of the interval."""
+    return computed_tokens > 0 and computed_tokens % interval == 0
 
 
 def blocks_for_group(block_size: int, token_count: int, kind: GroupKind) -> int:
