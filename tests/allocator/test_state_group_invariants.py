@@ -1,0 +1,84 @@
+"""The state group's named invariants (``spec.invariants``), each broken by a state built
+from a sound one, and the state hit rule of an admission (``is_state_hit_exact``)."""
+
+from dataclasses import replace
+
+import spec
+from spec import AllocatorState, CacheKey, FrozenMap, RequestBlockTable
+from spec.api import OPERATIONS
+from spec.invariants import is_state_hit_exact
+
+PROMPT = tuple(range(1, 9))
+
+
+def hybrid(interval: int = 4) -> AllocatorState:
+    """Blocks of 4: a full group and a state group; request a at 8 tokens, its state
+    checkpointed at 4 in block 1 (cached free), its running state in block 3, the copy
+    between them taken."""
+    state = spec.init(10, 4, (None, spec.RecurrentState(interval)))
+    state, _ = OPERATIONS["allocate"].transition(state, "a", PROMPT[:4])
+    state, _ = OPERATIONS["append"].transition(state, "a", PROMPT[4:])
+    state, _ = OPERATIONS["take_transfers"].transition(state)
+    return spec.take_events(state)
+
+
+def with_state_table(state: AllocatorState, table: RequestBlockTable) -> AllocatorState:
+    tables = state.group_tables[1].set(table.request_id, table)
+    return replace(state, group_tables=(state.group_tables[0], tables))
+
+
+def test_the_hybrid_state_is_sound() -> None:
+    state = hybrid()
+    assert spec.violated_invariants(state) == []
+    assert state.group_tables[1]["a"].block_ids == (3,)
+    assert state.group_caches[1] == FrozenMap({CacheKey(None, PROMPT[:4]): 1})
+
+
+def test_a_state_table_of_two_blocks_breaks_state_table_single() -> None:
+    state = hybrid()
+    broken = with_state_table(state, RequestBlockTable("a", (3, 4), 8))
+    assert "state_table_single" in spec.violated_invariants(broken)
+
+
+def test_a_table_past_its_checkpoint_still_holding_it_breaks_checkpoint_unwritten() -> None:
+    # a at 8 tokens runs in the block cached as the state after 4: it would write it.
+    state = hybrid()
+    broken = with_state_table(state, RequestBlockTable("a", (1,), 8))
+    broken = replace(
+        broken,
+        cached_free_block_ids=(),
+        free_block_ids=(*broken.free_block_ids, 3),
+        ref_counts=broken.ref_counts.delete(3).set(1, 1),
+    )
+    assert spec.violated_invariants(broken) == ["checkpoint_unwritten"]
+
+
+def test_a_checkpoint_off_the_interval_grid_breaks_checkpoint_on_grid() -> None:
+    # The same checkpoint at 4 tokens, in a group checkpointed every 8.
+    broken = replace(hybrid(), group_windows=(None, spec.RecurrentState(8)))
+    assert spec.violated_invariants(broken) == ["checkpoint_on_grid"]
+
+
+def test_two_requests_of_other_lengths_sharing_a_state_break_state_shared_only_by_forks() -> None:
+    state = spec.init(10, 4, (None, spec.RecurrentState(4)))
+    state, _ = OPERATIONS["allocate"].transition(state, "a", 3)
+    state, _ = OPERATIONS["allocate"].transition(state, "b", 5)
+    (b_state,) = state.group_tables[1]["b"].block_ids
+    broken = with_state_table(state, RequestBlockTable("b", (1,), 5))
+    broken = replace(
+        broken,
+        free_block_ids=(b_state, *broken.free_block_ids),
+        ref_counts=broken.ref_counts.delete(b_state).set(1, 2),
+    )
+    assert spec.violated_invariants(broken) == ["state_shared_only_by_forks"]
+
+
+def test_an_admission_is_state_hit_exact_only_with_the_copy_of_its_own_checkpoint() -> None:
+    before = hybrid()
+    after, slots = OPERATIONS["allocate"].transition(before, "b", (*PROMPT, 9))
+    assert slots.cached_tokens == 4
+    assert is_state_hit_exact(before, after, "b", 4)
+    assert not is_state_hit_exact(before, after, "b", 0)  # a copy where no hit is
+    (b_state,) = after.group_tables[1]["b"].block_ids
+    earlier = replace(after, pending_copies=((3, b_state),))  # a's running state, not the key's
+    assert not is_state_hit_exact(before, earlier, "b", 4)
