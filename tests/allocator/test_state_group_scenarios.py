@@ -6,7 +6,7 @@ from collections.abc import Callable
 import pytest
 
 import spec
-from impl import KVCacheManager
+from impl import KVBlockManager, KVCacheManager
 from impl.spec_backed import SpecBackedManager
 
 STATE = spec.RecurrentState(4)
@@ -135,3 +135,9 @@ def test_a_state_group_the_pool_cannot_serve_is_refused_in_one_line(
     with pytest.raises(error) as refused:
         make(8, 4, group_windows=group_windows, host_blocks=host_blocks)
     assert str(refused.value) == message
+
+
+def test_the_article_layer_counts_one_block_for_a_state_group() -> None:
+    pool = KVBlockManager(3, 4, group_windows=(None, STATE))
+    assert pool.can_allocate(8)  # 2 blocks of attention, 1 of state
+    assert not pool.can_allocate(9)
