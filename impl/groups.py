@@ -81,6 +81,21 @@ class KVCacheGroups:
 
     # -- a table's state ------------------------------------------------------------------
 
+    def new_table(self, request_id: str, token_count: int, blocks: int) -> Table:
+        """A new table of ``token_count`` tokens allocated by count: ``blocks`` blocks in
+        each attention group, one in each state group (group 0's first). Refused
+        (``BlockAllocationError``) when the pool holds fewer than that."""
+        state_groups = self.state_groups
+        per_group = [1 if g in state_groups else blocks for g in range(len(self.groups))]
+        needed = sum(per_group)
+        available = self.pool.free_blocks
+        if needed > available:
+            raise BlockAllocationError.out_of_blocks(request_id, needed, available)
+        held = [self.pool.take(count, group) for group, count in enumerate(per_group)]
+        table = Table(held, token_count, state_groups=state_groups)
+        self.set_skipped(table, 0)
+        return table
+
     def set_skipped(self, table: Table, computed_tokens: int) -> None:
         """Give a new ``table`` the skips of a request whose first ``computed_tokens`` tokens
         are computed (a prompt's hit: the blocks before it are born skipped), and its room."""

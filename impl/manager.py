@@ -143,19 +143,7 @@ class KVCacheManager:
             errors.check_cache_salt(cache_salt)
             errors.counted_with_salt(request_id)
         assert isinstance(tokens, int)  # narrowed by check_token_count
-        blocks = self._blocks_for(tokens)
-        state_groups = self._groups.state_groups
-        per_group = [1 if g in state_groups else blocks for g in range(len(self.group_windows))]
-        needed = sum(per_group)
-        available = self._pool.free_blocks
-        if needed > available:
-            raise BlockAllocationError.out_of_blocks(request_id, needed, available)
-        table = Table(
-            [self._pool.take(count, g) for g, count in enumerate(per_group)],
-            tokens,
-            state_groups=self._groups.state_groups,
-        )
-        self._groups.set_skipped(table, 0)
+        table = self._groups.new_table(request_id, tokens, self._blocks_for(tokens))
         self._tables[request_id] = table
         return table
 
