@@ -1,0 +1,387 @@
+"""KV cache events as the stream a router consumes: what it means, and when it is correct.
+
+``spec.events`` says which block of which group caches which key; a router never sees
+blocks. What it is told, and keeps, is which keys are **present** in each (KV cache group,
+medium): ``KeyStored`` when a key becomes present there, ``KeyRemoved`` when it stops
+being present, ``AllBlocksCleared`` when every key of every group and medium leaves at
+once (``reset_prefix_cache``). Presence, not copies: a key two blocks of one group and
+medium hold is one present key, stored when the first copy appears and removed when the
+last one goes. Medium ``"GPU"`` is the device pool (vLLM's name for its device tier,
+whatever the device is), ``"CPU"`` the host prefix cache (``spec.host_tier``).
+
+On the wire a key is its block hash (``spec.block_hash``): a ``KeyStored`` carries the
+hash, its parent's (``None`` for a first block), the block's own ``block_size`` tokens and
+the salt of a first block, so that a router that hashes prompts itself (llm-d) or keeps a
+radix tree of token blocks (Dynamo) can place it.
+
+Batches. A producer publishes each step's events as one ``EventBatch`` whose ``seq`` is
+one more than the last batch's (any start; a step without events publishes none). A
+consumer that receives ``seq > last + 1`` has missed batches (a gap): it asks the
+producer's replay buffer for them (``replay_batches``); when the buffer no longer holds
+them, what it knows of the producer can be wrong, so it drops it all and the producer
+must resync: ``AllBlocksCleared`` then a ``KeyStored`` for every present key
+(``compute_resync_events``), as TensorRT-LLM's publisher does when it loses events
+itself. A producer that (re)starts opens with a resync for the same reason.
+
+The two consumer models the field uses, and what each requires of a producer:
+- **a set of keys** (``apply_to_key_set``; Dynamo's standalone indexer 1.6.1, SGLang's
+  router): a store of a present key changes nothing and a remove drops the key, however
+  often it was stored. A remove while a copy remains loses a cached prefix (vLLM #55092).
+- **a count per key** (``apply_to_key_counts``; Dynamo's KV router #8012, llm-d #680):
+  a store adds one, a remove takes one away, a key is present while its count is
+  positive. Stores and removes must balance: a remove of a key never stored is an error,
+  and a key stored twice stays present after one remove (vLLM's ``full`` report mode
+  re-stores reused blocks without removing them: such keys never leave).
+A stream of presence transitions (stored on 0 -> 1, removed on 1 -> 0) satisfies both:
+``check_stream`` demands that, after every step, both models replayed over the stream
+hold exactly the keys of the spec's state.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from spec.allocator import AllocatorState
+from spec.block_hash import compute_external_hash, iter_block_hashes
+from spec.events import AllBlocksCleared, CachedBlock, KVCacheEvent, replay_events
+from spec.frozen_map import FrozenMap
+from spec.records import CacheKey
+
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+
+
+class PresentKey(NamedTuple):
+    """A key present in one KV cache group and medium of a producer's caches."""
+
+    group: int
+    medium: str
+    key: CacheKey
+
+
+class StreamKey(NamedTuple):
+    """What a consumer knows a present key by: its group, medium and block hash."""
+
+    group: int
+    medium: str
+    block_hash: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyStored:
+    """Key ``block_hash`` became present in (``group``, ``medium``): a block of
+    ``token_ids`` after the block hashed ``parent_block_hash`` (``None``: a first block,
+    cached under ``cache_salt``; the salt is ``None`` past the first block, the parent's
+    hash carries it)."""
+
+    group: int
+    medium: str
+    block_hash: int
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    cache_salt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRemoved:
+    """Key ``block_hash`` is present in (``group``, ``medium``) no more."""
+
+    group: int
+    medium: str
+    block_hash: int
+
+
+StreamEvent = KeyStored | KeyRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """The events one step published, in order, numbered ``seq``."""
+
+    seq: int
+    events: tuple[StreamEvent, ...]
+
+
+class StreamError(ValueError):
+    """A stream that is not a correct stream of the steps it is checked against."""
+
+
+# -- the producer's side --------------------------------------------------------------------
+
+
+def get_present_keys(state: AllocatorState) -> frozenset[PresentKey]:
+    """Every key present in ``state``: each group's device cache, and its host cache when
+    the host tier keeps demoted prefixes."""
+    device = {
+        PresentKey(group, MEDIUM_GPU, key)
+        for group, cache in enumerate(state.group_caches)
+        for key in cache
+    }
+    host = state.host
+    if host.host_prefix_cache:
+        device.update(
+            PresentKey(group, MEDIUM_CPU, key)
+            for group, cache in enumerate(host.host_caches)
+            for key in cache
+        )
+    return frozenset(device)
+
+
+def compute_key_stored(present: PresentKey, block_size: int) -> KeyStored:
+    """The ``KeyStored`` that says ``present`` became present."""
+    key = present.key
+    hashes = [
+        compute_external_hash(h)
+        for h in iter_block_hashes(key.token_ids, block_size, key.cache_salt)
+    ]
+    first = len(hashes) == 1
+    return KeyStored(
+        group=present.group,
+        medium=present.medium,
+        block_hash=hashes[-1],
+        parent_block_hash=None if first else hashes[-2],
+        token_ids=key.token_ids[-block_size:],
+        cache_salt=key.cache_salt if first else None,
+    )
+
+
+def compute_stream_key(present: PresentKey, block_size: int) -> StreamKey:
+    """What a consumer knows ``present`` by."""
+    stored = compute_key_stored(present, block_size)
+    return StreamKey(stored.group, stored.medium, stored.block_hash)
+
+
+def _in_chain_order(keys: Iterable[PresentKey]) -> list[PresentKey]:
+    """Parents before children, then a fixed order, so every stream is reproducible."""
+
+    def order(present: PresentKey) -> tuple[int, str, int, bool, str, tuple[int, ...]]:
+        salt = present.key.cache_salt
+        tokens = present.key.token_ids
+        return (present.group, present.medium, len(tokens), salt is None, salt or "", tokens)
+
+    return sorted(keys, key=order)
+
+
+def compute_step_events(
+    before: frozenset[PresentKey], after: frozenset[PresentKey], reset: bool, block_size: int
+) -> tuple[StreamEvent, ...]:
+    """The events of a step that took the present keys from ``before`` to ``after``:
+    with a reset, ``AllBlocksCleared`` then a store of each key of ``after``; otherwise a
+    remove of each key that left (children first), then a store of each that came
+    (parents first). One correct stream among many (``check_stream`` accepts any)."""
+    if reset:
+        return (AllBlocksCleared(), *compute_resync_events(after, block_size)[1:])
+    removed = reversed(_in_chain_order(before - after))
+    stored = _in_chain_order(after - before)
+    return (
+        *(_key_removed(p, block_size) for p in removed),
+        *(compute_key_stored(p, block_size) for p in stored),
+    )
+
+
+def _key_removed(present: PresentKey, block_size: int) -> KeyRemoved:
+    return KeyRemoved(*compute_stream_key(present, block_size))
+
+
+def compute_resync_events(keys: frozenset[PresentKey], block_size: int) -> tuple[StreamEvent, ...]:
+    """What a producer sends when its consumers may have lost track: ``AllBlocksCleared``,
+    then a store of every present key, parents first."""
+    return (AllBlocksCleared(), *(compute_key_stored(p, block_size) for p in _in_chain_order(keys)))
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKeys:
+    """What a publisher remembers of pagedkv's block-keyed events (``spec.events``): the
+    key each (group, block) caches, as ``replay_events`` rebuilds it."""
+
+    block_size: int
+    view: frozenset[CachedBlock] = frozenset()
+
+
+def translate_events(
+    blocks: BlockKeys, events: Iterable[KVCacheEvent]
+) -> tuple[BlockKeys, tuple[StreamEvent, ...]]:
+    """pagedkv's device events as stream events (medium ``"GPU"``), one for one: a cache
+    holds a key in one block per group, so a block's key entering or leaving is the key's
+    presence changing. ``spec.EventReplayError`` for an event the view contradicts.
+    O(view) per event."""
+    view = blocks.view
+    out: list[StreamEvent] = []
+    for event in events:
+        after = replay_events((event,), view)
+        if isinstance(event, AllBlocksCleared):
+            out.append(event)
+            view = after
+            continue
+        for entry in view - after:
+            out.append(_key_removed(_device_key(entry), blocks.block_size))
+        for entry in after - view:
+            out.append(compute_key_stored(_device_key(entry), blocks.block_size))
+        view = after
+    return BlockKeys(blocks.block_size, view), tuple(out)
+
+
+def _device_key(entry: CachedBlock) -> PresentKey:
+    return PresentKey(entry.group, MEDIUM_GPU, entry.key)
+
+
+def get_block_keys(blocks: BlockKeys) -> frozenset[PresentKey]:
+    """The keys present in the caches ``blocks`` remembers."""
+    return frozenset(_device_key(entry) for entry in blocks.view)
+
+
+# -- the consumer's side --------------------------------------------------------------------
+
+
+def apply_to_key_set(keys: frozenset[StreamKey], event: StreamEvent) -> frozenset[StreamKey]:
+    """The set model: the keys present after ``event``."""
+    if isinstance(event, AllBlocksCleared):
+        return frozenset()
+    stream_key = StreamKey(event.group, event.medium, event.block_hash)
+    if isinstance(event, KeyStored):
+        return keys | {stream_key}
+    return keys - {stream_key}
+
+
+def apply_to_key_counts(
+    counts: FrozenMap[StreamKey, int], event: StreamEvent
+) -> FrozenMap[StreamKey, int]:
+    """The count model: each key's count after ``event`` (absent: 0). ``StreamError`` for a
+    remove of a key whose count is 0: stores and removes do not balance."""
+    if isinstance(event, AllBlocksCleared):
+        return FrozenMap()
+    stream_key = StreamKey(event.group, event.medium, event.block_hash)
+    count = counts.get(stream_key, 0)
+    if isinstance(event, KeyStored):
+        return counts.set(stream_key, count + 1)
+    if count == 0:
+        raise StreamError(f"KeyRemoved of {_describe(stream_key)}, which has no store left")
+    return counts.delete(stream_key) if count == 1 else counts.set(stream_key, count - 1)
+
+
+def get_counted_keys(counts: FrozenMap[StreamKey, int]) -> frozenset[StreamKey]:
+    """The keys the count model holds present."""
+    return frozenset(key for key, count in counts.items() if count > 0)
+
+
+def _describe(stream_key: StreamKey) -> str:
+    return f"hash {stream_key.block_hash:#018x} (group {stream_key.group}, {stream_key.medium})"
+
+
+def is_gap(last_seq: int | None, batch: EventBatch) -> bool:
+    """Whether ``batch`` does not follow the batch numbered ``last_seq`` (``None``: none
+    received yet, so nothing is missing)."""
+    return last_seq is not None and batch.seq != last_seq + 1
+
+
+def replay_batches(buffer: Sequence[EventBatch], start_seq: int) -> tuple[EventBatch, ...] | None:
+    """What a producer's replay buffer (its last batches, in order) answers a consumer
+    asking for every batch from ``start_seq`` on; ``None`` when the buffer no longer
+    holds ``start_seq`` (the consumer must then drop what it knows and wait for a
+    resync). Nothing is missing when ``start_seq`` is past the newest batch."""
+    if not buffer or start_seq > buffer[-1].seq:
+        return ()
+    if start_seq < buffer[0].seq:
+        return None
+    return tuple(batch for batch in buffer if batch.seq >= start_seq)
+
+
+# -- the checker ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStep:
+    """What one step of a producer owes its consumers: the keys present after it, and
+    whether it reset the prefix cache."""
+
+    keys: frozenset[PresentKey]
+    reset: bool
+
+
+def get_stream_step(state: AllocatorState) -> StreamStep:
+    """The step that left ``state``, read before ``take_events``: its present keys, and
+    whether its events include the reset's ``AllBlocksCleared``."""
+    reset = any(isinstance(event, AllBlocksCleared) for event in state.events)
+    return StreamStep(get_present_keys(state), reset)
+
+
+def check_stream(
+    steps: Sequence[StreamStep],
+    published: Sequence[Sequence[EventBatch]],
+    block_size: int,
+    initial: frozenset[PresentKey] = frozenset(),
+) -> None:
+    """Raise ``StreamError`` at the first step after which ``published`` (the batches
+    each step published, in order) is not a correct stream of ``steps``, starting from
+    the keys ``initial`` (which a consumer is taken to know already). Correct: batch
+    numbers follow each other without a gap; a step that reset the cache published an
+    ``AllBlocksCleared``; every store names its key as the hash rule says; and after the
+    step, the set model and the count model each hold exactly the step's keys."""
+    if len(published) != len(steps):
+        raise ValueError(f"{len(steps)} steps but batches for {len(published)}")
+    expected_initial = _expected(initial, block_size)
+    keys = frozenset(expected_initial)
+    counts = FrozenMap(dict.fromkeys(keys, 1))
+    last_seq: int | None = None
+    for index, (step, batches) in enumerate(zip(steps, published, strict=True)):
+        where = f"step {index}"
+        expected = _expected(step.keys, block_size)
+        events = [event for batch in batches for event in batch.events]
+        for batch in batches:
+            if is_gap(last_seq, batch):
+                raise StreamError(f"{where}: batch {batch.seq} follows batch {last_seq}")
+            last_seq = batch.seq
+        if step.reset and not any(isinstance(event, AllBlocksCleared) for event in events):
+            raise StreamError(f"{where} reset the prefix cache but published no AllBlocksCleared")
+        for event in events:
+            _check_named(event, expected, block_size, where)
+            keys = apply_to_key_set(keys, event)
+            try:
+                counts = apply_to_key_counts(counts, event)
+            except StreamError as error:
+                raise StreamError(f"{where}: count model: {error}") from None
+        _check_view("set model", keys, expected, where)
+        _check_view("count model", get_counted_keys(counts), expected, where)
+
+
+def check_stream_of_states(
+    states: Sequence[AllocatorState], published: Sequence[Sequence[EventBatch]]
+) -> None:
+    """``check_stream`` of the steps that led from ``states[0]`` through the others (each
+    read before ``take_events``); ``published[i]`` are the batches of the step that left
+    ``states[i + 1]``."""
+    if not states:
+        raise ValueError("no states: need at least the one the stream starts from")
+    steps = [get_stream_step(state) for state in states[1:]]
+    check_stream(steps, published, states[0].block_size, get_present_keys(states[0]))
+
+
+def _expected(keys: frozenset[PresentKey], block_size: int) -> dict[StreamKey, PresentKey]:
+    return {compute_stream_key(present, block_size): present for present in keys}
+
+
+def _check_named(
+    event: StreamEvent, expected: dict[StreamKey, PresentKey], block_size: int, where: str
+) -> None:
+    """A store of a key present after the step must name it as the hash rule does."""
+    if not isinstance(event, KeyStored):
+        return
+    present = expected.get(StreamKey(event.group, event.medium, event.block_hash))
+    if present is None:
+        return  # stored then removed within the step, or a stray the views will report
+    wanted = compute_key_stored(present, block_size)
+    if event != wanted:
+        raise StreamError(f"{where}: {event} names its key wrongly; the hash rule gives {wanted}")
+
+
+def _check_view(
+    model: str, view: frozenset[StreamKey], expected: dict[StreamKey, PresentKey], where: str
+) -> None:
+    extra = sorted(view - expected.keys())
+    missing = sorted(expected.keys() - view)
+    if extra or missing:
+        raise StreamError(
+            f"{where}: the {model} holds {len(extra)} key(s) the spec's caches do not "
+            f"({', '.join(map(_describe, extra[:3])) or '-'}) and lacks {len(missing)} they "
+            f"hold ({', '.join(map(_describe, missing[:3])) or '-'})"
+        )
