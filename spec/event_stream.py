@@ -268,6 +268,25 @@ def _describe(stream_key: StreamKey) -> str:
     return f"hash {stream_key.block_hash:#018x} (group {stream_key.group}, {stream_key.medium})"
 
 
+def compute_prefix_score(
+    keys: frozenset[StreamKey],
+    token_ids: Sequence[int],
+    block_size: int,
+    cache_salt: str | None = None,
+    group: int = 0,
+) -> int:
+    """What a router scores a prompt with against ``keys``: the tokens of its longest
+    prefix of full blocks whose keys are all present on the device (``"GPU"``) in
+    ``group``. Unlike the allocator's hit (``spec.allocator.cached_prefix_tokens``) it may
+    cover the whole prompt: the router does not compute the last token."""
+    score = 0
+    for block_hash in iter_block_hashes(tuple(token_ids), block_size, cache_salt):
+        if StreamKey(group, MEDIUM_GPU, compute_external_hash(block_hash)) not in keys:
+            break
+        score += block_size
+    return score
+
+
 def is_gap(last_seq: int | None, batch: EventBatch) -> bool:
     """Whether ``batch`` does not follow the batch numbered ``last_seq`` (``None``: none
     received yet, so nothing is missing)."""

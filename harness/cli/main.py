@@ -19,16 +19,25 @@ from pathlib import Path
 import torch
 
 from harness.check import CheckSettingsError, check_model
+from harness.cli.events_target import (
+    ZmqTarget,
+    check_events_target,
+    open_event_stream,
+    parse_events_target,
+)
 from harness.cli.limits import check_threads
-from harness.cli.output import DEFAULT_PLOT_NAME, check_writable, plot_target, write_replacing
+from harness.cli.output import DEFAULT_PLOT_NAME, plot_target, write_replacing
 from harness.cli.parsing import EXIT_INTERRUPTED, OneLineParser, UsageError, fail
 from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
 from harness.kv_events import KVEventLog, write_events
+from harness.kv_publisher import KVEventStream
+from harness.kv_wire import WIRE_FORMATS
 from harness.models import (
     ModelLoadError,
     ModelNotFoundError,
     UnsupportedModelError,
+    kv_layout,
     load_model,
 )
 from harness.oracle.equivalence import EquivalenceReport
@@ -214,14 +223,26 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--events",
-        type=Path,
+        type=parse_events_target,
         default=None,
-        metavar="FILE.jsonl",
-        help="write the KV cache events of the continuous-batching run to FILE.jsonl, one "
-        "JSON object per line in the order the cache changed: type (BlockStored, "
+        metavar="FILE.jsonl|zmq://HOST:PORT",
+        help="the KV cache events of the continuous-batching run. FILE.jsonl: written at the "
+        "end, one JSON object per line in the order the cache changed: type (BlockStored, "
         "BlockRemoved, AllBlocksCleared), step, block_id, group, and for BlockStored "
         "parent_block_id, token_ids (past the parent's key) and cache_salt; "
-        "spec.replay_events rebuilds the cache from them",
+        "spec.replay_events rebuilds the cache from them. zmq://HOST:PORT: published while "
+        "the run goes, as vLLM publishes them (a ZeroMQ PUB socket bound at HOST:PORT, "
+        "frames (topic, 8-byte sequence number, msgpack batch), one batch per engine step, "
+        "keys as block hashes; replay of missed batches at HOST:PORT+1), for a KV-aware "
+        "router such as Dynamo's indexer to subscribe to",
+    )
+    parser.add_argument(
+        "--events-format",
+        choices=WIRE_FORMATS,
+        default=None,
+        help="with --events zmq://...: each event as a map of its fields (vllm, the "
+        "default: vLLM since June 2026) or a positional array (vllm-array: vLLM up to "
+        "0.23 and the consumers written for it)",
     )
     return parser
 
@@ -243,9 +264,8 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         device, dtype = _device_and_dtype(args.device, args.dtype)
         _check_flags(args)
         plot = None if args.plot is None else plot_target("--plot", args.plot)
-        if args.events is not None:
-            check_writable("--events", args.events)
-        kv_events = None if args.events is None else KVEventLog()
+        check_events_target(args.events, args.events_format)
+        kv_events = KVEventLog() if isinstance(args.events, Path) else None
         if args.threads is not None:
             check_threads(args.threads)
             torch.set_num_threads(args.threads)
@@ -259,6 +279,10 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         loaded = load_model(args.model, device, dtype)
         if loaded.tokenizer is None:
             raise UsageError(f"model {loaded.name} has no tokenizer")
+        if isinstance(args.events, ZmqTarget):
+            windows = kv_layout(loaded).group_windows
+            progress(f"binding {args.events}; waiting up to 5 s for a router to subscribe")
+            kv_events = open_event_stream(args.events, args.events_format, args.block_size, windows)
         report = check_model(
             loaded.model,
             loaded.tokenizer,
@@ -296,7 +320,10 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         return fail(prog, str(error))
     # A file that cannot be written fails the command after the table, in one line.
     output_error = None if plot is None else _write_plot(report, plot, progress)
-    if kv_events is not None:
+    if isinstance(kv_events, KVEventStream):
+        kv_events.close()
+        progress(f"published {len(kv_events.events)} KV cache events at {args.events}")
+    elif kv_events is not None:
         output_error = _write_events(kv_events, args.events, progress) or output_error
     progress("done")
     progress.finish()
