@@ -259,6 +259,31 @@ def apply_to_key_counts(
     return counts.delete(stream_key) if count == 1 else counts.set(stream_key, count - 1)
 
 
+def apply_to_key_tree(
+    tree: FrozenMap[StreamKey, StreamKey | None], event: StreamEvent
+) -> FrozenMap[StreamKey, StreamKey | None]:
+    """What a radix-tree consumer holds after ``event`` (each key with its parent): the set
+    model, except that a store whose parent the tree lacks is dropped (Dynamo's indexer
+    1.6.1: "Failed to find parent block; skipping store operation"), and a remove takes
+    the key's descendants with it. So a tree consumer holds the set model's keys only
+    while no store named an absent parent."""
+    if isinstance(event, AllBlocksCleared):
+        return FrozenMap()
+    stream_key = StreamKey(event.group, event.medium, event.block_hash)
+    if isinstance(event, KeyStored):
+        parent = event.parent_block_hash
+        parent_key = None if parent is None else StreamKey(event.group, event.medium, parent)
+        if stream_key in tree or (parent_key is not None and parent_key not in tree):
+            return tree
+        return tree.set(stream_key, parent_key)
+    gone = {stream_key} & tree.keys()
+    while True:
+        children = {key for key, parent in tree.items() if parent in gone} - gone
+        if not children:
+            return FrozenMap({key: parent for key, parent in tree.items() if key not in gone})
+        gone |= children
+
+
 def get_counted_keys(counts: FrozenMap[StreamKey, int]) -> frozenset[StreamKey]:
     """The keys the count model holds present."""
     return frozenset(key for key, count in counts.items() if count > 0)

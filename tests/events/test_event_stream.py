@@ -9,10 +9,7 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from spec import BlockAllocationError, allocator
-from spec.allocator import AllocatorState
 from spec.event_stream import (
-    BlockKeys,
     EventBatch,
     KeyRemoved,
     KeyStored,
@@ -29,59 +26,27 @@ from spec.event_stream import (
     get_present_keys,
     is_gap,
     replay_batches,
-    translate_events,
 )
 from spec.events import AllBlocksCleared
 from spec.frozen_map import FrozenMap
-
-BLOCK_SIZE = 2
-Published = list[list[EventBatch]]
-
-
-def run(
-    ops: list[Callable[[AllocatorState], AllocatorState]], total_blocks: int = 6
-) -> tuple[list[AllocatorState], Published]:
-    """Apply ``ops`` to an empty pool, a refused one changing nothing; the states (each
-    before ``take_events``) and what a publisher of ``translate_events`` sent each step."""
-    state = allocator.init(total_blocks, BLOCK_SIZE)
-    states, published = [state], []
-    blocks, seq = BlockKeys(BLOCK_SIZE), 0
-    for op in ops:
-        try:
-            state = op(allocator.take_events(state))
-        except (BlockAllocationError, KeyError, ValueError):
-            state = allocator.take_events(state)
-        blocks, events = translate_events(blocks, state.events)
-        batches = [EventBatch(seq, events)] if events else []
-        seq += len(batches)
-        states.append(state)
-        published.append(batches)
-    return states, published
-
-
-def admit(
-    request_id: str, tokens: tuple[int, ...], salt: str | None = None
-) -> Callable[[AllocatorState], AllocatorState]:
-    return lambda s: allocator.allocate_prompt(s, request_id, tokens, salt)
-
-
-def extend(request_id: str, tokens: tuple[int, ...]) -> Callable[[AllocatorState], AllocatorState]:
-    return lambda s: allocator.append_token_ids(s, request_id, tokens)
-
-
-def finish(request_id: str) -> Callable[[AllocatorState], AllocatorState]:
-    return lambda s: allocator.release(s, request_id)
-
-
-def reset(state: AllocatorState) -> AllocatorState:
-    return allocator.reset_prefix_cache(state)
-
+from tests.events.stream_runs import (
+    BLOCK_SIZE,
+    Op,
+    Published,
+    admit,
+    extend,
+    finish,
+    numbered,
+    operations,
+    reset,
+    run,
+)
 
 # A run with every kind of change: stores, a shared prefix, evictions, a reset, a salt.
 SCENARIO = [
     admit("a", (1, 2, 3, 4, 5)),  # stores [1 2], [1 2 3 4]
     extend("a", (6,)),  # stores [1 2 3 4 5 6]
-    admit("b", (1, 2, 3, 9)),  # hits two blocks, stores nothing
+    admit("b", (1, 2, 3, 9)),  # hits [1 2], stores [1 2 3 9]
     finish("a"),
     finish("b"),
     admit("c", (7, 7, 7, 7, 7, 7, 7, 7, 7)),  # evicts cached blocks: removes
@@ -127,16 +92,6 @@ def adding(published: Published, step: int, *events: StreamEvent) -> Published:
     old = tuple(e for b in out[step] for e in b.events)
     out[step] = [EventBatch(0, (*old, *events))]
     return numbered(out)
-
-
-def numbered(published: Published) -> Published:
-    """``published`` with its batches numbered 0, 1, ... in order."""
-    out: Published = []
-    seq = 0
-    for batches in published:
-        out.append([EventBatch(seq + i, b.events) for i, b in enumerate(batches)])
-        seq += len(batches)
-    return out
 
 
 def first(published: Published, kind: type[StreamEvent]) -> tuple[int, StreamEvent]:
@@ -234,19 +189,10 @@ def test_a_store_that_names_its_key_wrongly_is_caught() -> None:
 
 # -- random runs ------------------------------------------------------------------------------
 
-tokens = st.lists(st.integers(0, 2), min_size=1, max_size=7).map(tuple)
-request_ids = st.sampled_from("abc")
-operations = st.one_of(
-    st.builds(admit, request_ids, tokens, st.sampled_from([None, "t"])),
-    st.builds(extend, request_ids, tokens),
-    st.builds(finish, request_ids),
-    st.just(reset),
-)
-
 
 @given(st.lists(operations, max_size=25))
 def test_the_publisher_s_stream_of_any_run_is_correct(
-    ops: list[Callable[[AllocatorState], AllocatorState]],
+    ops: list[Op],
 ) -> None:
     states, published = run(ops)
     check_stream_of_states(states, published)
@@ -254,7 +200,7 @@ def test_the_publisher_s_stream_of_any_run_is_correct(
 
 @given(st.lists(operations, max_size=25))
 def test_the_canonical_events_of_each_step_are_a_correct_stream_too(
-    ops: list[Callable[[AllocatorState], AllocatorState]],
+    ops: list[Op],
 ) -> None:
     states, _ = run(ops)
     published: Published = []
@@ -271,7 +217,7 @@ def test_the_canonical_events_of_each_step_are_a_correct_stream_too(
 
 @given(st.lists(operations, max_size=25), st.data())
 def test_a_consumer_that_misses_a_batch_recovers_by_replay_or_by_a_resync(
-    ops: list[Callable[[AllocatorState], AllocatorState]], data: st.DataObject
+    ops: list[Op], data: st.DataObject
 ) -> None:
     states, published = run(ops)
     batches = [b for bs in published for b in bs]

@@ -1,7 +1,6 @@
 """What pagedkv sends decodes with vLLM 0.33's own ``vllm.distributed.kv_events`` classes, in
 both encodings, and travels as vLLM's ZeroMQ frames with replay."""
 
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -14,6 +13,7 @@ from harness.kv_publisher import END_SEQ, ZmqEventPublisher
 from harness.kv_wire import WireEncoder, WireFormat
 from spec.event_stream import EventBatch, KeyRemoved, KeyStored
 from spec.events import AllBlocksCleared
+from tests.events.loopback import free_port_pair
 
 pytest.importorskip("vllm.distributed.kv_events", reason="needs vLLM (the conformance extra)")
 from vllm.distributed import kv_events
@@ -85,21 +85,6 @@ def test_the_two_encodings_differ_only_in_the_shape_of_each_event() -> None:
     stored = as_map[1][0]
     fields = list(kv_events.BlockStored.__struct_fields__)
     assert as_array[1][0][1:] == [stored.get(name) for name in fields[: len(as_array[1][0]) - 1]]
-
-
-def free_port_pair() -> int:
-    """A loopback port whose successor is free too (PUB and replay)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        with socket.socket() as next_one:
-            try:
-                next_one.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free loopback ports")
 
 
 class Wire(NamedTuple):
