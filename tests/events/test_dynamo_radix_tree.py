@@ -11,6 +11,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from hypothesis import event, given
@@ -79,9 +80,18 @@ def radix_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RadixTreePr
     server.process.wait(timeout=10)
 
 
-def feed(radix_tree: RadixTreeProcess, ops: list[Op]) -> list[tuple[set[int], set[int], set[int]]]:
-    """Run ``ops`` and feed their stream to a new tree; after each step, what the tree
-    holds, what the spec's caches hold, and what the spec's tree model holds."""
+class Step(NamedTuple):
+    """The block hashes held after one step: by the tree, by the spec's caches, and by the
+    spec's set and tree models of a consumer fed the same stream."""
+
+    held: set[int]
+    cached: set[int]
+    set_model: set[int]
+    tree_model: set[int]
+
+
+def feed(radix_tree: RadixTreeProcess, ops: list[Op]) -> list[Step]:
+    """Run ``ops`` and feed their stream to a new tree, one step at a time."""
     states, published = run(ops)
     radix_tree.ask({"new": True})
     keys: frozenset[StreamKey] = frozenset()
@@ -92,10 +102,9 @@ def feed(radix_tree: RadixTreeProcess, ops: list[Op]) -> list[tuple[set[int], se
         for stream_event in events:
             keys = apply_to_key_set(keys, stream_event)
             tree = apply_to_key_tree(tree, stream_event)
-        cached = {compute_stream_key(p, BLOCK_SIZE) for p in get_present_keys(state)}
-        assert keys == cached  # the stream is the spec's (test_event_stream.py proves it)
+        cached = {compute_stream_key(p, BLOCK_SIZE).block_hash for p in get_present_keys(state)}
         held = radix_tree.apply(events)
-        steps.append((held, {k.block_hash for k in cached}, {k.block_hash for k in tree}))
+        steps.append(Step(held, cached, {k.block_hash for k in keys}, {k.block_hash for k in tree}))
     return steps
 
 
@@ -106,11 +115,12 @@ def test_the_radix_tree_holds_the_spec_s_keys_while_every_store_names_a_held_par
     radix_tree: RadixTreeProcess, ops: list[Op]
 ) -> None:
     orphaned = False
-    for held, cached, tree_model in feed(radix_tree, ops):
-        assert held == tree_model
-        orphaned = orphaned or tree_model != cached
+    for step in feed(radix_tree, ops):
+        # A store the tree model dropped: its parent was absent.
+        orphaned = orphaned or step.tree_model != step.set_model
         if not orphaned:
-            assert held == cached
+            assert step.held == step.cached
+        assert step.held == step.tree_model
     event("a store named an absent parent" if orphaned else "every store named a held parent")
 
 
@@ -134,8 +144,8 @@ def test_a_key_refused_as_a_duplicate_orphans_the_next_store_so_the_tree_misses_
             extend("b", (0, 0)),  # b's third block: [1 2 1 2 0 0], parent absent
         ],
     )
-    held, cached, tree_model = steps[-1]
-    assert held == tree_model and cached - held and len(cached - held) == 1
+    last = steps[-1]
+    assert last.held == last.tree_model and len(last.cached - last.held) == 1
 
 
 def test_a_salted_prefix_and_the_same_unsalted_one_are_one_node_to_the_tree(
@@ -144,7 +154,23 @@ def test_a_salted_prefix_and_the_same_unsalted_one_are_one_node_to_the_tree(
     """Dynamo 1.6.1 reads no cache salt from an event: two tenants' equal blocks, which
     the spec keeps apart (two hashes), are one node of its tree, holding the first hash
     stored; a router then scores one tenant's prompt by the other's cached prefix."""
-    (held, cached, tree_model), *_ = feed(
-        radix_tree, [lambda s: admit("a", (1, 0, 2))(admit("b", (1, 0, 2), "t")(s))]
+    (step,) = feed(radix_tree, [lambda s: admit("a", (1, 0, 2))(admit("b", (1, 0, 2), "t")(s))])
+    assert len(step.cached) == len(step.tree_model) == 2 and len(step.held) == 1
+
+
+def test_a_removed_key_takes_its_descendants_from_the_tree_as_from_the_model(
+    radix_tree: RadixTreeProcess,
+) -> None:
+    """Not a stream pagedkv sends (it evicts children first), but one a producer may: the
+    model says what the tree does with it."""
+    events: tuple[StreamEvent, ...] = (
+        KeyStored(0, "GPU", 1, None, (1, 2), None),
+        KeyStored(0, "GPU", 2, 1, (3, 4), None),
+        KeyStored(0, "GPU", 3, 2, (5, 6), None),
+        KeyRemoved(0, "GPU", 2),
     )
-    assert len(cached) == len(tree_model) == 2 and len(held) == 1
+    tree: FrozenMap[StreamKey, StreamKey | None] = FrozenMap()
+    for stream_event in events:
+        tree = apply_to_key_tree(tree, stream_event)
+    radix_tree.ask({"new": True})
+    assert radix_tree.apply(events) == {k.block_hash for k in tree} == {1}
