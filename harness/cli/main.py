@@ -234,7 +234,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "the run goes, as vLLM publishes them (a ZeroMQ PUB socket bound at HOST:PORT, "
         "frames (topic, 8-byte sequence number, msgpack batch), one batch per engine step, "
         "keys as block hashes; replay of missed batches at HOST:PORT+1), for a KV-aware "
-        "router such as Dynamo's indexer to subscribe to",
+        "router such as Dynamo's indexer to subscribe to; the run waits up to 5 s after "
+        "binding for a first subscriber",
     )
     parser.add_argument(
         "--events-format",
