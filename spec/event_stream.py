@@ -112,19 +112,19 @@ class StreamError(ValueError):
 def get_present_keys(state: AllocatorState) -> frozenset[PresentKey]:
     """Every key present in ``state``: each group's device cache, and its host cache when
     the host tier keeps demoted prefixes."""
-    device = {
+    present = {
         PresentKey(group, MEDIUM_GPU, key)
         for group, cache in enumerate(state.group_caches)
         for key in cache
     }
     host = state.host
     if host.host_prefix_cache:
-        device.update(
+        present.update(
             PresentKey(group, MEDIUM_CPU, key)
             for group, cache in enumerate(host.host_caches)
             for key in cache
         )
-    return frozenset(device)
+    return frozenset(present)
 
 
 def compute_key_stored(present: PresentKey, block_size: int) -> KeyStored:
@@ -170,7 +170,7 @@ def compute_step_events(
     remove of each key that left (children first), then a store of each that came
     (parents first). One correct stream among many (``check_stream`` accepts any)."""
     if reset:
-        return (AllBlocksCleared(), *compute_resync_events(after, block_size)[1:])
+        return compute_resync_events(after, block_size)
     removed = reversed(_in_chain_order(before - after))
     stored = _in_chain_order(after - before)
     return (

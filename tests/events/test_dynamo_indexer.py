@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
-from harness.kv_layout import KVLayout
 from harness.kv_publisher import KVEventStream, ZmqEventPublisher
 from harness.kv_wire import WireEncoder
-from harness.runtime.kv_pool import new_manager
 from impl import KVBlockManager
-from impl.prefix_cache import EventSink
 from spec.event_stream import (
     MEDIUM_GPU,
     PresentKey,
@@ -26,7 +23,7 @@ from spec.event_stream import (
 )
 from spec.records import CacheKey
 from tests.events.loopback import Indexer, free_port_pair, wait_for
-from tests.support.harness_cases import save_model_directory, tiny_model
+from tests.support.harness_cases import keep_event_managers, save_model_directory, tiny_model
 
 BLOCK_SIZE = 4
 WORKER = 1
@@ -73,30 +70,7 @@ def test_after_the_main_command_the_indexer_holds_and_scores_the_spec_s_keys(
     monkeypatch: pytest.MonkeyPatch,
     wire_format: str,
 ) -> None:
-    managers: list[KVBlockManager] = []
-
-    def keeping_the_publishing_manager(
-        layout: KVLayout,
-        total_blocks: int,
-        block_size: int,
-        *,
-        event_sink: EventSink | None = None,
-        host_blocks: int = 0,
-        host_prefix_cache: bool = False,
-    ) -> KVBlockManager:
-        manager = new_manager(
-            layout,
-            total_blocks,
-            block_size,
-            event_sink=event_sink,
-            host_blocks=host_blocks,
-            host_prefix_cache=host_prefix_cache,
-        )
-        if event_sink is not None:
-            managers.append(manager)
-        return manager
-
-    monkeypatch.setattr("harness.oracle.equivalence.new_manager", keeping_the_publishing_manager)
+    managers = keep_event_managers(monkeypatch)
     port = free_port_pair()
     indexer.register(WORKER, port)
     model_dir = save_model_directory(tiny_model().model, tmp_path / "tiny")

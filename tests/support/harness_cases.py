@@ -8,6 +8,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -23,12 +24,13 @@ from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Alloca
 from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.contiguous_kv import ContiguousKVBuffers
 from harness.runtime.engine import Engine
-from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool, new_manager
 from harness.runtime.kv_store import KVStore
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.results import EngineResult
 from harness.tiny_models import tiny_llama
 from impl import AppendedSlots, KVBlockManager, ReleasedBlocks, RequestBlockTable
+from impl.prefix_cache import EventSink
 from spec import slot_index
 
 
@@ -228,3 +230,34 @@ class ReportsAHeldBlockAsSkipped(KVBlockManager):
                 if window is not None and table.skipped_blocks and table.block_ids:
                     skipped.append(table.block_ids[0])
         return skipped
+
+
+def keep_event_managers(monkeypatch: pytest.MonkeyPatch) -> list[KVBlockManager]:
+    """Make the equivalence runs keep each manager given an event sink (the
+    continuous-batching run's, check 3) in the list returned, so that a test of the main
+    command can read the cache its events describe."""
+    managers: list[KVBlockManager] = []
+
+    def keeping(
+        layout: KVLayout,
+        total_blocks: int,
+        block_size: int,
+        *,
+        event_sink: EventSink | None = None,
+        host_blocks: int = 0,
+        host_prefix_cache: bool = False,
+    ) -> KVBlockManager:
+        manager = new_manager(
+            layout,
+            total_blocks,
+            block_size,
+            event_sink=event_sink,
+            host_blocks=host_blocks,
+            host_prefix_cache=host_prefix_cache,
+        )
+        if event_sink is not None:
+            managers.append(manager)
+        return manager
+
+    monkeypatch.setattr("harness.oracle.equivalence.new_manager", keeping)
+    return managers
