@@ -16,10 +16,11 @@ vLLM's restart at 0 is ignored until it passes the old count), and the stream op
 ``AllBlocksCleared`` (``spec.event_stream``: a producer that starts resyncs), so a
 consumer that knew an earlier producer on the same endpoint drops what it knew.
 
-``KVEventStream`` is the manager's event sink that feeds it: it gathers each engine
-step's events (``spec.events``, keyed by block), turns them into the spec's stream
-(``spec.event_stream.translate_events``: keys by block hash) and publishes one batch per
-step that changed a cache, when the engine moves on to a later step or the run ends.
+``KVEventStream`` is the manager's event sink that feeds it, and an engine observer: it
+gathers a step's events (``spec.events``, keyed by block), and when the engine tells it
+the step is over (after the forward wrote the step's K/V, as vLLM publishes) it turns
+them into the spec's stream (``spec.event_stream.translate_events``: keys by block hash)
+and publishes them as one batch, if there are any.
 """
 
 import queue
@@ -32,6 +33,8 @@ import zmq
 
 from harness.kv_events import KVEventLog
 from harness.kv_wire import WireEncoder
+from harness.runtime.events import PoolEvent
+from impl import KVBlockManager
 from spec.event_stream import (
     BlockKeys,
     EventBatch,
@@ -138,26 +141,27 @@ class ZmqEventPublisher:
 
 
 class KVEventStream(KVEventLog):
-    """A manager's event sink that also publishes: each step's events, as one batch of
-    the spec's stream, when a later step's first event comes or at ``close``."""
+    """A manager's event sink that also publishes: the events gathered since the last
+    batch, as one batch of the spec's stream, at the end of each engine step (as the
+    engine's observer) and at ``flush`` and ``close``."""
 
-    __slots__ = ("_blocks", "_pending", "_pending_step", "publisher")
+    __slots__ = ("_blocks", "_pending", "publisher")
 
     def __init__(self, publisher: ZmqEventPublisher) -> None:
         super().__init__()
         self.publisher = publisher
         self._blocks = BlockKeys(publisher.encoder.block_size)
         self._pending: list[KVCacheEvent] = []
-        self._pending_step = 0
         publisher.publish(compute_resync_events(frozenset(), publisher.encoder.block_size))
 
     def record(self, event: KVCacheEvent) -> None:
-        step = self.step_of()
-        if step != self._pending_step:
-            self.flush()
-            self._pending_step = step
         super().record(event)
         self._pending.append(event)
+
+    def __call__(self, event: PoolEvent, manager: KVBlockManager) -> None:
+        """The observer: a step is over, publish its events."""
+        if event.kind == "step":
+            self.flush()
 
     def flush(self) -> None:
         """Publish the events gathered so far as one batch (none if there are none)."""

@@ -51,7 +51,9 @@ from harness.prompts import (
     load_prompts_file,
 )
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
+from harness.runtime.events import PoolEvent, PoolObserver
 from harness.runtime.preemption import PREEMPT_MODES
+from impl import KVBlockManager
 
 PROG = "python -m harness"
 PROGRESS_PREFIX = "[harness]"
@@ -303,7 +305,7 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             preempt=args.preempt,
             host_blocks=args.host_blocks,
             name=loaded.name,
-            observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
+            observer=_observer(args.pool_map, kv_events),
             kv_events=kv_events,
             progress=progress,
         )
@@ -361,6 +363,24 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--max-batch-tokens must be >= 1 token per step, got {args.max_batch_tokens}"
         )
+
+
+def _observer(pool_map: int | None, kv_events: KVEventLog | None) -> PoolObserver | None:
+    """What watches the batched run: the pool map's printer, the event publisher (which
+    publishes at the end of each step), both, or nothing."""
+    observers: list[PoolObserver] = []
+    if pool_map is not None:
+        observers.append(PoolMapPrinter(pool_map, sys.stderr))
+    if isinstance(kv_events, KVEventStream):
+        observers.append(kv_events)
+    if len(observers) < 2:
+        return observers[0] if observers else None
+
+    def both(event: PoolEvent, manager: KVBlockManager) -> None:
+        for observer in observers:
+            observer(event, manager)
+
+    return both
 
 
 def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> str | None:
