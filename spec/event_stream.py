@@ -32,9 +32,15 @@ The two consumer models the field uses, and what each requires of a producer:
   positive. Stores and removes must balance: a remove of a key never stored is an error,
   and a key stored twice stays present after one remove (vLLM's ``full`` report mode
   re-stores reused blocks without removing them: such keys never leave).
+- **a radix tree** (``apply_to_key_tree``; Dynamo's indexer and ``RadixTree``): the set
+  model, except that a store whose parent the tree lacks is dropped for good, and a
+  remove takes the key's descendants along. It asks more of a producer than presence
+  (every store's parent held), and pagedkv's stream does not always give it
+  (``docs/design.md``), so it is stated, not demanded.
 A stream of presence transitions (stored on 0 -> 1, removed on 1 -> 0) satisfies both:
 ``check_stream`` demands that, after every step, both models replayed over the stream
-hold exactly the keys of the spec's state.
+hold exactly the keys of the spec's state (``check_stream_step`` for one step, as
+lockstep and the bounded walk need it).
 """
 
 from collections.abc import Iterable, Sequence
@@ -349,43 +355,70 @@ def get_stream_step(state: AllocatorState) -> StreamStep:
     return StreamStep(get_present_keys(state), reset)
 
 
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    """What the checker keeps between steps: the set model's keys, the count model's
+    counts, and the last batch number seen (``None``: none yet)."""
+
+    keys: frozenset[StreamKey]
+    counts: FrozenMap[StreamKey, int]
+    last_seq: int | None = None
+
+
+def start_stream_view(initial: frozenset[PresentKey], block_size: int) -> StreamView:
+    """A consumer that knows the keys ``initial`` already (each counted once)."""
+    keys = frozenset(_expected(initial, block_size))
+    return StreamView(keys, FrozenMap(dict.fromkeys(keys, 1)))
+
+
+def check_stream_step(
+    view: StreamView,
+    step: StreamStep,
+    batches: Sequence[EventBatch],
+    block_size: int,
+    where: str = "step",
+) -> StreamView:
+    """The view after ``batches``, the batches one step published; ``StreamError``
+    (its message starting with ``where``) unless they are a correct stream of ``step``:
+    batch numbers follow each other without a gap; a step that reset the cache published
+    an ``AllBlocksCleared``; every store names its key as the hash rule says; and after
+    them, the set model and the count model each hold exactly the step's keys."""
+    expected = _expected(step.keys, block_size)
+    events = [event for batch in batches for event in batch.events]
+    last_seq = view.last_seq
+    for batch in batches:
+        if is_gap(last_seq, batch):
+            raise StreamError(f"{where}: batch {batch.seq} follows batch {last_seq}")
+        last_seq = batch.seq
+    if step.reset and not any(isinstance(event, AllBlocksCleared) for event in events):
+        raise StreamError(f"{where} reset the prefix cache but published no AllBlocksCleared")
+    keys, counts = view.keys, view.counts
+    for event in events:
+        _check_named(event, expected, block_size, where)
+        keys = apply_to_key_set(keys, event)
+        try:
+            counts = apply_to_key_counts(counts, event)
+        except StreamError as error:
+            raise StreamError(f"{where}: count model: {error}") from None
+    _check_view("set model", keys, expected, where)
+    _check_view("count model", get_counted_keys(counts), expected, where)
+    return StreamView(keys, counts, last_seq)
+
+
 def check_stream(
     steps: Sequence[StreamStep],
     published: Sequence[Sequence[EventBatch]],
     block_size: int,
     initial: frozenset[PresentKey] = frozenset(),
 ) -> None:
-    """Raise ``StreamError`` at the first step after which ``published`` (the batches
-    each step published, in order) is not a correct stream of ``steps``, starting from
-    the keys ``initial`` (which a consumer is taken to know already). Correct: batch
-    numbers follow each other without a gap; a step that reset the cache published an
-    ``AllBlocksCleared``; every store names its key as the hash rule says; and after the
-    step, the set model and the count model each hold exactly the step's keys."""
+    """``check_stream_step`` of each step in turn, from a consumer that knows ``initial``:
+    ``StreamError`` at the first step after which ``published`` (the batches each step
+    published, in order) is not a correct stream of ``steps``."""
     if len(published) != len(steps):
         raise ValueError(f"{len(steps)} steps but batches for {len(published)}")
-    expected_initial = _expected(initial, block_size)
-    keys = frozenset(expected_initial)
-    counts = FrozenMap(dict.fromkeys(keys, 1))
-    last_seq: int | None = None
+    view = start_stream_view(initial, block_size)
     for index, (step, batches) in enumerate(zip(steps, published, strict=True)):
-        where = f"step {index}"
-        expected = _expected(step.keys, block_size)
-        events = [event for batch in batches for event in batch.events]
-        for batch in batches:
-            if is_gap(last_seq, batch):
-                raise StreamError(f"{where}: batch {batch.seq} follows batch {last_seq}")
-            last_seq = batch.seq
-        if step.reset and not any(isinstance(event, AllBlocksCleared) for event in events):
-            raise StreamError(f"{where} reset the prefix cache but published no AllBlocksCleared")
-        for event in events:
-            _check_named(event, expected, block_size, where)
-            keys = apply_to_key_set(keys, event)
-            try:
-                counts = apply_to_key_counts(counts, event)
-            except StreamError as error:
-                raise StreamError(f"{where}: count model: {error}") from None
-        _check_view("set model", keys, expected, where)
-        _check_view("count model", get_counted_keys(counts), expected, where)
+        view = check_stream_step(view, step, batches, block_size, f"step {index}")
 
 
 def check_stream_of_states(

@@ -19,13 +19,16 @@ from spec.event_stream import (
     apply_to_key_counts,
     apply_to_key_set,
     check_stream_of_states,
+    check_stream_step,
     compute_resync_events,
     compute_step_events,
     compute_stream_key,
     get_counted_keys,
     get_present_keys,
+    get_stream_step,
     is_gap,
     replay_batches,
+    start_stream_view,
 )
 from spec.events import AllBlocksCleared
 from spec.frozen_map import FrozenMap
@@ -169,6 +172,15 @@ def test_the_checker_catches_each_planted_producer_bug(
     with pytest.raises(StreamError, match=None) as caught:
         check_stream_of_states(states, bug(published))
     assert message in str(caught.value)
+
+
+def test_one_step_is_checked_from_any_state_s_keys_as_the_bounded_walk_needs() -> None:
+    states, published = run(SCENARIO)
+    view = start_stream_view(get_present_keys(states[5]), BLOCK_SIZE)
+    after = check_stream_step(view, get_stream_step(states[6]), published[5], BLOCK_SIZE)
+    assert after.last_seq == published[5][0].seq and len(after.keys) == 4 - 3 + 4
+    with pytest.raises(StreamError, match=r"^step 5: the set model"):
+        check_stream_step(view, get_stream_step(states[6]), [], BLOCK_SIZE, "step 5")
 
 
 def test_a_reset_of_empty_caches_still_owes_its_clear() -> None:
