@@ -20,6 +20,7 @@ import torch
 
 from harness.check import CheckSettingsError, check_model
 from harness.cli.events_target import (
+    SUBSCRIBER_WAIT_S,
     ZmqTarget,
     check_events_target,
     open_event_stream,
@@ -236,8 +237,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "the run goes, as vLLM publishes them (a ZeroMQ PUB socket bound at HOST:PORT, "
         "frames (topic, 8-byte sequence number, msgpack batch), one batch per engine step, "
         "keys as block hashes; replay of missed batches at HOST:PORT+1), for a KV-aware "
-        "router such as Dynamo's indexer to subscribe to; the run waits up to 5 s after "
-        "binding for a first subscriber",
+        "router such as Dynamo's indexer to subscribe to; the run waits up to "
+        f"{SUBSCRIBER_WAIT_S:g} s after binding for a first subscriber",
     )
     parser.add_argument(
         "--events-format",
@@ -284,7 +285,8 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             raise UsageError(f"model {loaded.name} has no tokenizer")
         if isinstance(args.events, ZmqTarget):
             windows = kv_layout(loaded).group_windows
-            progress(f"binding {args.events}; waiting up to 5 s for a router to subscribe")
+            wait = f"{SUBSCRIBER_WAIT_S:g} s"
+            progress(f"binding {args.events}; waiting up to {wait} for a router to subscribe")
             kv_events = open_event_stream(args.events, args.events_format, args.block_size, windows)
         report = check_model(
             loaded.model,
@@ -320,6 +322,8 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         AttentionBackendError,
     ) as error:
         progress.finish()
+        if isinstance(kv_events, KVEventStream):
+            kv_events.close()  # unbind: a refused run publishes nothing more
         return fail(prog, str(error))
     # A file that cannot be written fails the command after the table, in one line.
     output_error = None if plot is None else _write_plot(report, plot, progress)
