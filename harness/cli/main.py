@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
+    kv_events: KVEventLog | None = None
     try:
         device, dtype = _device_and_dtype(args.device, args.dtype)
         _check_flags(args)
