@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
+from tests.events.loopback import free_port_pair, wait_for
 from tests.support.harness_cases import save_model_directory, tiny_model
 
 
@@ -54,3 +55,25 @@ def test_an_address_in_use_is_refused_in_one_line_once_the_model_is_loaded(
         argv = ["--device", "cpu", "--model", str(model_dir), "--events", f"zmq://127.0.0.1:{port}"]
         assert main(argv) == 2
     assert f"--events zmq://127.0.0.1:{port}: cannot bind" in one_error_line(capsys)
+
+
+def test_a_run_refused_after_binding_unbinds_its_address(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("harness.cli.events_target.SUBSCRIBER_WAIT_S", 0)
+    model_dir = save_model_directory(tiny_model().model, tmp_path / "tiny")
+    port = free_port_pair()
+    argv = ["--device", "cpu", "--model", str(model_dir), "--total-blocks", "1"]
+    assert main([*argv, "--events", f"zmq://127.0.0.1:{port}"]) == 2
+    assert "--total-blocks" in one_error_line(capsys)
+    # ZeroMQ closes a socket in its I/O thread: give it a moment, then both ports bind.
+    wait_for(lambda: all(is_free(p) for p in (port, port + 1)), bool, "the ports to be free")
+
+
+def is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
