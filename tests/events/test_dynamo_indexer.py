@@ -13,11 +13,13 @@ from harness.cli.main import main
 from harness.kv_publisher import KVEventStream, ZmqEventPublisher
 from harness.kv_wire import WireEncoder
 from impl import KVBlockManager
+from spec.event_consumers import (
+    compute_prefix_score,
+)
 from spec.event_stream import (
     MEDIUM_GPU,
     PresentKey,
     StreamKey,
-    compute_prefix_score,
     compute_stream_key,
     get_present_keys,
 )

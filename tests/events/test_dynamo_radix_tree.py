@@ -17,13 +17,15 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from spec.event_consumers import (
+    apply_to_key_set,
+    apply_to_key_tree,
+)
 from spec.event_stream import (
     KeyRemoved,
     KeyStored,
     StreamEvent,
     StreamKey,
-    apply_to_key_set,
-    apply_to_key_tree,
     compute_stream_key,
     get_present_keys,
 )

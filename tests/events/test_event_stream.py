@@ -9,6 +9,17 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from spec.event_consumers import (
+    apply_to_key_counts,
+    apply_to_key_set,
+    check_stream_of_states,
+    check_stream_step,
+    get_counted_keys,
+    get_stream_step,
+    is_gap,
+    replay_batches,
+    start_stream_view,
+)
 from spec.event_stream import (
     EventBatch,
     KeyRemoved,
@@ -16,19 +27,10 @@ from spec.event_stream import (
     StreamError,
     StreamEvent,
     StreamKey,
-    apply_to_key_counts,
-    apply_to_key_set,
-    check_stream_of_states,
-    check_stream_step,
     compute_resync_events,
     compute_step_events,
     compute_stream_key,
-    get_counted_keys,
     get_present_keys,
-    get_stream_step,
-    is_gap,
-    replay_batches,
-    start_stream_view,
 )
 from spec.events import AllBlocksCleared
 from spec.frozen_map import FrozenMap
