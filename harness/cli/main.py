@@ -22,9 +22,10 @@ from harness.check import CheckSettingsError, check_model
 from harness.cli.events_target import (
     SUBSCRIBER_WAIT_S,
     ZmqTarget,
+    add_event_options,
     check_events_target,
     open_event_stream,
-    parse_events_target,
+    with_event_publisher,
 )
 from harness.cli.limits import check_threads
 from harness.cli.output import DEFAULT_PLOT_NAME, plot_target, write_replacing
@@ -33,7 +34,6 @@ from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
 from harness.kv_events import KVEventLog, write_events
 from harness.kv_publisher import KVEventStream
-from harness.kv_wire import WIRE_FORMATS
 from harness.models import (
     ModelLoadError,
     ModelNotFoundError,
@@ -52,9 +52,7 @@ from harness.prompts import (
     load_prompts_file,
 )
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
-from harness.runtime.events import PoolEvent, PoolObserver
 from harness.runtime.preemption import PREEMPT_MODES
-from impl import KVBlockManager
 
 PROG = "python -m harness"
 PROGRESS_PREFIX = "[harness]"
@@ -224,30 +222,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "per step; preemptions marked) to FILE.png (any matplotlib format; a directory gets "
         f"{DEFAULT_PLOT_NAME}, a name without extension .png)",
     )
-    parser.add_argument(
-        "--events",
-        type=parse_events_target,
-        default=None,
-        metavar="FILE.jsonl|zmq://HOST:PORT",
-        help="the KV cache events of the continuous-batching run. FILE.jsonl: written at the "
-        "end, one JSON object per line in the order the cache changed: type (BlockStored, "
-        "BlockRemoved, AllBlocksCleared), step, block_id, group, and for BlockStored "
-        "parent_block_id, token_ids (past the parent's key) and cache_salt; "
-        "spec.replay_events rebuilds the cache from them. zmq://HOST:PORT: published while "
-        "the run goes, as vLLM publishes them (a ZeroMQ PUB socket bound at HOST:PORT, "
-        "frames (topic, 8-byte sequence number, msgpack batch), one batch per engine step, "
-        "keys as block hashes; replay of missed batches at HOST:PORT+1), for a KV-aware "
-        "router such as Dynamo's indexer to subscribe to; the run waits up to "
-        f"{SUBSCRIBER_WAIT_S:g} s after binding for a first subscriber",
-    )
-    parser.add_argument(
-        "--events-format",
-        choices=WIRE_FORMATS,
-        default=None,
-        help="with --events zmq://...: each event as a map of its fields (vllm, the "
-        "default: vLLM since June 2026) or a positional array (vllm-array: vLLM up to "
-        "0.23 and the consumers written for it)",
-    )
+    add_event_options(parser)
     return parser
 
 
@@ -308,7 +283,10 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             preempt=args.preempt,
             host_blocks=args.host_blocks,
             name=loaded.name,
-            observer=_observer(args.pool_map, kv_events),
+            observer=with_event_publisher(
+                None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
+                kv_events,
+            ),
             kv_events=kv_events,
             progress=progress,
         )
@@ -368,24 +346,6 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--max-batch-tokens must be >= 1 token per step, got {args.max_batch_tokens}"
         )
-
-
-def _observer(pool_map: int | None, kv_events: KVEventLog | None) -> PoolObserver | None:
-    """What watches the batched run: the pool map's printer, the event publisher (which
-    publishes at the end of each step), both, or nothing."""
-    observers: list[PoolObserver] = []
-    if pool_map is not None:
-        observers.append(PoolMapPrinter(pool_map, sys.stderr))
-    if isinstance(kv_events, KVEventStream):
-        observers.append(kv_events)
-    if len(observers) < 2:
-        return observers[0] if observers else None
-
-    def both(event: PoolEvent, manager: KVBlockManager) -> None:
-        for observer in observers:
-            observer(event, manager)
-
-    return both
 
 
 def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> str | None:
