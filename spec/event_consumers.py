@@ -7,8 +7,8 @@ longer holds them, what it knows of the producer can be wrong, so it drops it al
 producer must resync (``spec.event_stream.compute_resync_events``).
 
 The consumer models the field uses, and what each requires of a producer:
-- **a set of keys** (``apply_to_key_set``; Dynamo's standalone indexer 1.6.1, SGLang's
-  router): a store of a present key changes nothing and a remove drops the key, however
+- **a set of keys** (``apply_to_key_set``; Dynamo's standalone indexer 1.6.1, measured):
+  a store of a present key changes nothing and a remove drops the key, however
   often it was stored. A remove while a copy remains loses a cached prefix (vLLM #55092).
 - **a count per key** (``apply_to_key_counts``; Dynamo's KV router #8012, llm-d #680):
   a store adds one, a remove takes one away, a key is present while its count is
