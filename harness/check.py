@@ -29,7 +29,6 @@ from harness.oracle.equivalence import (
     tight_total_blocks,
 )
 from harness.prompts import render_prompt
-from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING
 from harness.runtime.attention_backends import ATTENTION_BACKENDS
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.events import PoolObserver
@@ -136,7 +135,7 @@ def check_model(
         block_size=block_size,
         engine_type=BatchInvariantEngine if batch_invariant else Engine,
         pool_type=backend.poisoned_pool_type if poison_freed else PagedKVPool,
-        allocation=PREFIX_CACHING if prefix_cache else NO_PREFIX_CACHING,
+        prefix_caching=prefix_cache,
         observer=observer,
         kv_events=kv_events,
         scheduling=Scheduling(speculate or 0, max_batch_tokens),

@@ -44,7 +44,7 @@ class KVLayout:
 
     @property
     def group_windows(self) -> tuple[int | None, ...]:
-        """The window of each KV cache group (``impl.KVBlockManager``'s ``group_windows``)."""
+        """The window of each KV cache group (``impl.KVCacheManager``'s ``group_windows``)."""
         return tuple(window for window, _ in kv_cache_groups(self.layer_windows, self.num_layers))
 
     @property

@@ -34,7 +34,7 @@ import zmq
 from harness.kv_events import KVEventLog
 from harness.kv_wire import WireEncoder
 from harness.runtime.events import PoolEvent
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec.event_stream import (
     BlockKeys,
     EventBatch,
@@ -158,7 +158,7 @@ class KVEventStream(KVEventLog):
         super().record(event)
         self._pending.append(event)
 
-    def __call__(self, event: PoolEvent, manager: KVBlockManager) -> None:
+    def __call__(self, event: PoolEvent, manager: KVCacheManager) -> None:
         """The observer: a step is over, publish its events."""
         if event.kind == "step":
             self.flush()

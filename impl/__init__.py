@@ -1,20 +1,23 @@
-"""pagedkv's fast block allocator, with the article series' public API.
+"""pagedkv's fast block allocator.
 
-``from impl import KVBlockManager, BlockAllocationError`` works as it did there. The table
-records are the article's (mutable, a ``list`` of block ids); ``KVBlock``, ``KVBlockUsage``
-and the error are the spec's own classes.
+``KVCacheManager`` is the allocator an engine drives, one method per row of
+``spec.api.OPERATIONS``; ``KVBlockManager`` is the article series' API over it, so
+``from impl import KVBlockManager, BlockAllocationError`` works as it did there. The
+article's table record is mutable (a ``list`` of block ids); ``AppendedSlots`` is a named
+tuple built fast; every other record and the errors are the spec's own classes.
 """
 
-from impl.manager import KVBlockManager
+from impl.article import KVBlockManager
+from impl.manager import KVCacheManager
 from impl.prefix_cache import default_block_hash
-from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable, SwapCopies
+from impl.records import AppendedSlots, RequestBlockTable
 from spec import (
     BlockAllocationError,
     HostBlockAllocationError,
     KVBlock,
     KVBlockUsage,
     ReleasedBlocks,
-    SwappedOut,
+    Transfers,
 )
 
 __all__ = [
@@ -24,10 +27,9 @@ __all__ = [
     "KVBlock",
     "KVBlockManager",
     "KVBlockUsage",
-    "PromptAllocation",
+    "KVCacheManager",
     "ReleasedBlocks",
     "RequestBlockTable",
-    "SwapCopies",
-    "SwappedOut",
+    "Transfers",
     "default_block_hash",
 ]

@@ -10,21 +10,20 @@ One cell per block, in block id order, wrapped to a width::
 A cell shows the label of the request holding the block, in any KV cache group (the first
 in table order, for a shared block), then ``*`` if the block is shared (ref count > 1) and
 ``~`` if it is a request's partly filled last block; a free block is ``.``, a cached free
-block (free, but still holding a cached prefix a prompt may revive) is ``:``. Under the
+block (free, but still holding a cached prefix a prompt may hit) is ``:``. Under the
 map, one line per request as the article prints its tables (with the block ids of every
 further group), then the two free queues in their order.
 
-It is *not* a live view: ``snapshot_pool`` copies what the manager's public API shows, and
-``render_block_map`` is a pure function of that copy, so tests compare literal strings.
+It is *not* a live view: ``snapshot_pool`` reads a spec state (``KVCacheManager.to_spec()``),
+and ``render_block_map`` is a pure function of that snapshot, so tests compare literal
+strings.
 Colour (ANSI) only when asked for; whether to ask is the caller's business.
 """
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from impl.manager import KVBlockManager
-from impl.records import RequestBlockTable as ArticleTable
-from spec import RequestBlockTable
+from spec import AllocatorState, RequestBlockTable
 
 SHARED_MARK = "*"
 PARTIAL_MARK = "~"
@@ -55,33 +54,16 @@ class PoolSnapshot:
     more_groups: tuple[tuple[RequestBlockTable, ...], ...] = ()
 
 
-def snapshot_pool(manager: KVBlockManager) -> PoolSnapshot:
-    """A copy of ``manager``'s pool, read through its public API only; O(pool)."""
-    tables = tuple(
-        RequestBlockTable(request_id, tuple(table.block_ids), table.token_count)
-        for request_id, table in manager.request_tables.items()
-    )
-    more_groups = tuple(
-        tuple(
-            _frozen(manager.snapshot_request(request_id, group))
-            for request_id in manager.request_tables
-        )
-        for group in range(1, len(manager.group_windows))
-    )
+def snapshot_pool(state: AllocatorState) -> PoolSnapshot:
+    """What the map draws of a pool in ``state`` (``KVCacheManager.to_spec()``); O(pool)."""
     return PoolSnapshot(
-        block_size=manager.block_size,
-        total_blocks=manager.total_blocks,
-        tables=tables,
-        ref_counts=tuple(manager.ref_count(block_id) for block_id in range(manager.total_blocks)),
-        free_block_ids=tuple(manager.free_block_ids),
-        cached_free_block_ids=tuple(manager.cached_free_block_ids),
-        more_groups=more_groups,
-    )
-
-
-def _frozen(table: ArticleTable) -> RequestBlockTable:
-    return RequestBlockTable(
-        table.request_id, tuple(table.block_ids), table.token_count, table.skipped_blocks
+        block_size=state.block_size,
+        total_blocks=state.total_blocks,
+        tables=tuple(state.tables.values()),
+        ref_counts=tuple(state.ref_counts.get(b, 0) for b in range(state.total_blocks)),
+        free_block_ids=state.free_block_ids,
+        cached_free_block_ids=state.cached_free_block_ids,
+        more_groups=tuple(tuple(tables.values()) for tables in state.group_tables[1:]),
     )
 
 

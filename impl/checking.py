@@ -6,17 +6,22 @@ with the spec's and run the spec's invariants on it.
 """
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import spec
 from impl.block_pool import BlockPool
+from impl.host_tier import HostTier
 from impl.prefix_cache import PrefixCache
 from impl.tables import Table
+
+if TYPE_CHECKING:
+    from impl.manager import KVCacheManager
+
 from spec import (
     AllocatorState,
     CacheKey,
     FrozenMap,
     HostCounters,
-    HostTier,
     KVBlockUsage,
     SharingCounters,
     SwappedRequest,
@@ -27,11 +32,14 @@ from spec import (
 def to_spec(
     block_size: int,
     group_windows: tuple[int | None, ...],
+    *,
     pool: BlockPool,
+    host: HostTier,
     tables: Mapping[str, Table],
+    prefix_hit_tokens: int,
+    preemptions: int,
 ) -> AllocatorState:
-    """The spec state of a pool with these tables."""
-    counters = pool.counters
+    """The spec state of a pool, its host tier and these tables."""
     return AllocatorState(
         block_size=block_size,
         total_blocks=len(pool.ref_counts),
@@ -71,22 +79,21 @@ def to_spec(
         group_caches=tuple(FrozenMap(dict(cache.prefixes())) for cache in pool.caches),
         pending_copies=tuple(pool.pending_copies),
         counters=SharingCounters(
-            prefix_hit_tokens=counters.prefix_hit_tokens,
-            evictions=counters.evictions,
-            cow_copies=counters.cow_copies,
-            preemptions=counters.preemptions,
-            skipped_blocks=counters.skipped_blocks,
+            prefix_hit_tokens=prefix_hit_tokens,
+            evictions=pool.evictions,
+            cow_copies=pool.cow_copies,
+            preemptions=preemptions,
+            skipped_blocks=pool.skipped_blocks,
         ),
         group_windows=group_windows,
         pending_skipped_block_ids=tuple(pool.pending_skipped),
-        host=_host_tier(pool, len(group_windows)),
+        host=_host_tier(host, len(group_windows)),
     )
 
 
-def _host_tier(pool: BlockPool, group_count: int) -> HostTier:
-    """The spec state of the pool's host tier."""
-    host = pool.host
-    return HostTier(
+def _host_tier(host: HostTier, group_count: int) -> spec.HostTier:
+    """The spec state of the host tier."""
+    return spec.HostTier(
         host_blocks=host.host_blocks,
         free_host_block_ids=tuple(host.free),
         swapped=FrozenMap(
@@ -127,10 +134,12 @@ def check_invariants(
     _raise_if_broken(broken + _broken_indexes(caches))
 
 
-def check_indexes(caches: Sequence[PrefixCache]) -> None:
-    """Raise ``AssertionError`` if a cache's index disagrees with itself: the one part of
-    ``check_invariants`` that the spec state cannot show."""
-    _raise_if_broken(_broken_indexes(caches))
+def check_indexes(manager: "KVCacheManager") -> None:
+    """Raise ``AssertionError`` if a prefix cache of ``manager`` has a hash index that
+    disagrees with its cached blocks: the one part of ``check_invariants`` that
+    ``to_spec()`` cannot show. A checker that has compared ``to_spec()`` with a spec state
+    whose invariants hold needs only this."""
+    _raise_if_broken(_broken_indexes(manager._pool.caches))
 
 
 def _broken_indexes(caches: Sequence[PrefixCache]) -> list[str]:

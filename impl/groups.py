@@ -2,19 +2,22 @@
 
 A group is full attention (``FullAttentionGroup``: it keeps every block of a table) or a
 sliding window (``SlidingWindowGroup``: it releases a table's leading blocks once no
-query reads them, the window rule of ``spec.allocator``). ``KVCacheGroups`` applies an
-operation to a request's table in every group, group 0 first, with one code path and a
-fast case for the tokens that land in every group's own last block: growing a table,
-finding a prompt's cache hit, caching the blocks a prompt fills.
+query reads them, the window rule of ``spec.growth``). ``KVCacheGroups`` applies an
+operation to a request's table in every group, group 0 first: growing a table (one path,
+whose first case is the in-block one: ``Table.room``), releasing, truncating. A prompt's
+prefix hit across the groups is ``impl.prefix_hits``'.
 
-It takes and releases blocks through the ``BlockPool`` and never checks arguments: the
-front (``impl.manager``) has done that before it calls in.
+It takes blocks from the ``BlockPool`` and gives them back through the host tier
+(``HostTier.keep_in_flight``: the blocks a pending copy still needs wait there), and never
+checks arguments: the front (``impl.manager``) has done that before it calls in.
 """
 
+from itertools import islice
 from typing import ClassVar
 
 from impl.block_pool import BlockPool
-from impl.prefix_cache import BlockHash, BlockKey, PrefixCache, default_block_hash
+from impl.host_tier import GroupBlock, HostTier, SwappedRequest
+from impl.prefix_cache import BlockHash
 from impl.tables import NEVER, Table
 from spec import (
     BlockAllocationError,
@@ -25,16 +28,13 @@ from spec import (
 )
 from spec.rules import next_skip_token_count
 
-# A token count no request reaches: the next skip of a table with no windowed group.
-
 
 class FullAttentionGroup:
     """A group of full-attention layers: every query reads every key, nothing is skipped."""
 
-    __slots__ = ("cache", "window")
+    __slots__ = ("window",)
 
-    def __init__(self, cache: PrefixCache, window: int | None = None) -> None:
-        self.cache = cache
+    def __init__(self, window: int | None = None) -> None:
         self.window = window
 
     def skip_target(self, block_size: int, computed_tokens: int) -> int:
@@ -64,11 +64,12 @@ class SlidingWindowGroup(FullAttentionGroup):
 class KVCacheGroups:
     """The pool's groups, in order, and the operations that touch a table in each.
 
-    ``group_windows[g]`` names group g's kind (``None``: full attention) and ``pool.caches[g]``
-    is its prefix cache.
+    ``group_windows[g]`` names group g's kind (``None``: full attention) and
+    ``pool.caches[g]`` is its prefix cache; ``host`` keeps the blocks a copy between the
+    tiers still needs.
     """
 
-    __slots__ = ("block_hash", "block_size", "caches", "groups", "pool")
+    __slots__ = ("block_hash", "block_size", "groups", "host", "pool")
 
     # The kinds a subclass may swap for its own (the planted bugs of the tests do).
     full_attention_group: ClassVar[type[FullAttentionGroup]] = FullAttentionGroup
@@ -79,27 +80,29 @@ class KVCacheGroups:
         block_size: int,
         group_windows: tuple[int | None, ...],
         pool: BlockPool,
+        host: HostTier,
         block_hash: BlockHash,
     ) -> None:
         self.block_size = block_size
-        self.caches = pool.caches
         self.groups = [
-            self.full_attention_group(cache)
-            if window is None
-            else self.sliding_window_group(cache, window)
-            for window, cache in zip(group_windows, self.caches, strict=True)
+            self.full_attention_group() if window is None else self.sliding_window_group(window)
+            for window in group_windows
         ]
         self.pool = pool
+        self.host = host
         self.block_hash = block_hash
 
+    # -- a table's state ------------------------------------------------------------------
+
     def set_skipped(self, table: Table, computed_tokens: int) -> None:
-        """Give ``table`` the skips of a request whose first ``computed_tokens`` tokens are
-        computed (a prompt's hit: the blocks before it are born skipped)."""
+        """Give a new ``table`` the skips of a request whose first ``computed_tokens`` tokens
+        are computed (a prompt's hit: the blocks before it are born skipped), and its room."""
         block_size = self.block_size
         table.skipped_blocks = [
             group.skip_target(block_size, computed_tokens) for group in self.groups
         ]
         self.set_next_skip(table)
+        self.set_room(table)
 
     def set_next_skip(self, table: Table) -> None:
         """``table.next_skip_at``: the least length at which some group skips a block more."""
@@ -109,6 +112,24 @@ class KVCacheGroups:
             for group, skipped in zip(self.groups, table.skipped_blocks, strict=True)
         )
 
+    def set_room(self, table: Table) -> None:
+        """``table.room``: the tokens the next appends may add to every group's own last
+        block, filling none a cache would key, before any window slides."""
+        position = table.token_count
+        room = -position % self.block_size
+        if table.token_ids is not None:
+            room -= 1  # the token that fills a block is hashed and cached: the general path
+        if room > 0:
+            room = min(room, table.next_skip_at - position)
+            ref_counts = self.pool.ref_counts
+            for held in table.group_block_ids:
+                if ref_counts[held[-1]] != 1:
+                    room = 0  # shared: the next append copies it first
+                    break
+        table.room = max(room, 0)
+
+    # -- growth ---------------------------------------------------------------------------
+
     def grow(self, request_id: str, table: Table, token_count: int) -> None:
         """Add ``token_count`` tokens to every group's table: the window rule first (what each
         windowed group skips at L0 = the tokens before), then each group's new blocks, group
@@ -117,104 +138,138 @@ class KVCacheGroups:
         Atomic: the blocks the skips would free count as available, and nothing changes
         until the check has passed.
         """
+        if 0 < token_count <= table.room:
+            # NOTE: the in-block case: the tokens land in every group's own last block and
+            # no window slides, so nothing but the length changes (a decode append, 15 of
+            # every 16 with blocks of 16).
+            table.room -= token_count
+            table.token_count += token_count
+            return
         block_size = self.block_size
         position = table.token_count
-        ref_counts = self.pool.ref_counts
-        counters = self.pool.counters
-        if 0 < token_count <= -position % block_size and position < table.next_skip_at:
-            # NOTE: the tokens land in every group's last block and no window slides: unless
-            # a last block is shared (a copy), nothing but counts changes. Measured in CPU
-            # time: 3.8 -> 0.9 us a decode append with two full groups (one group: 0.28 us).
-            for held in table.group_block_ids:
-                if ref_counts[held[-1]] > 1:
-                    break
-            else:
-                table.token_count = position + token_count
-                counters.allocated_tokens += token_count
-                return
+        pool = self.pool
+        ref_counts = pool.ref_counts
         # NOTE: ``blocks_for_tokens`` inlined (its checks are the front's): a call is a
         # tenth of opening a block.
         blocks = -(-(position + token_count) // block_size)
-        group_block_ids = table.group_block_ids
-        if len(group_block_ids) == 1 and position < table.next_skip_at:
-            held = group_block_ids[0]
-            if position % block_size == 0 or ref_counts[held[-1]] == 1:
-                one_missing = blocks - table.skipped_blocks[0] - len(held)
-                available = self.pool.free_blocks
-                if one_missing > available:
-                    raise BlockAllocationError.out_of_blocks(request_id, one_missing, available)
-                held.extend(self.pool.take(one_missing, 0))
-                table.token_count = position + token_count
-                counters.allocated_tokens += token_count
-                return
-        if position < table.next_skip_at and (
-            position % block_size == 0
-            or all(ref_counts[held[-1]] == 1 for held in table.group_block_ids)
-        ):
-            # NOTE: no window slides and no last block is shared (a decode token opening a
-            # block): each group takes its missing blocks, nothing else. Measured: the
-            # general path below made a one-group decode append 60% slower on average.
-            missing = [
-                blocks - skipped - len(held)
-                for held, skipped in zip(table.group_block_ids, table.skipped_blocks, strict=True)
-            ]
-            available = self.pool.free_blocks
-            if sum(missing) > available:
-                raise BlockAllocationError.out_of_blocks(request_id, sum(missing), available)
-            for group, held in enumerate(table.group_block_ids):
-                held.extend(self.pool.take(missing[group], group))
-            table.token_count = position + token_count
-            counters.allocated_tokens += token_count
-            return
-        drops: list[int] = []
-        copies: list[bool] = []
-        needed: list[int] = []
+        writes_into_last = token_count > 0 and position % block_size != 0
+        drops: list[int] | None = None
         freed_by_skips = 0
-        host = self.pool.host
-        # A skipped block a pending copy between the tiers touches goes in flight: not free.
-        busy: set[int] = set()
-        if host.copying_out or host.copying_in:
-            busy = host.copying_out.keys() | host.copying_in.keys()
-        for kind, held, skipped in zip(
-            self.groups, table.group_block_ids, table.skipped_blocks, strict=True
-        ):
-            drop = max(kind.skip_target(block_size, position) - skipped, 0)
-            # O(drop): each block of a table is skipped once, so O(1) amortised per token.
-            freed_by_skips += sum(
-                1 for block_id in held[:drop] if ref_counts[block_id] == 1 and block_id not in busy
-            )
-            copy_on_write = (
-                token_count > 0 and position % block_size != 0 and ref_counts[held[-1]] > 1
-            )
-            drops.append(drop)
+        if position >= table.next_skip_at:
+            drops = []
+            for kind, held, skipped in zip(
+                self.groups, table.group_block_ids, table.skipped_blocks, strict=True
+            ):
+                drop = max(kind.skip_target(block_size, position) - skipped, 0)
+                # O(drop): each block of a table is skipped once: O(1) amortised per token.
+                # A skipped block a pending copy between the tiers touches goes in flight.
+                freed_by_skips += sum(
+                    1
+                    for block_id in held[:drop]
+                    if ref_counts[block_id] == 1 and not self.host.is_copying(block_id)
+                )
+                drops.append(drop)
+        needed: list[int] = []
+        copies: list[bool] = []
+        for held, skipped in zip(table.group_block_ids, table.skipped_blocks, strict=True):
+            copy_on_write = writes_into_last and ref_counts[held[-1]] > 1
             copies.append(copy_on_write)
             needed.append(blocks - skipped - len(held) + copy_on_write)
-        available = self.pool.free_blocks + freed_by_skips
+        available = pool.free_blocks + freed_by_skips
         if sum(needed) > available:
             raise BlockAllocationError.out_of_blocks(request_id, sum(needed), available)
-        for group, drop in enumerate(drops):
-            if drop:
-                self.skip(table, group, drop)
+        if drops is not None:
+            for group, drop in enumerate(drops):
+                if drop:
+                    self.skip(table, group, drop)
         for group, held in enumerate(table.group_block_ids):
-            taken = self.pool.take(needed[group], group)
-            if copies[group]:
-                self.pool.copy_last_block(held, taken.pop(0))
-            held.extend(taken)
+            if needed[group]:
+                taken = pool.take(needed[group], group)
+                if copies[group]:
+                    pool.copy_last_block(held, taken.pop(0))
+                held.extend(taken)
+                table.changed()
         table.token_count = position + token_count
-        counters.allocated_tokens += token_count
+        self.set_room(table)
 
     def skip(self, table: Table, group: int, drop: int) -> None:
         """Release the first ``drop`` blocks ``table`` holds in ``group``, in block index
-        order; those that became free and uncached wait for ``take_skipped_blocks``."""
+        order (never demoted: see ``spec.growth``); those that became free and uncached wait
+        for ``take_skipped``."""
         held = table.group_block_ids[group]
-        self.pool.skip(held[:drop], group)
+        freed, _ = self.give_back(held[:drop], group, demote=False)
+        self.pool.add_skipped(freed)
         # NOTE: ``del`` at the front moves the rest of the list (a C memmove), and a windowed
         # table holds about (W + tokens added at once) / block_size blocks whatever the
         # request's length, so this stays bounded by the window, not the request.
         del held[:drop]
         table.skipped_blocks[group] += drop
+        table.changed()
         self.set_next_skip(table)
-        self.pool.counters.skipped_blocks += drop
+        self.pool.skipped_blocks += drop
+
+    # -- the host tier --------------------------------------------------------------------
+
+    def copy_to_host(self, request_id: str, table: Table) -> ReleasedBlocks:
+        """Give each block of ``table`` (removed from the tables by the caller) a host block,
+        queue the copies out, drop the table's references as ``release`` does and file the
+        table as swapped out. Reports its blocks and those in flight that will be free or
+        cached free once their copies are taken."""
+        host = self.host
+        device_ids = [block_id for held in table.group_block_ids for block_id in held]
+        host_ids = host.take(len(device_ids))
+        host.copy_out(device_ids, host_ids)
+        # NOTE: nothing leaves flight during this release (no block of the table awaits a
+        # copy in: the front refused that), so the blocks it sends in flight are the
+        # dict's new tail.
+        in_flight_before = len(host.in_flight)
+        self.release(table)
+        went = list(islice(host.in_flight.items(), in_flight_before, None))
+        host.hold_swapped(request_id, table, host_ids)
+        caches = self.pool.caches
+        return ReleasedBlocks(
+            tuple(device_ids),
+            tuple(b for b, group in went if caches[group].block_keys[b] is None),
+            tuple(b for b, group in went if caches[group].block_keys[b] is not None),
+        )
+
+    def copy_from_host(self, request_id: str, swapped: SwappedRequest) -> Table:
+        """Give a swapped-out request fresh device blocks, one per host block, group by group
+        (copies in queued); returns its table for the caller to file again."""
+        device_ids = [
+            self.pool.take(len(host_ids), group)
+            for group, host_ids in enumerate(swapped.group_host_block_ids)
+        ]
+        table = self.host.resume_swapped(request_id, device_ids)
+        self.set_room(table)
+        return table
+
+    # -- giving blocks back ---------------------------------------------------------------
+
+    def give_back(
+        self, block_ids: list[int], group: int, *, demote: bool = True
+    ) -> tuple[list[int], list[int]]:
+        """Drop one reference from each of ``block_ids`` of ``group``, in order; a block left
+        with none stays in flight if the host tier still needs it, else joins the cached
+        free queue if the group caches it, or the free queue. Returns the blocks that went
+        to each queue."""
+        unreferenced = self.pool.drop(block_ids, group)
+        if not unreferenced:
+            return [], []
+        cache = self.pool.caches[group]
+        rest = self.host.keep_in_flight(unreferenced, group, cache, demote=demote)
+        return self.pool.queue(rest, group)
+
+    def queue_copied(self, done: list[GroupBlock]) -> tuple[list[int], list[int]]:
+        """Queue the in-flight blocks whose copies are done (``HostTier.copied``), in order;
+        returns those that went to the free and the cached free queue."""
+        freed: list[int] = []
+        cached: list[int] = []
+        for block_id, group in done:
+            group_freed, group_cached = self.pool.queue([block_id], group)
+            freed += group_freed
+            cached += group_cached
+        return freed, cached
 
     def release(self, table: Table) -> ReleasedBlocks:
         """Drop one reference from each block of ``table``, group by group, last block first;
@@ -223,7 +278,7 @@ class KVCacheGroups:
         freed: list[int] = []
         cached: list[int] = []
         for group, held in enumerate(table.group_block_ids):
-            group_freed, group_cached = self.pool.release(reversed(held), group)
+            group_freed, group_cached = self.give_back(held[::-1], group)
             block_ids += held
             freed += group_freed
             cached += group_cached
@@ -232,7 +287,8 @@ class KVCacheGroups:
     def truncate(self, table: Table, token_count: int) -> ReleasedBlocks:
         """Shrink ``table`` to ``token_count`` tokens in every group: drop the blocks wholly
         past it as ``release`` does, uncache a cached block left partly filled, forget the
-        tokens past it. Reports the dropped blocks as ``release`` reports a table's."""
+        tokens past it. Reports the dropped blocks as ``release`` reports a table's, and the
+        stale slots of each group's kept last block."""
         block_size = self.block_size
         keep = blocks_for_tokens(block_size, token_count)
         held_before = table.token_count
@@ -244,12 +300,12 @@ class KVCacheGroups:
             skipped = table.skipped_blocks[group]
             kept = keep - skipped
             group_dropped = held[kept:]
-            group_freed, group_cached = self.pool.release(reversed(group_dropped), group)
+            group_freed, group_cached = self.give_back(group_dropped[::-1], group)
             dropped += group_dropped
             freed += group_freed
             cached += group_cached
             del held[kept:]
-            cache = self.caches[group]
+            cache = self.pool.caches[group]
             if token_count % block_size and cache.block_keys[held[-1]] is not None:
                 cache.evict(held[-1])
             stale_end = min(held_before, keep * block_size)
@@ -261,109 +317,9 @@ class KVCacheGroups:
                 )
             )
         table.token_count = token_count
+        table.changed()
         if table.token_ids is not None and table.keys is not None:
             del table.token_ids[token_count:]
             del table.keys[token_count // block_size :]
+        self.set_room(table)
         return ReleasedBlocks(tuple(dropped), tuple(freed), tuple(cached), tuple(stale))
-
-    def match(
-        self, token_ids: tuple[int, ...], cache_salt: str | None
-    ) -> tuple[int, list[list[int]], list[list[tuple[int, int]]], list[BlockKey]]:
-        """The hit rule of ``spec.allocator`` under ``cache_salt``: the cached tokens, each
-        group's hit blocks on the device (those not born skipped), each group's hits on the
-        host only ((block index, host block), with the host prefix cache) and the keys
-        made (one per block hashed).
-
-        Hashes every full block before the last token, but stops at the first block a full
-        group misses (no hit can pass it); O(blocks x groups), as vLLM's hybrid hit search.
-        """
-        block_size = self.block_size
-        caches = self.caches
-        groups = self.groups
-        block_hash = self.block_hash
-        # NOTE: the default hash is inlined: a Python call per block is a sixth of a hit.
-        inline_hash = block_hash is default_block_hash
-        hit_limit = (len(token_ids) - 1) // block_size
-        keys: list[BlockKey] = []
-        # found[g][i]: group g's cached block for block index i, or None.
-        found: list[list[int | None]] = [[] for _ in caches]
-        # host_found[g][i]: the host block caching block index i where group g's device
-        # cache misses it (the host prefix cache; none without one).
-        host_caches = self.pool.host.caches
-        host_found: list[dict[int, int]] = [{} for _ in caches]
-        parent: BlockKey | None = None
-        parent_hash = caches[0].root_hash(cache_salt)
-        longest = hit_limit
-        for index in range(hit_limit):
-            chunk = token_ids[index * block_size : (index + 1) * block_size]
-            if inline_hash:
-                hash_value = hash((parent_hash, chunk))
-            else:
-                hash_value = block_hash(parent_hash, chunk)
-            key: BlockKey | None = None
-            missed = False
-            for group, cache in enumerate(caches):
-                block_id = cache.lookup(parent, chunk, hash_value, cache_salt)
-                found[group].append(block_id)
-                if block_id is None and host_caches:
-                    host_cache = host_caches[group]
-                    host_id = host_cache.lookup(parent, chunk, hash_value, cache_salt)
-                    if host_id is not None:
-                        host_found[group][index] = host_id
-                        key = key or host_cache.block_keys[host_id]
-                        continue
-                if block_id is None:
-                    missed = missed or groups[group].window is None
-                elif key is None:
-                    # The cached key object itself, so later lookups meet the very parent.
-                    key = cache.block_keys[block_id]
-            keys.append(BlockKey(parent, chunk, hash_value, cache_salt) if key is None else key)
-            if missed:
-                longest = index
-                break
-            parent, parent_hash = keys[-1], hash_value
-        runs = [
-            _hit_runs([b if b is not None else on_host.get(i) for i, b in enumerate(group_found)])
-            for group_found, on_host in zip(found, host_found, strict=True)
-        ]
-        for hit_blocks in range(longest, 0, -1):
-            firsts = [group.skip_target(block_size, hit_blocks * block_size) for group in groups]
-            if all(
-                run[hit_blocks - 1] >= hit_blocks - first
-                for run, first in zip(runs, firsts, strict=True)
-            ):
-                # The run check made every one of these a hit: the filter only narrows type.
-                hits = [
-                    [b for b in group_found[first:hit_blocks] if b is not None]
-                    for group_found, first in zip(found, firsts, strict=True)
-                ]
-                host_hits = [
-                    [(i, on_host[i]) for i in range(first, hit_blocks) if group_found[i] is None]
-                    for group_found, on_host, first in zip(found, host_found, firsts, strict=True)
-                ]
-                return hit_blocks * block_size, hits, host_hits, keys
-        return 0, [[] for _ in caches], [[] for _ in caches], keys
-
-    def cache_full_blocks(self, table: Table, first_index: int) -> None:
-        """Cache every full block from ``first_index`` on, in every group, unless that
-        group caches its prefix already. The caller has keyed every full block: it hashes
-        before anything changes, so a hash that raises changes nothing."""
-        assert table.token_ids is not None and table.keys is not None, "only token tables cache"
-        keys = table.keys
-        full_blocks = len(table.token_ids) // self.block_size
-        assert len(keys) >= full_blocks, "every full block is keyed before it is cached"
-        for cache, held, skipped in zip(
-            self.caches, table.group_block_ids, table.skipped_blocks, strict=True
-        ):
-            for index in range(max(first_index, skipped), full_blocks):
-                cache.insert(keys[index], held[index - skipped])
-
-
-def _hit_runs(found: list[int | None]) -> list[int]:
-    """For each block index, how many consecutive indices up to it are cached."""
-    runs: list[int] = []
-    run = 0
-    for block_id in found:
-        run = 0 if block_id is None else run + 1
-        runs.append(run)
-    return runs

@@ -1,349 +1,257 @@
-"""The fast, mutable block allocator an engine calls on every step: the article's API.
+"""``KVCacheManager``: the fast, mutable allocator an engine calls on every step, one method
+per row of ``spec.api.OPERATIONS``.
 
-``KVBlockManager`` holds the operations: each checks every argument, refuses before it
-changes anything, and hands the work to the parts that each own one thing:
-- ``impl.manager_base``: the fields, the parts and every read-only query;
-- ``impl.block_pool``: the free and cached free queues, ref counts, pending copies;
+Each method checks every argument, refuses before it changes anything, and hands the work
+to the parts it is made of, each owning one thing:
+- ``impl.tables``: each request's ``Table`` (its blocks in every group, its length, its
+  token ids and keys);
 - ``impl.groups``: the KV cache groups (full attention or a sliding window) and every
-  table operation across them (growth, the window rule, the prefix-cache hit);
-- ``impl.tables``: each request's tables and the read-only views of them;
-- ``impl.usage``: the running counters behind ``usage()``;
-- ``impl.checking``: the mapping to spec state and ``check_invariants`` (for tests).
+  table operation across them: growth (one path, its in-block case first), release,
+  truncation;
+- ``impl.prefix_hits``: a prompt's prefix hit across the groups, and what it caches;
+- ``impl.block_pool``: the free and cached free queues, ref counts, the prefix caches,
+  pending copy-on-write copies and the blocks windows freed;
+- ``impl.host_tier``: the host tier beside the pool: swapped-out requests, the copies
+  between the tiers, the blocks in flight, the host prefix cache;
+- ``impl.checking``: the mapping to spec state and the self-check (for tests).
 
-It behaves exactly like ``spec.allocator`` (same block ids, same queue orders, same
-errors) and is tested against it in lockstep. What it adds is speed: O(1) amortised per
-operation, with no scan of the pool, the queues or the tables on any hot path. The decode
-appends of a table whose tokens land in its own last block are inlined here.
-
-It is *not* the owner of KV tensors: it hands out block ids (and, for copy-on-write, the
-copies to make; for windows, the blocks to poison), and harness/ decides what lives in them.
+It behaves exactly like the spec (same block ids, same queue orders, same errors) and is
+tested against it in lockstep. What it adds is speed: O(1) amortised per operation, with
+no scan of the pool, the queues or the tables on any hot path; a decode ``append`` that
+opens no block changes one table's length and copies nothing. It is *not* the owner of
+KV tensors: it hands out block ids and slots, and the copies and freed blocks the KV pool
+must handle (``take_transfers``); harness/ decides what lives in them. The article
+series' API is ``impl.article.KVBlockManager``, a thin layer over this one.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import ClassVar
 
-from impl import swap
-from impl.host_operations import HostTierOperations
-from impl.records import AppendedSlots, PromptAllocation, RequestBlockTable
+from impl import checking
+from impl.block_pool import BlockPool
+from impl.groups import KVCacheGroups
+from impl.host_tier import HostTier
+from impl.prefix_cache import (
+    BlockHash,
+    EventSink,
+    PrefixCache,
+    check_hooks,
+    default_block_hash,
+)
+from impl.prefix_hits import PrefixHits
+from impl.records import AppendedSlots
 from impl.tables import Table
+from impl.usage import usage_report
 from spec import (
     MAX_TOKEN_ID,
+    AllocatorState,
     BlockAllocationError,
+    HostBlockAllocationError,
+    KVBlockUsage,
     ReleasedBlocks,
-    allocated_by_count,
-    blocks_for_request,
+    RequestBlockTable,
+    Transfers,
     blocks_for_tokens,
-    check_cache_salt,
-    check_request_id,
-    check_token_count,
-    check_token_ids,
-    check_truncate,
-    duplicate_request,
+    errors,
     first_window_token,
-    tracks_token_ids,
-    unknown_request,
 )
 
 
-@dataclass(eq=False)
-class KVBlockManager(HostTierOperations):
+class KVCacheManager:
     """A pool of ``total_blocks`` blocks of ``block_size`` tokens, lent to requests.
 
-    A dataclass, as in the article: a subclass may define ``__post_init__``, call
-    ``super().__post_init__()`` and add attributes of its own. The fields, the parts and
-    every read-only query are ``impl.manager_base.ManagerBase``'s; this class holds the
-    operations, each checking its arguments and refusing before it changes anything.
+    Keyword-only: ``group_windows`` lists the KV cache groups that share the pool
+    (``None``: full attention; W: a sliding window of W tokens; the default is one
+    full-attention group); ``block_hash`` is the prefix cache's hash of a parent hash and a
+    block's token ids; ``event_sink`` (e.g. a list's ``append``) is called with every KV
+    cache event (``spec.events``) as the caches change, and with ``None`` no event is built;
+    ``host_blocks`` sizes the host tier ``swap_out`` copies a request to (0: none) and
+    ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``).
     """
 
-    # -- operations --------------------------------------------------------------------
+    # The parts a subclass may swap for its own (the planted bugs of the tests do).
+    prefix_cache_class: ClassVar[type[PrefixCache]] = PrefixCache
+    block_pool_class: ClassVar[type[BlockPool]] = BlockPool
+    groups_class: ClassVar[type[KVCacheGroups]] = KVCacheGroups
+    host_tier_class: ClassVar[type[HostTier]] = HostTier
+    prefix_hits_class: ClassVar[type[PrefixHits]] = PrefixHits
 
-    def allocate(self, request_id: str, token_count: int) -> RequestBlockTable:
-        """Give a new request blocks for ``token_count`` tokens whose ids are not tracked,
-        in every group (group 0's first); returns group 0's table."""
-        per_group = self._blocks_for(token_count)
-        group_count = len(self.group_windows)
-        needed = blocks_for_request(self.block_size, token_count, group_count)
-        check_request_id(request_id)
-        tables = self._tables
-        if request_id in tables or request_id in self._host.swapped:
-            duplicate_request(request_id)
-        pool = self._pool
-        available = pool.free_blocks
+    def __init__(
+        self,
+        total_blocks: int,
+        block_size: int = 16,
+        *,
+        group_windows: Sequence[int | None] = (None,),
+        block_hash: BlockHash = default_block_hash,
+        event_sink: EventSink | None = None,
+        host_blocks: int = 0,
+        host_prefix_cache: bool = False,
+    ) -> None:
+        errors.check_pool_shape(total_blocks, block_size)
+        check_hooks(block_hash, event_sink)
+        windows = errors.check_group_windows(group_windows)
+        errors.check_host_tier(host_blocks, host_prefix_cache)
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.group_windows = windows
+        self.block_hash = block_hash
+        self.event_sink = event_sink
+        self.host_blocks = host_blocks
+        self.host_prefix_cache = host_prefix_cache
+        groups = range(len(windows))
+        caches = [
+            self.prefix_cache_class(total_blocks, block_hash, group=g, event_sink=event_sink)
+            for g in groups
+        ]
+        # No event sink on the host caches: host-tier events are not emitted yet.
+        host_caches = [self.prefix_cache_class(host_blocks, block_hash, group=g) for g in groups]
+        self._pool = self.block_pool_class(total_blocks, caches, event_sink)
+        self._host = self.host_tier_class(host_blocks, host_caches if host_prefix_cache else ())
+        self._groups = self.groups_class(block_size, windows, self._pool, self._host, block_hash)
+        self._hits = self.prefix_hits_class(
+            block_size, self._groups.groups, self._pool, self._host, block_hash
+        )
+        self._tables: dict[str, Table] = {}
+        self._prefix_hit_tokens = 0
+        self._preemptions = 0
+
+    # -- admission and growth ---------------------------------------------------------
+
+    def allocate(
+        self, request_id: str, tokens: int | Sequence[int], cache_salt: str | None = None
+    ) -> AppendedSlots:
+        """Give a new request blocks for ``tokens`` in every group (group 0's first): a
+        count (its blocks are never cached), or token ids, reusing the longest prefix
+        cached under ``cache_salt`` and caching every block they fill. Returns every
+        group's table and the slots of the tokens past the hit."""
+        errors.check_request_id(request_id)
+        if request_id in self._tables or request_id in self._host.swapped:
+            errors.duplicate_request(request_id)
+        if errors.is_token_ids(tokens):
+            ids = tuple(tokens)
+            errors.check_token_ids(ids)
+            errors.check_cache_salt(cache_salt)
+            return self._allocate_token_ids(request_id, ids, cache_salt)
+        errors.check_token_count(tokens)
+        errors.check_cache_salt(cache_salt)
+        if cache_salt is not None:
+            errors.counted_with_salt(request_id)
+        assert isinstance(tokens, int)  # narrowed by check_token_count
+        per_group = self._blocks_for(tokens)
+        needed = per_group * len(self.group_windows)
+        available = self._pool.free_blocks
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
-        self._counters.allocated_tokens += token_count
-        if self._exclusive_tables:
-            # NOTE: one full-attention group, so one list and no window (measured: the
-            # general path below costs a fifth more per admission).
-            held = pool.take(per_group, 0)
-            tables[request_id] = Table([held], token_count, exclusive=True)
-            return RequestBlockTable(request_id, list(held), token_count)
-        table = Table([pool.take(per_group, group) for group in range(group_count)], token_count)
-        if self._windowed:
-            self._groups.set_next_skip(table)
-        tables[request_id] = table
-        return table.snapshot(request_id)
-
-    def allocate_prompt(
-        self, request_id: str, token_ids: Sequence[int], cache_salt: str | None = None
-    ) -> PromptAllocation:
-        """Give a new request blocks for its prompt, reusing the longest prefix cached under
-        its ``cache_salt`` (``None``: no salt, a namespace of its own).
-
-        Hits never cover the prompt's last token. Every block the prompt fills is cached
-        under its salt.
-        """
-        self._check_new(request_id)
-        ids = tuple(token_ids)
-        check_token_ids(ids)
-        check_cache_salt(cache_salt)
-        cached_tokens, group_hits, group_host_hits, keys = self._groups.match(ids, cache_salt)
-        pool = self._pool
-        per_group = blocks_for_tokens(self.block_size, len(ids)) - cached_tokens // self.block_size
-        needed = per_group * len(self.group_windows) + sum(map(len, group_host_hits))
-        cached_free = pool.cached_free  # an in-flight hit is unreferenced but not free
-        revived = sum(1 for hits in group_hits for b in hits if b in cached_free)
-        available = pool.free_blocks - revived
-        if needed > available:
-            raise BlockAllocationError.out_of_blocks(request_id, needed, available)
-        # Every block is hashed before anything changes: a hash that raises changes nothing.
-        self._groups.caches[0].extend_keys(ids, keys, self.block_size, cache_salt)
-        for group, hits in enumerate(group_hits):
-            pool.revive(hits, group)
-        if any(group_host_hits):
-            held = swap.held_after_host_hits(
-                self._pool,
-                self._groups,
-                cached_tokens=cached_tokens,
-                group_hits=group_hits,
-                group_host_hits=group_host_hits,
-                keys=keys,
-                per_group=per_group,
-            )
-        else:
-            held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
-        table = Table(held, len(ids), list(ids), keys, cache_salt=cache_salt)
-        self._groups.set_skipped(table, cached_tokens)
+        table = Table(
+            [self._pool.take(per_group, g) for g in range(len(self.group_windows))], tokens
+        )
+        self._groups.set_skipped(table, 0)
         self._tables[request_id] = table
-        self._counters.allocated_tokens += len(ids)
-        self._counters.prefix_hit_tokens += cached_tokens
-        self._groups.cache_full_blocks(table, cached_tokens // self.block_size)
-        return PromptAllocation(table.snapshot(request_id), cached_tokens)
+        return self._appended(request_id, table, tokens, 0)
 
-    def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable:
-        """Grow a request allocated by count by ``token_count`` tokens; returns a snapshot.
+    def _allocate_token_ids(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None
+    ) -> AppendedSlots:
+        blocks = self._blocks_for(len(token_ids))
+        table, cached_tokens = self._hits.allocate(request_id, token_ids, cache_salt, blocks)
+        self._groups.set_skipped(table, cached_tokens)
+        self._hits.cache_full_blocks(table, cached_tokens // self.block_size)
+        self._tables[request_id] = table
+        self._prefix_hit_tokens += cached_tokens
+        return self._appended(request_id, table, len(token_ids) - cached_tokens, cached_tokens)
 
-        The snapshot copies the table (O(blocks)), as the article's does; a decode loop
-        that needs no snapshot should call ``append_slot`` (O(1)).
-        """
-        if type(token_count) is not int or token_count < 0:
-            check_token_count(token_count)
+    def append(self, request_id: str, tokens: int | Sequence[int] = 1) -> AppendedSlots:
+        """Grow a request by ``tokens`` (one token by default): a count for a request
+        allocated by count, token ids for one allocated by token ids (the blocks they fill
+        get cached). Returns every
+        group's table and the new tokens' slots: what one engine step needs of it.
+
+        O(1) when the tokens land in every group's own last block (``Table.room``), else
+        O(blocks taken, skipped or hashed)."""
         try:
             table = self._tables[request_id]
         except KeyError:
-            unknown_request(request_id)
-        position = table.token_count
-        if table.exclusive and token_count <= -position % self.block_size:
-            # NOTE: the article's decode step inlined: the tokens fit in the request's own
-            # last block, so nothing but counts changes (measured: 1.4 -> 0.6 us a call).
-            table.token_count = position + token_count
-            self._counters.allocated_tokens += token_count
-            return RequestBlockTable(
-                request_id, list(table.group_block_ids[0]), position + token_count
-            )
-        if table.token_ids is not None:
-            tracks_token_ids(request_id)
-        self._groups.grow(request_id, table, token_count)
-        return table.snapshot(request_id)
-
-    def append_slots(self, request_id: str, token_count: int) -> AppendedSlots:
-        """``append_tokens``, returning what the step needs: every group's table and the
-        new tokens' slots in each (O(blocks + tokens added))."""
-        check_token_count(token_count)
-        table = self._table(request_id)
-        if table.token_ids is not None:
-            tracks_token_ids(request_id)
-        self._groups.grow(request_id, table, token_count)
-        return self._appended_slots(request_id, table, token_count)
-
-    def append_token_id_slots(self, request_id: str, token_ids: Sequence[int]) -> AppendedSlots:
-        """``append_token_ids``, returning what the step needs: every group's table and the
-        new tokens' slots in each."""
-        ids = tuple(token_ids)
-        table = self._add_token_ids(request_id, ids)
-        return self._appended_slots(request_id, table, len(ids))
-
-    def append_token_ids(self, request_id: str, token_ids: Sequence[int]) -> RequestBlockTable:
-        """Grow a request allocated by ``allocate_prompt`` by these tokens; returns a snapshot.
-
-        Every block the new tokens fill becomes cached.
-        """
-        return self._add_token_ids(request_id, tuple(token_ids)).snapshot(request_id)
-
-    def _add_token_ids(self, request_id: str, token_ids: tuple[int, ...]) -> Table:
-        table = self._table(request_id)
+            errors.unknown_request(request_id)
+        if type(tokens) is int:
+            if table.token_ids is not None:
+                errors.tracks_token_ids(request_id)
+            if 0 < tokens <= table.room:
+                # NOTE: the growth path's in-block case (``KVCacheGroups.grow``) inlined:
+                # the decode append of a request allocated by count, one call less.
+                table.room -= tokens
+                table.token_count += tokens
+            else:
+                if tokens < 0:
+                    errors.check_token_count(tokens)
+                self._groups.grow(request_id, table, tokens)
+            return self._appended(request_id, table, tokens, 0)
+        if not errors.is_token_ids(tokens):
+            if table.token_ids is not None:
+                errors.tracks_token_ids(request_id)
+            errors.check_token_count(tokens)  # not an int: refused
         if table.token_ids is None:
-            allocated_by_count(request_id)
-        check_token_ids(token_ids)
-        assert table.keys is not None, "a table with token ids has keys"
-        first_index = table.token_count // self.block_size
+            errors.allocated_by_count(request_id)
+        ids = tuple(tokens)  # type: ignore[arg-type]  # is_token_ids narrowed it
+        for token_id in ids:
+            if type(token_id) is not int or not 0 <= token_id <= MAX_TOKEN_ID:
+                errors.check_token_ids(ids)
+        self._add_token_ids(request_id, table, ids)
+        return self._appended(request_id, table, len(ids), 0)
+
+    def _add_token_ids(self, request_id: str, table: Table, token_ids: tuple[int, ...]) -> None:
+        assert table.token_ids is not None and table.keys is not None, "a tracked table"
+        count = len(token_ids)
+        if 0 < count <= table.room:
+            table.room -= count
+            table.token_count += count
+            table.token_ids.extend(token_ids)
+            return
+        block_size = self.block_size
+        first_index = table.token_count // block_size
         # Hashed before anything changes: a hash that raises changes nothing.
-        new_keys = self._groups.caches[0].next_keys(
-            table.token_ids, table.keys, token_ids, self.block_size, table.cache_salt
+        new_keys = self._pool.caches[0].next_keys(
+            table.token_ids, table.keys, token_ids, block_size, table.cache_salt
         )
-        self._groups.grow(request_id, table, len(token_ids))
+        self._groups.grow(request_id, table, count)
         table.token_ids.extend(token_ids)
         table.keys.extend(new_keys)
-        self._groups.cache_full_blocks(table, first_index)
-        return table
+        self._hits.cache_full_blocks(table, first_index)
 
-    def append_slot(self, request_id: str) -> int:
-        """Grow a request allocated by count by one token; return that token's pool slot.
+    def _appended(
+        self, request_id: str, table: Table, new_tokens: int, cached_tokens: int
+    ) -> AppendedSlots:
+        """Every group's table and the slots of its last ``new_tokens`` positions."""
+        return table.appended(request_id, self.block_size, new_tokens, cached_tokens)
 
-        The hot path of decoding: O(1), no copy. The slot is ``block_id * block_size +
-        offset``, the row of the KV pool the new token's K/V go to. Same effect on the
-        allocator as ``append_tokens(request_id, 1)``.
-        """
-        try:
-            table = self._tables[request_id]
-        except KeyError:
-            unknown_request(request_id)  # NOTE: inlined, not ``_table``: a call is a fifth here
-        position = table.token_count
-        block_size = self.block_size
-        offset = position % block_size
-        if offset and table.exclusive:
-            # NOTE: the decode fast path, ``spec.slot_index`` of the last token inlined: the
-            # token lands in the request's own last block.
-            table.token_count = position + 1
-            self._counters.allocated_tokens += 1
-            return table.group_block_ids[0][-1] * block_size + offset
-        if table.token_ids is not None:
-            tracks_token_ids(request_id)
-        self._groups.grow(request_id, table, 1)
-        return table.group_block_ids[0][-1] * block_size + offset
+    # -- sharing, release and preemption ------------------------------------------------
 
-    def append_token_slot(self, request_id: str, token_id: int) -> int:
-        """Grow a request allocated by ``allocate_prompt`` by one token; return its slot.
-
-        The hot path of decoding with prefix caching; O(1) but when the token fills a
-        block, which is then hashed and cached. Same effect as ``append_token_ids``.
-        """
-        try:
-            table = self._tables[request_id]
-        except KeyError:
-            unknown_request(request_id)
-        token_ids = table.token_ids
-        if token_ids is None:
-            allocated_by_count(request_id)
-        if type(token_id) is not int or not 0 <= token_id <= MAX_TOKEN_ID:
-            check_token_ids((token_id,))
-        position = table.token_count
-        block_size = self.block_size
-        offset = position % block_size
-        block_ids = table.group_block_ids[0]
-        if (
-            0 < offset < block_size - 1
-            and self._exclusive_tables
-            and self._ref_counts[block_ids[-1]] == 1
-        ):
-            # NOTE: the in-block case of ``KVCacheGroups.grow`` inlined for one
-            # full-attention group, before any key is read (a call or a test is a
-            # tenth of this path): the token lands in the request's own last block and
-            # fills nothing, so nothing is hashed.
-            table.token_count = position + 1
-            self._counters.allocated_tokens += 1
-            token_ids.append(token_id)
-            return block_ids[-1] * block_size + offset
-        keys = table.keys
-        assert keys is not None, "a table with token ids has keys"
-        cache = self._groups.caches[0]
-        new_key = None
-        if offset == block_size - 1:
-            # The token fills its block: keyed before anything changes, so that a hash
-            # that raises changes nothing.
-            chunk = (*token_ids[position - offset :], token_id)
-            new_key = cache.chain_key(keys[-1] if keys else None, chunk, table.cache_salt)
-        if offset and self._exclusive_tables and self._ref_counts[block_ids[-1]] == 1:
-            # The same in-block case for the token that fills the block (keyed above).
-            table.token_count = position + 1
-            self._counters.allocated_tokens += 1
-        else:
-            self._groups.grow(request_id, table, 1)  # opens a block or copies a shared one
-        token_ids.append(token_id)
-        if new_key is not None:
-            keys.append(new_key)
-            if self._exclusive_tables:  # one full-attention group: its last block
-                cache.insert(new_key, block_ids[-1])
-            else:
-                self._groups.cache_full_blocks(table, position // block_size)
-        return block_ids[-1] * block_size + offset
-
-    def fork(self, parent_id: str, child_id: str) -> RequestBlockTable:
-        """Give ``child_id`` a table sharing every block of ``parent_id``; O(blocks).
-
-        Takes no block. Whichever side later appends into a shared, partly filled last
-        block gets a copy of it first (see ``take_copies``).
-        """
+    def fork(self, parent_id: str, child_id: str) -> tuple[RequestBlockTable, ...]:
+        """Give ``child_id`` a table sharing every block of ``parent_id`` in every group;
+        returns the child's tables. O(blocks). Takes no block: whichever side later appends
+        into a shared, partly filled last block gets a copy of it first."""
         parent = self._table(parent_id)
-        self._check_new(child_id)
+        errors.check_request_id(child_id)
+        if child_id in self._tables or child_id in self._host.swapped:
+            errors.duplicate_request(child_id)
         child = parent.copy()
         self._tables[child_id] = child
         for held in parent.group_block_ids:
             for block_id in held:
                 self._pool.add_reference(block_id)
-        parent.exclusive = child.exclusive = False
-        self._counters.allocated_tokens += parent.token_count
-        return child.snapshot(child_id)
+        self._groups.set_room(parent)
+        self._groups.set_room(child)
+        return child.snapshots(child_id)
 
-    def release(self, request_id: str) -> list[int]:
-        """Drop a request; each block loses a reference, last block first. Returns the
-        request's block ids in table order, as the article's does.
-
-        A block left unreferenced joins the tail of the cached free queue if it holds a
-        cached prefix, else the tail of the free queue. ``release_blocks`` does the same
-        and also says which blocks became free.
-        """
-        table = self._tables.get(request_id)
-        if table is None or not table.exclusive:  # a swapped-out request too
-            return list(self.release_blocks(request_id).block_ids)
-        del self._tables[request_id]
-        self._counters.allocated_tokens -= table.token_count
-        block_ids = table.group_block_ids[0]  # exclusive: one group, so every block
-        self._pool.release_exclusive(block_ids)
-        return block_ids  # the table is gone: its own list can be handed out
-
-    def release_blocks(self, request_id: str) -> ReleasedBlocks:
-        """``release``, reporting which of the request's blocks became free, and where to:
-        every group's blocks, group 0's first, each group's last block first. A swapped-out
-        request's host blocks are freed (it holds no device block)."""
-        table = self._tables.get(request_id)
-        if table is None:
-            if request_id in self._host.swapped:
-                return swap.release_swapped(self._pool, request_id)
-            unknown_request(request_id)
-        del self._tables[request_id]
-        self._counters.allocated_tokens -= table.token_count
-        return self._groups.release(table)
-
-    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
+    def truncate(self, request_id: str, token_count: int) -> ReleasedBlocks:
         """Shrink a request to its first ``token_count`` tokens (the rollback of rejected
-        speculative tokens); returns a snapshot. O(blocks dropped).
-
-        The blocks wholly past the new length are dropped as ``release`` drops them; a
-        cached full block left partly filled stops being cached (see ``spec.truncate``).
-        """
-        self.truncate_blocks(request_id, token_count)
-        return self._tables[request_id].snapshot(request_id)
-
-    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
-        """``truncate``, reporting the blocks it dropped (every group's, group 0's first, in
-        table order) and which of them became free or cached free (group by group, last
-        first), as ``release_blocks`` reports a whole table. The engine poisons
-        ``freed_block_ids`` after rolling back rejected drafts."""
+        speculative tokens): the blocks wholly past it are dropped as ``release`` drops
+        them, a cached full block left partly filled stops being cached. Reports the
+        dropped blocks, those that became free, and the stale slots of each group's kept
+        last block. O(blocks dropped)."""
         if type(token_count) is not int or token_count < 0:
-            check_token_count(token_count)
+            errors.check_token_count(token_count)
         table = self._table(request_id)
-        check_truncate(
+        errors.check_truncate(
             request_id,
             token_count,
             table.token_count,
@@ -352,32 +260,155 @@ class KVBlockManager(HostTierOperations):
             skipped_blocks=table.skipped_blocks,
             first_reads=[first_window_token(token_count, w) for w in self.group_windows],
         )
-        self._counters.allocated_tokens -= table.token_count - token_count
         return self._groups.truncate(table, token_count)
 
+    def release(self, request_id: str) -> ReleasedBlocks:
+        """Drop a request; each block loses a reference, group by group, last block first.
+        Reports its blocks in table order and which became free or cached free. A
+        swapped-out request's host blocks are freed (it holds no device block)."""
+        return self._release(request_id)
+
     def preempt(self, request_id: str) -> ReleasedBlocks:
-        """Release a request the engine preempts to recompute later; counts the preemption."""
-        released = self.release_blocks(request_id)
-        self._counters.preemptions += 1
+        """``release`` of a request the engine preempts to recompute later; counted."""
+        released = self._release(request_id)
+        self._preemptions += 1
         return released
+
+    def _release(self, request_id: str) -> ReleasedBlocks:
+        table = self._tables.pop(request_id, None)
+        if table is not None:
+            return self._groups.release(table)
+        if request_id not in self._host.swapped:
+            errors.unknown_request(request_id)
+        freed, cached = self._groups.queue_copied(self._host.release_swapped(request_id))
+        return ReleasedBlocks((), tuple(freed), tuple(cached))
+
+    # -- the host tier ------------------------------------------------------------------
+
+    def swap_out(self, request_id: str) -> ReleasedBlocks:
+        """Copy every block the request holds (every group's; skipped ones are not held) to
+        the host tier and drop its references as ``release`` does; the request is swapped
+        out until ``swap_in`` or ``release``. Reports its blocks and those that will be free
+        or cached free once ``take_transfers`` hands their copies over. O(blocks + copies
+        pending).
+
+        Refused while a pending copy writes into one of its blocks (``ValueError``: take the
+        transfers first) and when the host tier is short (``HostBlockAllocationError``).
+        """
+        table = self._table(request_id)
+        host = self._host
+        awaited = {destination for _, destination in self._pool.pending_copies}
+        awaited.update(destination for _, destination in host.pending_in)
+        if awaited:
+            for held in table.group_block_ids:
+                for block_id in held:
+                    if block_id in awaited:
+                        errors.awaits_copy(request_id, block_id)
+        device_ids = [block_id for held in table.group_block_ids for block_id in held]
+        available = host.free_blocks
+        if len(device_ids) > available:
+            raise HostBlockAllocationError.out_of_blocks(request_id, len(device_ids), available)
+        del self._tables[request_id]
+        return self._groups.copy_to_host(request_id, table)
+
+    def swap_in(self, request_id: str) -> tuple[RequestBlockTable, ...]:
+        """Give a swapped-out request fresh device blocks (sharing is not restored) and queue
+        the copies from its host blocks; returns every group's table. O(blocks).
+
+        Refused when the device is short (``BlockAllocationError``)."""
+        swapped = self._host.swapped.get(request_id)
+        if swapped is None:
+            errors.not_swapped(request_id)
+        needed = swapped.host_blocks
+        available = self._pool.free_blocks
+        if needed > available:
+            raise BlockAllocationError.out_of_blocks(request_id, needed, available)
+        table = self._tables[request_id] = self._groups.copy_from_host(request_id, swapped)
+        return table.snapshots(request_id)
+
+    def take_transfers(self) -> Transfers:
+        """What the KV pool must do before the next forward, in order, and clears it: every
+        copy to the host, every copy-on-write copy, every copy from the host, then the
+        blocks sliding windows made free and uncached (to poison). The device blocks that
+        were in flight then join the queues."""
+        device_to_host, host_to_device, copied = self._host.take_copies()
+        transfers = Transfers(
+            tuple(device_to_host),
+            tuple(self._pool.take_copies()),
+            tuple(host_to_device),
+            tuple(self._pool.take_skipped()),
+        )
+        self._groups.queue_copied(copied)
+        return transfers
+
+    # -- the prefix cache ---------------------------------------------------------------
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (``spec.reset_prefix_cache``): cached free blocks
         become plain free blocks at the free queue's tail, in their queue order; held
         blocks keep their K/V but no later prompt hits them. Never refused; returns how
         many cached blocks were dropped. O(pool): for a weight reload, not a step."""
-        return self._pool.reset_caches()
+        dropped = self._pool.reset_caches()
+        self._groups.queue_copied(self._host.reset())
+        return dropped
 
-    def take_copies(self) -> list[tuple[int, int]]:
-        """The copy-on-write copies (source, destination) to perform now, in order; clears them.
+    def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        """How many tokens of ``token_ids`` ``allocate`` would find cached under
+        ``cache_salt`` (the hit rule of ``spec.caching``); changes nothing.
 
-        The engine copies each source block's K/V to its destination before the step's
-        forward pass writes into the destination.
+        A chunked prefill asks this over the whole prompt before allocating its first
+        chunk (``allocate(token_ids[:hit + chunk])`` then finds the same hit).
         """
-        return self._pool.take_copies()
+        ids = tuple(token_ids)
+        errors.check_token_ids(ids)
+        errors.check_cache_salt(cache_salt)
+        cached_tokens, _, _, _ = self._hits.match(ids, cache_salt)
+        return cached_tokens
 
-    def take_skipped_blocks(self) -> list[int]:
-        """The blocks sliding windows made free and uncached since the last call, in the
-        order they were released; clears them. The engine poisons their K/V: nothing may
-        read it again. A block an allocation took meanwhile is not among them."""
-        return self._pool.take_skipped()
+    # -- queries ------------------------------------------------------------------------
+
+    def tables(self, request_id: str) -> tuple[RequestBlockTable, ...]:
+        """The request's table in every KV cache group, group 0's first; ``KeyError`` if it
+        holds no device blocks. O(groups), a block list copied once per change."""
+        return self._table(request_id).snapshots(request_id)
+
+    def usage(self) -> KVBlockUsage:
+        """The usage report: the pool's and the host tier's counters in O(1), the tables'
+        tokens and blocks in O(requests x groups)."""
+        return usage_report(
+            self.block_size,
+            self.total_blocks,
+            pool=self._pool,
+            host=self._host,
+            tables=self._tables.values(),
+            prefix_hit_tokens=self._prefix_hit_tokens,
+            preemptions=self._preemptions,
+        )
+
+    # -- checking -----------------------------------------------------------------------
+
+    def to_spec(self) -> AllocatorState:
+        """The spec state this allocator is in (for tests and checkers; O(pool))."""
+        return checking.to_spec(
+            self.block_size,
+            self.group_windows,
+            pool=self._pool,
+            host=self._host,
+            tables=self._tables,
+            prefix_hit_tokens=self._prefix_hit_tokens,
+            preemptions=self._preemptions,
+        )
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming every spec invariant or counter this pool breaks,
+        or a prefix cache whose hash index disagrees with its cached blocks."""
+        checking.check_invariants(self.to_spec(), self.usage(), self._pool.caches)
+
+    def _blocks_for(self, token_count: int) -> int:
+        return blocks_for_tokens(self.block_size, token_count)
+
+    def _table(self, request_id: str) -> Table:
+        try:
+            return self._tables[request_id]
+        except KeyError:
+            errors.unknown_request(request_id)

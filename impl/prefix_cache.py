@@ -27,6 +27,19 @@ EventSink = Callable[[KVCacheEvent], object]
 ROOT_HASH = 0
 
 
+def check_hooks(block_hash: object, event_sink: object) -> None:
+    """Refuse (TypeError) a ``block_hash`` that is not callable, or an ``event_sink`` that is
+    neither callable nor ``None``."""
+    if not callable(block_hash):
+        raise TypeError(
+            f"block_hash must be callable, got {type(block_hash).__name__} {block_hash!r}"
+        )
+    if event_sink is not None and not callable(event_sink):
+        raise TypeError(
+            f"event_sink must be callable or None, got {type(event_sink).__name__} {event_sink!r}"
+        )
+
+
 def default_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
     """Python's tuple hash of (parent hash, token ids): deterministic for ints, across runs."""
     return hash((parent_hash, token_ids))

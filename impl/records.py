@@ -1,20 +1,22 @@
-"""The records impl hands out, shaped as in the article series: a table is a mutable
-dataclass with a ``list`` of block ids and defaults, so code written against the article
-runs unchanged.
+"""The records impl hands out where spec's frozen dataclasses would not do: the article's
+mutable table, and a step's slots built fast.
 
-A returned table is a snapshot: changing it never changes the manager. The spec keeps
-frozen, hashable twins of these (``spec.RequestBlockTable``, ``spec.PromptAllocation``);
-``KVBlock``, ``ReleasedBlocks`` and ``KVBlockUsage`` are the spec's own classes.
+A returned table is a snapshot: changing it never changes the manager. ``KVBlock``,
+``ReleasedBlocks``, ``Transfers`` and ``KVBlockUsage`` are the spec's own classes.
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import spec
 
 
 @dataclass(slots=True)
 class RequestBlockTable:
-    """A request's block table (in one KV cache group): its blocks in token order and the
-    tokens they hold. ``block_ids[i]`` holds block index ``skipped_blocks + i``: a sliding
-    window released the first ``skipped_blocks`` (always 0 with full attention)."""
+    """A request's block table (in one KV cache group), shaped as in the article series: a
+    mutable dataclass with a ``list`` of block ids and defaults, so code written against the
+    article runs unchanged. ``block_ids[i]`` holds block index ``skipped_blocks + i``: a
+    sliding window released the first ``skipped_blocks`` (always 0 with full attention)."""
 
     request_id: str
     block_ids: list[int] = field(default_factory=list)
@@ -22,34 +24,25 @@ class RequestBlockTable:
     skipped_blocks: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class PromptAllocation:
-    """What ``allocate_prompt`` gives: the new table and how many prompt tokens hit the cache.
+class AppendedSlots(NamedTuple):
+    """What ``allocate`` and ``append`` give: the twin of ``spec.AppendedSlots`` (its
+    fields and ``table``), immutable too.
 
-    The first ``cached_tokens`` tokens' K/V are already in the pool; the engine computes
-    only the rest.
+    NOTE: a named tuple, not a frozen dataclass: a frozen dataclass sets each field through
+    ``object.__setattr__``, which made it the costliest part of a decode append. The block
+    ids are the table's own cached tuples (rebuilt only when a group's blocks change), so
+    an append that opens no block copies nothing.
     """
 
-    table: RequestBlockTable
-    cached_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class AppendedSlots:
-    """What a step needs of one request, in every KV cache group at once: ``tables[g]`` is
-    a snapshot of its table in group g after the call, ``slots[g][i]`` the pool slot the
-    i-th new token's K/V goes to in group g. The twin of ``spec.AppendedSlots``."""
-
-    tables: tuple[RequestBlockTable, ...]
+    request_id: str
+    token_count: int
+    block_ids: tuple[tuple[int, ...], ...]
+    skipped_blocks: tuple[int, ...]
     slots: tuple[tuple[int, ...], ...]
+    cached_tokens: int = 0
 
-
-@dataclass(frozen=True, slots=True)
-class SwapCopies:
-    """What ``take_swap_copies`` hands over: ``device_to_host`` (device block, host block)
-    and ``host_to_device`` (host block, device block) copies in the order they were made.
-    The KV pool makes every copy out first, then ``take_copies``' copy-on-write ones,
-    then every copy in, then runs the forward. The twin of ``spec.SwapCopies``."""
-
-    device_to_host: list[tuple[int, int]]
-    host_to_device: list[tuple[int, int]]
+    def table(self, group: int = 0) -> spec.RequestBlockTable:
+        """The request's table in KV cache group ``group``."""
+        return spec.RequestBlockTable(
+            self.request_id, self.block_ids[group], self.token_count, self.skipped_blocks[group]
+        )

@@ -8,8 +8,9 @@ article's snapshots (``impl.records``) and never let a caller change a table.
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NoReturn, overload
 
+import spec
 from impl.prefix_cache import BlockKey
-from impl.records import RequestBlockTable
+from impl.records import AppendedSlots, RequestBlockTable
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS, KVBlock
 
 # A token count no request reaches: the next skip of a table no window slides.
@@ -23,18 +24,26 @@ class Table:
     ``skipped_blocks[g]`` on; no group skips again before the request reaches
     ``next_skip_at`` tokens. ``token_ids`` and ``keys`` are ``None`` for a request allocated
     by count; otherwise ``keys[i]`` is the prefix key of full block ``i`` (one for all
-    groups), made once when the block filled, under ``cache_salt``. ``exclusive``
-    promises one full-attention group whose blocks are this table's alone and uncached (a
-    request allocated by count and never forked): its appends and release take a fast
-    path.
+    groups), made once when the block filled, under ``cache_salt``.
+
+    ``room`` is how many tokens an append may add changing nothing but the table's length
+    (and its token ids): they land in every group's own last block, which no other table
+    holds, fill no block a prefix cache would key, and no window slides. The growth path
+    (``impl.groups.KVCacheGroups.grow``) sets it after every change and takes its fast case
+    while it lasts; 0 sends an append down the general path.
+
+    ``frozen()`` hands out the block ids and skips as tuples, built once per change of the
+    blocks (``set_blocks``, or ``changed`` after an edit in place), so an append that opens
+    no block copies nothing.
     """
 
     __slots__ = (
+        "_frozen",
         "cache_salt",
-        "exclusive",
         "group_block_ids",
         "keys",
         "next_skip_at",
+        "room",
         "skipped_blocks",
         "token_count",
         "token_ids",
@@ -47,7 +56,6 @@ class Table:
         token_ids: list[int] | None = None,
         keys: list[BlockKey] | None = None,
         *,
-        exclusive: bool = False,
         cache_salt: str | None = None,
     ) -> None:
         self.group_block_ids = group_block_ids
@@ -57,12 +65,53 @@ class Table:
         self.token_count = token_count
         self.token_ids = token_ids
         self.keys = keys
-        self.exclusive = exclusive
         self.cache_salt = cache_salt
+        self.room = 0
+        self._frozen: tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] | None = None
+
+    def set_blocks(self, group_block_ids: list[list[int]]) -> None:
+        """Hold ``group_block_ids`` from now on (a swap's)."""
+        self.group_block_ids = group_block_ids
+        self._frozen = None
+
+    def changed(self) -> None:
+        """The blocks or the skips were edited in place: ``frozen`` builds them again."""
+        self._frozen = None
+
+    def frozen(self) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """Every group's block ids and skips, as tuples (O(blocks) once per change)."""
+        frozen = self._frozen
+        if frozen is None:
+            frozen = self._frozen = (
+                tuple(map(tuple, self.group_block_ids)),
+                tuple(self.skipped_blocks),
+            )
+        return frozen
+
+    def appended(
+        self, request_id: str, block_size: int, new_tokens: int, cached_tokens: int
+    ) -> AppendedSlots:
+        """Every group's table and the slots of its last ``new_tokens`` positions: what an
+        ``allocate`` or ``append`` of them gives."""
+        block_ids, skipped_blocks = self.frozen()
+        end = self.token_count
+        slots: tuple[tuple[int, ...], ...]
+        if new_tokens == 1:
+            # The last token lies in every group's last block (no window skips it).
+            offset = (end - 1) % block_size
+            slots = tuple((held[-1] * block_size + offset,) for held in block_ids)
+        else:
+            slots = tuple(
+                tuple(
+                    held[p // block_size - skipped] * block_size + p % block_size
+                    for p in range(end - new_tokens, end)
+                )
+                for held, skipped in zip(block_ids, skipped_blocks, strict=True)
+            )
+        return AppendedSlots(request_id, end, block_ids, skipped_blocks, slots, cached_tokens)
 
     def copy(self) -> "Table":
-        """A table holding the same blocks, tokens and keys (a fork's child; it is
-        never exclusive: the blocks are shared from now on)."""
+        """A table holding the same blocks, tokens and keys (a fork's child)."""
         child = Table(
             [list(held) for held in self.group_block_ids],
             self.token_count,
@@ -81,6 +130,14 @@ class Table:
             list(self.group_block_ids[group]),
             self.token_count,
             self.skipped_blocks[group],
+        )
+
+    def snapshots(self, request_id: str) -> tuple[spec.RequestBlockTable, ...]:
+        """The table of every group, as spec's records (``tables``)."""
+        block_ids, skipped = self.frozen()
+        return tuple(
+            spec.RequestBlockTable(request_id, held, self.token_count, group_skipped)
+            for held, group_skipped in zip(block_ids, skipped, strict=True)
         )
 
 

@@ -1,73 +1,55 @@
-"""The usage counters: running totals kept as operations happen, so ``usage()`` is O(1).
+"""The usage report of a manager, assembled from its parts: each counts what it owns.
 
-The block pool counts what happens to blocks (sharing, eviction, copies, skips, each
-group's used blocks); the front counts tokens and preemptions. Neither scans a table.
+The pool counts blocks (in use per group, shared, evictions, copies, skips), the host tier
+its blocks and copies, the manager the prefix-hit tokens and preemptions; the tables' tokens
+and blocks are summed from the tables, so no counter of them is kept anywhere.
 """
 
-from impl.host_pool import HostPool
+from collections.abc import Collection
+
+from impl.block_pool import BlockPool
+from impl.host_tier import HostTier
+from impl.tables import Table
 from spec import KVBlockUsage
 
 
-class UsageCounters:
-    """The running totals behind ``KVBlockManager.usage``; ``group_used_blocks[g]`` counts
-    the blocks KV cache group g holds (one per block, however many tables share it)."""
-
-    __slots__ = (
-        "allocated_tokens",
-        "cow_copies",
-        "evictions",
-        "group_used_blocks",
-        "preemptions",
-        "prefix_hit_tokens",
-        "shared_blocks",
-        "skipped_blocks",
+def usage_report(
+    block_size: int,
+    total_blocks: int,
+    *,
+    pool: BlockPool,
+    host: HostTier,
+    tables: Collection[Table],
+    prefix_hit_tokens: int,
+    preemptions: int,
+) -> KVBlockUsage:
+    """``spec.usage`` of a manager made of these parts; O(requests x groups)."""
+    used_blocks = total_blocks - pool.free_blocks
+    return KVBlockUsage(
+        block_size=block_size,
+        total_blocks=total_blocks,
+        used_blocks=used_blocks,
+        free_blocks=pool.free_blocks,
+        request_count=len(tables),
+        allocated_tokens=sum(table.token_count for table in tables),
+        reserved_tokens=used_blocks * block_size,
+        cached_blocks=sum(cache.cached_blocks for cache in pool.caches),
+        shared_blocks=pool.shared_blocks,
+        prefix_hit_tokens=prefix_hit_tokens,
+        evictions=pool.evictions,
+        cow_copies=pool.cow_copies,
+        preemptions=preemptions,
+        group_reserved_tokens=tuple(used * block_size for used in pool.group_used_blocks),
+        skipped_blocks=pool.skipped_blocks,
+        host_blocks=host.host_blocks,
+        host_free_blocks=host.free_blocks,
+        host_swapped_blocks=host.swapped_host_blocks,
+        host_cached_blocks=len(host.lru),
+        swapped_requests=len(host.swapped),
+        swapped_out_blocks=host.swapped_out_blocks,
+        swapped_in_blocks=host.swapped_in_blocks,
+        host_hit_blocks=host.host_hit_blocks,
+        cached_free_blocks=len(pool.cached_free),
+        table_blocks=sum(len(held) for table in tables for held in table.group_block_ids),
+        table_skipped_blocks=sum(sum(table.skipped_blocks) for table in tables),
     )
-
-    def __init__(self, group_count: int) -> None:
-        self.allocated_tokens = 0
-        self.shared_blocks = 0
-        self.prefix_hit_tokens = 0
-        self.evictions = 0
-        self.cow_copies = 0
-        self.preemptions = 0
-        self.skipped_blocks = 0
-        self.group_used_blocks = [0] * group_count
-
-    def report(
-        self,
-        total_blocks: int,
-        block_size: int,
-        free_blocks: int,
-        request_count: int,
-        cached_blocks: int,
-        *,
-        host: HostPool,
-    ) -> KVBlockUsage:
-        """The usage report of a pool with ``free_blocks`` free, these totals and the host
-        tier ``host``."""
-        used_blocks = total_blocks - free_blocks
-        return KVBlockUsage(
-            block_size=block_size,
-            total_blocks=total_blocks,
-            used_blocks=used_blocks,
-            free_blocks=free_blocks,
-            request_count=request_count,
-            allocated_tokens=self.allocated_tokens,
-            reserved_tokens=used_blocks * block_size,
-            cached_blocks=cached_blocks,
-            shared_blocks=self.shared_blocks,
-            prefix_hit_tokens=self.prefix_hit_tokens,
-            evictions=self.evictions,
-            cow_copies=self.cow_copies,
-            preemptions=self.preemptions,
-            group_reserved_tokens=tuple(used * block_size for used in self.group_used_blocks),
-            skipped_blocks=self.skipped_blocks,
-            host_blocks=host.host_blocks,
-            host_free_blocks=host.free_blocks,
-            host_swapped_blocks=host.swapped_host_blocks,
-            host_cached_blocks=len(host.lru),
-            swapped_requests=len(host.swapped),
-            swapped_out_blocks=host.swapped_out_blocks,
-            swapped_in_blocks=host.swapped_in_blocks,
-            host_hit_blocks=host.host_hit_blocks,
-        )

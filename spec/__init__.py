@@ -1,31 +1,17 @@
 """pagedkv's executable specification: frozen allocator states and pure operations.
 
 Standard library only. Not necessarily optimal: it is the definition of correct, and
-impl/ is tested against it.
+impl/ is tested against it. ``spec.api.OPERATIONS`` is the table of operations; the
+transitions live by family (``spec.growth``, ``spec.releasing``, ``spec.sharing``,
+``spec.caching``, ``spec.swap``, ``spec.blocks``) over the state of ``spec.state``.
 """
 
-from spec.allocator import (
-    AllocatorState,
-    SharingCounters,
-    allocate,
-    allocate_prompt,
-    append_token_ids,
-    append_tokens,
+from spec.blocks import get_transfers, take_events, take_transfers
+from spec.caching import (
     cached_prefix_blocks,
     cached_prefix_tokens,
-    compute_skipped_blocks,
-    fork,
-    free_blocks,
     get_cached_blocks,
-    init,
-    preempt,
-    release,
-    snapshot_request,
-    take_copies,
-    take_events,
-    take_skipped_blocks,
-    truncate,
-    usage,
+    reset_prefix_cache,
 )
 from spec.errors import (
     MAX_BLOCK_SIZE,
@@ -40,13 +26,14 @@ from spec.errors import (
     check_group,
     check_group_windows,
     check_host_tier,
-    check_new_tokens,
     check_pool_shape,
     check_request_id,
     check_token_count,
     check_token_ids,
     check_truncate,
+    counted_with_salt,
     duplicate_request,
+    is_token_ids,
     not_swapped,
     tracks_token_ids,
     unknown_request,
@@ -61,6 +48,7 @@ from spec.events import (
     replay_events,
 )
 from spec.frozen_map import FrozenMap
+from spec.growth import allocate, append
 from spec.host_tier import HostCounters, HostTier, SwappedRequest
 from spec.invariants import INVARIANTS, is_usage_consistent, violated_invariants
 from spec.records import (
@@ -68,12 +56,11 @@ from spec.records import (
     CacheKey,
     KVBlock,
     KVBlockUsage,
-    PromptAllocation,
     ReleasedBlocks,
     RequestBlockTable,
-    SwapCopies,
-    SwappedOut,
+    Transfers,
 )
+from spec.releasing import preempt, release, truncate
 from spec.rules import (
     blocks_for_request,
     blocks_for_tokens,
@@ -82,7 +69,18 @@ from spec.rules import (
     skipped_blocks_at,
     slot_index,
 )
-from spec.swap import can_swap_in, is_swapped, swap_in, swap_out, take_swap_copies
+from spec.sharing import fork
+from spec.state import (
+    AllocatorState,
+    SharingCounters,
+    compute_skipped_blocks,
+    free_blocks,
+    get_tables,
+    init,
+    snapshot_request,
+    usage,
+)
+from spec.swap import is_swapped, swap_in, swap_out
 
 __all__ = [
     "INVARIANTS",
@@ -105,58 +103,55 @@ __all__ = [
     "KVBlock",
     "KVBlockUsage",
     "KVCacheEvent",
-    "PromptAllocation",
     "ReleasedBlocks",
     "RequestBlockTable",
     "SharingCounters",
-    "SwapCopies",
-    "SwappedOut",
     "SwappedRequest",
+    "Transfers",
     "allocate",
-    "allocate_prompt",
     "allocated_by_count",
-    "append_token_ids",
-    "append_tokens",
+    "append",
     "awaits_copy",
     "blocks_for_request",
     "blocks_for_tokens",
     "cached_prefix_blocks",
     "cached_prefix_tokens",
-    "can_swap_in",
     "check_block_id",
     "check_cache_salt",
     "check_group",
     "check_group_windows",
     "check_host_tier",
-    "check_new_tokens",
     "check_pool_shape",
     "check_request_id",
     "check_token_count",
     "check_token_ids",
     "check_truncate",
     "compute_skipped_blocks",
+    "counted_with_salt",
     "duplicate_request",
     "first_window_token",
     "fork",
     "free_blocks",
     "get_cached_blocks",
+    "get_tables",
+    "get_transfers",
     "init",
     "is_swapped",
+    "is_token_ids",
     "is_usage_consistent",
     "next_skip_token_count",
     "not_swapped",
     "preempt",
     "release",
     "replay_events",
+    "reset_prefix_cache",
     "skipped_blocks_at",
     "slot_index",
     "snapshot_request",
     "swap_in",
     "swap_out",
-    "take_copies",
     "take_events",
-    "take_skipped_blocks",
-    "take_swap_copies",
+    "take_transfers",
     "tracks_token_ids",
     "truncate",
     "unknown_request",

@@ -1,224 +1,122 @@
-"""impl's public API, call by call, as pure functions of a spec state: the one operation table.
+"""The one table of operations: the allocator's API, each operation declared once, as a row.
 
-Each function takes a state and the arguments of ``KVBlockManager``'s method of the same
-name and returns the new state and what that method returns (in spec records: frozen
-tables, tuples of block ids). A refused call raises, as the method must, and there is no
-new state. ``OPERATIONS`` maps each method name to its function; the state machine, the
-bounded checker, the scenario tests and the spec-side benchmark all drive spec through it
-and impl by the same name, so an operation is written down once.
+A row names an operation, its transition (a pure function of a spec state and the
+operation's arguments, returning the new state and what the call returns, in spec
+records), its kind (it changes the state, or it is a query and returns the state as it
+was), what each argument is (``Argument``: each test tier draws arguments of that kind
+its own way) and the type of its result. A refused call raises, as the method must, and
+there is no new state.
 
-``impl.spec_backed.as_article`` turns a result into the record impl hands out (the article's
-mutable table, with a ``list`` of block ids), so the two compare with ``==``.
+Everything else is generated from ``OPERATIONS``: ``impl.KVCacheManager`` has one method
+per row, of the same name and arguments; ``impl.spec_backed.SpecBackedManager`` is one loop
+over the rows; the lockstep state machine has one rule per row, the bounded walk tries
+every row with every argument of its bounds, and the conformance kit drives spec by the
+same names. Adding an operation is adding a row (``docs/design.md``, "Adding an
+operation").
+
+``impl.spec_backed.as_impl`` turns a result into the record impl hands out, so the two
+compare with ``==``.
 """
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from spec import allocator, rules, swap
-from spec.allocator import AllocatorState
-from spec.errors import (
-    check_block_id,
-    check_cache_salt,
-    check_new_tokens,
-    check_token_count,
-    check_token_ids,
-)
+from spec import blocks, caching, growth, releasing, sharing, swap
+from spec.errors import check_cache_salt, check_token_ids, is_token_ids
 from spec.records import (
     AppendedSlots,
     KVBlockUsage,
-    PromptAllocation,
     ReleasedBlocks,
     RequestBlockTable,
-    SwapCopies,
-    SwappedOut,
+    Transfers,
 )
+from spec.rules import slot_index
+from spec.state import AllocatorState, get_tables
+from spec.state import usage as compute_usage
 
-# Any: each step takes its own method's arguments; the table is checked by the tests
-# that call every entry against impl, not by the type checker.
+# Any: each transition takes its own operation's arguments; the tests call every row
+# against impl, not the type checker.
 Step = Callable[..., tuple[AllocatorState, Any]]
 
 
+class Kind(Enum):
+    """Whether an operation changes the allocator's state or only reads it."""
+
+    CHANGE = "change"
+    QUERY = "query"
+
+
+class Argument(Enum):
+    """What an argument of an operation is; the test tiers map each to the values they try
+    (``tests.support.lockstep``: Hypothesis strategies, ``tests.support.bounded``: every
+    value in bounds), valid and malformed alike."""
+
+    REQUEST_ID = "a request id: new for allocate, held for the others"
+    CHILD_ID = "the id of a new request a fork makes"
+    TOKENS = "what a request adds: a token count, or token ids"
+    TOKEN_COUNT = "a request's length to truncate to"
+    CACHE_SALT = "a cache salt, or None"
+    PROMPT = "token ids to look up in the prefix cache"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One row of the table: an operation of the allocator's API."""
+
+    name: str
+    transition: Step
+    kind: Kind
+    arguments: tuple[Argument, ...]
+    result: type
+
+
+# -- the transitions, as the API returns them ---------------------------------------------
+
+
 def allocate(
-    state: AllocatorState, request_id: str, token_count: int
-) -> tuple[AllocatorState, RequestBlockTable]:
-    after = allocator.allocate(state, request_id, token_count)
-    return after, allocator.snapshot_request(after, request_id)
-
-
-def allocate_prompt(
     state: AllocatorState,
     request_id: str,
-    token_ids: Sequence[int],
+    tokens: int | Sequence[int],
     cache_salt: str | None = None,
-) -> tuple[AllocatorState, PromptAllocation]:
-    ids = tuple(token_ids)
-    after = allocator.allocate_prompt(state, request_id, ids, cache_salt)
-    table = allocator.snapshot_request(after, request_id)
-    hit_tokens = allocator.cached_prefix_tokens(state, ids, cache_salt)
-    return after, PromptAllocation(table, hit_tokens)
+) -> tuple[AllocatorState, AppendedSlots]:
+    """``spec.growth.allocate``; the slots of the tokens past the prefix hit."""
+    after = growth.allocate(state, request_id, tokens, cache_salt)
+    cached = 0
+    if is_token_ids(tokens):
+        cached = caching.cached_prefix_tokens(state, tuple(tokens), cache_salt)
+    new_tokens = after.tables[request_id].token_count - cached
+    return after, _appended_slots(after, request_id, new_tokens, cached)
 
 
-def append_tokens(
-    state: AllocatorState, request_id: str, token_count: int = 1
-) -> tuple[AllocatorState, RequestBlockTable]:
-    after = allocator.append_tokens(state, request_id, token_count)
-    return after, allocator.snapshot_request(after, request_id)
-
-
-def append_token_ids(
-    state: AllocatorState, request_id: str, token_ids: Sequence[int]
-) -> tuple[AllocatorState, RequestBlockTable]:
-    after = allocator.append_token_ids(state, request_id, tuple(token_ids))
-    return after, allocator.snapshot_request(after, request_id)
-
-
-def append_slot(state: AllocatorState, request_id: str) -> tuple[AllocatorState, int]:
-    """``append_tokens(request_id, 1)``, returning the new token's pool slot in group 0."""
-    after = allocator.append_tokens(state, request_id, 1)
-    return after, _last_slot(after, request_id)
-
-
-def append_token_slot(
-    state: AllocatorState, request_id: str, token_id: int
-) -> tuple[AllocatorState, int]:
-    """``append_token_ids(request_id, (token_id,))``, returning the new token's pool slot in
-    group 0."""
-    after = allocator.append_token_ids(state, request_id, (token_id,))
-    return after, _last_slot(after, request_id)
+def append(
+    state: AllocatorState, request_id: str, tokens: int | Sequence[int] = 1
+) -> tuple[AllocatorState, AppendedSlots]:
+    """``spec.growth.append``; the slots of the tokens it added."""
+    before = state.tables[request_id].token_count if request_id in state.tables else 0
+    after = growth.append(state, request_id, tokens)
+    added = after.tables[request_id].token_count - before
+    return after, _appended_slots(after, request_id, added, 0)
 
 
 def fork(
     state: AllocatorState, parent_id: str, child_id: str
-) -> tuple[AllocatorState, RequestBlockTable]:
-    after = allocator.fork(state, parent_id, child_id)
-    return after, allocator.snapshot_request(after, child_id)
+) -> tuple[AllocatorState, tuple[RequestBlockTable, ...]]:
+    """``spec.sharing.fork``; the child's table in every group."""
+    after = sharing.fork(state, parent_id, child_id)
+    return after, get_tables(after, child_id)
 
 
 def truncate(
     state: AllocatorState, request_id: str, token_count: int
-) -> tuple[AllocatorState, RequestBlockTable]:
-    after = allocator.truncate(state, request_id, token_count)
-    return after, allocator.snapshot_request(after, request_id)
-
-
-def release(state: AllocatorState, request_id: str) -> tuple[AllocatorState, list[int]]:
-    """The request's block ids in table order, as the article's ``release`` returns them."""
-    after, released = release_blocks(state, request_id)
-    return after, list(released.block_ids)
-
-
-def release_blocks(state: AllocatorState, request_id: str) -> tuple[AllocatorState, ReleasedBlocks]:
-    after = allocator.release(state, request_id)
-    return after, _released(state, after, request_id)
-
-
-def preempt(state: AllocatorState, request_id: str) -> tuple[AllocatorState, ReleasedBlocks]:
-    after = allocator.preempt(state, request_id)
-    return after, _released(state, after, request_id)
-
-
-def reset_prefix_cache(state: AllocatorState) -> tuple[AllocatorState, int]:
-    """Forget every cached prefix; returns how many cached blocks were dropped (free ones
-    and held ones, over every group)."""
-    dropped = sum(len(cache) for cache in state.group_caches)
-    return allocator.reset_prefix_cache(state), dropped
-
-
-def take_copies(state: AllocatorState) -> tuple[AllocatorState, list[tuple[int, int]]]:
-    return allocator.take_copies(state), list(state.pending_copies)
-
-
-def take_skipped_blocks(state: AllocatorState) -> tuple[AllocatorState, list[int]]:
-    """The blocks windows made free and uncached since the last call, in order; clears them."""
-    return allocator.take_skipped_blocks(state), list(state.pending_skipped_block_ids)
-
-
-def snapshot_request(
-    state: AllocatorState, request_id: str, group: int = 0
-) -> tuple[AllocatorState, RequestBlockTable]:
-    return state, allocator.snapshot_request(state, request_id, group)
-
-
-# -- every KV cache group at once: what one engine step asks ----------------------------
-
-
-def snapshot_groups(
-    state: AllocatorState, request_id: str
-) -> tuple[AllocatorState, tuple[RequestBlockTable, ...]]:
-    """The request's table in every group, group 0's first; ``KeyError`` if unknown."""
-    allocator.snapshot_request(state, request_id)
-    return state, tuple(tables[request_id] for tables in state.group_tables)
-
-
-def new_token_slots(
-    state: AllocatorState, request_id: str, token_count: int
-) -> tuple[AllocatorState, AppendedSlots]:
-    """Every group's table and the slots of the request's last ``token_count`` tokens
-    (e.g. the first chunk ``allocate_prompt`` gave, past the hit); changes nothing.
-
-    Checks: an ``int`` count ``>= 0`` (TypeError, ValueError), a known request (KeyError),
-    at most the tokens it holds (ValueError)."""
-    check_token_count(token_count)
-    table = allocator.snapshot_request(state, request_id)
-    check_new_tokens(request_id, token_count, table.token_count)
-    return state, _appended_slots(state, request_id, token_count)
-
-
-def append_slots(
-    state: AllocatorState, request_id: str, token_count: int
-) -> tuple[AllocatorState, AppendedSlots]:
-    """``append_tokens``, returning every group's table and the new tokens' slots."""
-    after = allocator.append_tokens(state, request_id, token_count)
-    return after, _appended_slots(after, request_id, token_count)
-
-
-def append_token_id_slots(
-    state: AllocatorState, request_id: str, token_ids: Sequence[int]
-) -> tuple[AllocatorState, AppendedSlots]:
-    """``append_token_ids``, returning every group's table and the new tokens' slots."""
-    ids = tuple(token_ids)
-    after = allocator.append_token_ids(state, request_id, ids)
-    return after, _appended_slots(after, request_id, len(ids))
-
-
-def can_allocate(state: AllocatorState, token_count: int) -> tuple[AllocatorState, bool]:
-    """Whether ``allocate`` would find its blocks: one table's worth per group."""
-    needed = rules.blocks_for_request(state.block_size, token_count, len(state.group_windows))
-    return state, needed <= allocator.free_blocks(state)
-
-
-def ref_count(state: AllocatorState, block_id: int) -> tuple[AllocatorState, int]:
-    """How many tables hold ``block_id``; an id outside the pool is refused
-    (``check_block_id``)."""
-    return state, state.ref_counts.get(check_block_id(block_id, state.total_blocks), 0)
-
-
-def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:
-    return state, allocator.usage(state)
-
-
-# -- what chunked prefill and speculative decoding ask ------------------------------------
-
-
-def cached_prefix_tokens(
-    state: AllocatorState, token_ids: Sequence[int], cache_salt: str | None = None
-) -> tuple[AllocatorState, int]:
-    """The tokens ``allocate_prompt(token_ids, cache_salt)`` would find cached; the state
-    is unchanged."""
-    ids = tuple(token_ids)
-    check_token_ids(ids)
-    check_cache_salt(cache_salt)
-    return state, allocator.cached_prefix_tokens(state, ids, cache_salt)
-
-
-def truncate_blocks(
-    state: AllocatorState, request_id: str, token_count: int
 ) -> tuple[AllocatorState, ReleasedBlocks]:
-    """``truncate``, reporting the dropped blocks (every group's, group 0's first, in table
-    order) and which of them became free or cached free (group by group, last first), as
-    ``release_blocks`` reports a whole table."""
-    after = allocator.truncate(state, request_id, token_count)
+    """``spec.releasing.truncate``, reporting the dropped blocks (every group's, group 0's
+    first, in table order), which of them became free or cached free (group by group, last
+    first), as ``release`` reports a whole table, and the stale slots of each group's kept
+    last block."""
+    after = releasing.truncate(state, request_id, token_count)
     dropped = [
         before[request_id].block_ids[len(now[request_id].block_ids) :]
         for before, now in zip(state.group_tables, after.group_tables, strict=True)
@@ -234,104 +132,132 @@ def truncate_blocks(
     )
 
 
-# -- the host tier: preemption by swap ------------------------------------------------------
+def release(state: AllocatorState, request_id: str) -> tuple[AllocatorState, ReleasedBlocks]:
+    """``spec.releasing.release``; which of its blocks became free."""
+    after = releasing.release(state, request_id)
+    return after, _released(state, after, request_id)
 
 
-def swap_out(state: AllocatorState, request_id: str) -> tuple[AllocatorState, SwappedOut]:
-    """Every device block the request held (every group's, group 0's first, table order),
-    the host block each is copied to, and which became free or cached free once the copies
-    are taken (release order)."""
+def preempt(state: AllocatorState, request_id: str) -> tuple[AllocatorState, ReleasedBlocks]:
+    """``spec.releasing.preempt``; which of its blocks became free."""
+    after = releasing.preempt(state, request_id)
+    return after, _released(state, after, request_id)
+
+
+def swap_out(state: AllocatorState, request_id: str) -> tuple[AllocatorState, ReleasedBlocks]:
+    """``spec.swap.swap_out``: every device block the request held (every group's, group
+    0's first, table order), and which of them will be free or cached free once their
+    copies are taken (release order; in flight until then)."""
     after = swap.swap_out(state, request_id)
-    block_ids = tuple(b for tables in state.group_tables for b in tables[request_id].block_ids)
-    landing = set(after.host.in_flight_block_ids) - set(state.host.in_flight_block_ids)
+    in_flight = set(after.host.in_flight_block_ids) - set(state.host.in_flight_block_ids)
     cached = {b for cache in after.group_caches for b in cache.values()}
-    in_release_order = [
-        b for tables in state.group_tables for b in reversed(tables[request_id].block_ids)
-    ]
-    return after, SwappedOut(
-        block_ids,
-        after.host.swapped[request_id].host_block_ids,
-        tuple(b for b in in_release_order if b in landing and b not in cached),
-        tuple(b for b in in_release_order if b in landing and b in cached),
+    tables = [tables[request_id].block_ids for tables in state.group_tables]
+    in_release_order = [b for table in tables for b in reversed(table)]
+    return after, ReleasedBlocks(
+        tuple(b for table in tables for b in table),
+        tuple(b for b in in_release_order if b in in_flight and b not in cached),
+        tuple(b for b in in_release_order if b in in_flight and b in cached),
     )
 
 
 def swap_in(
     state: AllocatorState, request_id: str
 ) -> tuple[AllocatorState, tuple[RequestBlockTable, ...]]:
-    """The request's table in every group, group 0's first, on its fresh device blocks."""
+    """``spec.swap.swap_in``; the request's table in every group, on its fresh blocks."""
     after = swap.swap_in(state, request_id)
-    return after, tuple(tables[request_id] for tables in after.group_tables)
+    return after, get_tables(after, request_id)
 
 
-def take_swap_copies(state: AllocatorState) -> tuple[AllocatorState, SwapCopies]:
-    host = state.host
-    copies = SwapCopies(host.pending_device_to_host, host.pending_host_to_device)
-    return swap.take_swap_copies(state), copies
+def take_transfers(state: AllocatorState) -> tuple[AllocatorState, Transfers]:
+    """``spec.blocks.take_transfers``: the copies and freed blocks pending, in order."""
+    return blocks.take_transfers(state), blocks.get_transfers(state)
 
 
-def is_swapped(state: AllocatorState, request_id: str) -> tuple[AllocatorState, bool]:
-    return state, swap.is_swapped(state, request_id)
+def reset_prefix_cache(state: AllocatorState) -> tuple[AllocatorState, int]:
+    """``spec.caching.reset_prefix_cache``; how many cached blocks were dropped (free ones
+    and held ones, over every group)."""
+    dropped = sum(len(cache) for cache in state.group_caches)
+    return caching.reset_prefix_cache(state), dropped
 
 
-def can_swap_in(state: AllocatorState, request_id: str) -> tuple[AllocatorState, bool]:
-    return state, swap.can_swap_in(state, request_id)
+def cached_prefix_tokens(
+    state: AllocatorState, token_ids: Sequence[int], cache_salt: str | None = None
+) -> tuple[AllocatorState, int]:
+    """The tokens ``allocate(request_id, token_ids, cache_salt)`` would find cached
+    (``spec.caching.cached_prefix_tokens``). Checks the ids and the salt as ``allocate``."""
+    ids = tuple(token_ids)
+    check_token_ids(ids)
+    check_cache_salt(cache_salt)
+    return state, caching.cached_prefix_tokens(state, ids, cache_salt)
 
 
-OPERATIONS: Mapping[str, Step] = MappingProxyType(
+def tables(
+    state: AllocatorState, request_id: str
+) -> tuple[AllocatorState, tuple[RequestBlockTable, ...]]:
+    """The request's table in every group, group 0's first; ``KeyError`` if it holds no
+    device blocks (unknown, or swapped out)."""
+    return state, get_tables(state, request_id)
+
+
+def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:
+    """The usage report (``spec.state.usage``)."""
+    return state, compute_usage(state)
+
+
+# -- the table ----------------------------------------------------------------------------
+
+REQUEST_ID, CHILD_ID, TOKENS, TOKEN_COUNT, CACHE_SALT, PROMPT = Argument
+CHANGE, QUERY = Kind
+
+
+def _row(transition: Step, kind: Kind, arguments: tuple[Argument, ...], result: type) -> Operation:
+    return Operation(transition.__name__, transition, kind, arguments, result)
+
+
+OPERATIONS: Mapping[str, Operation] = MappingProxyType(
     {
-        "allocate": allocate,
-        "allocate_prompt": allocate_prompt,
-        "append_tokens": append_tokens,
-        "append_token_ids": append_token_ids,
-        "append_slot": append_slot,
-        "append_token_slot": append_token_slot,
-        "fork": fork,
-        "truncate": truncate,
-        "release": release,
-        "release_blocks": release_blocks,
-        "preempt": preempt,
-        "reset_prefix_cache": reset_prefix_cache,
-        "take_copies": take_copies,
-        "take_skipped_blocks": take_skipped_blocks,
-        "cached_prefix_tokens": cached_prefix_tokens,
-        "truncate_blocks": truncate_blocks,
-        "snapshot_request": snapshot_request,
-        "snapshot_groups": snapshot_groups,
-        "new_token_slots": new_token_slots,
-        "append_slots": append_slots,
-        "append_token_id_slots": append_token_id_slots,
-        "can_allocate": can_allocate,
-        "ref_count": ref_count,
-        "usage": usage,
-        "swap_out": swap_out,
-        "swap_in": swap_in,
-        "take_swap_copies": take_swap_copies,
-        "is_swapped": is_swapped,
-        "can_swap_in": can_swap_in,
+        row.name: row
+        for row in (
+            _row(allocate, CHANGE, (REQUEST_ID, TOKENS, CACHE_SALT), AppendedSlots),
+            _row(append, CHANGE, (REQUEST_ID, TOKENS), AppendedSlots),
+            _row(fork, CHANGE, (REQUEST_ID, CHILD_ID), tuple),
+            _row(truncate, CHANGE, (REQUEST_ID, TOKEN_COUNT), ReleasedBlocks),
+            _row(release, CHANGE, (REQUEST_ID,), ReleasedBlocks),
+            _row(preempt, CHANGE, (REQUEST_ID,), ReleasedBlocks),
+            _row(swap_out, CHANGE, (REQUEST_ID,), ReleasedBlocks),
+            _row(swap_in, CHANGE, (REQUEST_ID,), tuple),
+            _row(take_transfers, CHANGE, (), Transfers),
+            _row(reset_prefix_cache, CHANGE, (), int),
+            _row(cached_prefix_tokens, QUERY, (PROMPT, CACHE_SALT), int),
+            _row(tables, QUERY, (REQUEST_ID,), tuple),
+            _row(usage, QUERY, (), KVBlockUsage),
+        )
     }
 )
 
 
-def _last_slot(state: AllocatorState, request_id: str) -> int:
-    table = allocator.snapshot_request(state, request_id)
-    return rules.slot_index(
-        state.block_size, table.block_ids, table.token_count - 1, table.skipped_blocks
-    )
+# -- building the results -----------------------------------------------------------------
 
 
-def _appended_slots(state: AllocatorState, request_id: str, token_count: int) -> AppendedSlots:
-    """Every group's table and the slots of its last ``token_count`` positions."""
-    tables = tuple(tables[request_id] for tables in state.group_tables)
+def _appended_slots(
+    state: AllocatorState, request_id: str, new_tokens: int, cached_tokens: int
+) -> AppendedSlots:
+    """The request in every group, and the slots of its last ``new_tokens`` positions."""
+    held = get_tables(state, request_id)
+    token_count = held[0].token_count
     return AppendedSlots(
-        tables,
+        request_id,
+        token_count,
+        tuple(t.block_ids for t in held),
+        tuple(t.skipped_blocks for t in held),
         tuple(
             tuple(
-                rules.slot_index(state.block_size, t.block_ids, p, t.skipped_blocks)
-                for p in range(t.token_count - token_count, t.token_count)
+                slot_index(state.block_size, t.block_ids, p, t.skipped_blocks)
+                for p in range(token_count - new_tokens, token_count)
             )
-            for t in tables
+            for t in held
         ),
+        cached_tokens,
     )
 
 
@@ -348,7 +274,7 @@ def _stale_slots(
     held_before = before.tables[table.request_id].token_count
     block_end = (table.skipped_blocks + len(table.block_ids)) * block_size
     return tuple(
-        rules.slot_index(block_size, table.block_ids, p, table.skipped_blocks)
+        slot_index(block_size, table.block_ids, p, table.skipped_blocks)
         for p in range(kept, min(held_before, block_end))
     )
 
@@ -364,11 +290,11 @@ def _released(before: AllocatorState, after: AllocatorState, request_id: str) ->
             after.free_block_ids[len(before.free_block_ids) :],
             after.cached_free_block_ids[len(before.cached_free_block_ids) :],
         )
-    tables = [tables[request_id].block_ids for tables in before.group_tables]
-    block_ids = tuple(block_id for table in tables for block_id in table)
+    held = [tables[request_id].block_ids for tables in before.group_tables]
+    block_ids = tuple(block_id for table in held for block_id in table)
     newly_cached = set(after.cached_free_block_ids) - set(before.cached_free_block_ids)
     now_free = set(after.free_block_ids) - set(before.free_block_ids)
-    in_release_order = tuple(block_id for table in tables for block_id in reversed(table))
+    in_release_order = tuple(block_id for table in held for block_id in reversed(table))
     return ReleasedBlocks(
         block_ids,
         tuple(b for b in in_release_order if b in now_free),

@@ -14,7 +14,7 @@ and pagedkv's numbers follow, so code matching the article's messages keeps matc
 """
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, NoReturn
+from typing import ClassVar, NoReturn, TypeGuard
 
 # The largest pool and block a manager accepts. NOTE: impl keeps a few words per block
 # (free queue, ref counts, cache keys), so 2**24 blocks cost ~0.5 GiB and ~3 s to set up;
@@ -170,14 +170,27 @@ def unknown_request(request_id: object) -> NoReturn:
     raise KeyError(f"request has no allocated blocks: {request_id}") from None
 
 
+def is_token_ids(tokens: object) -> TypeGuard[Sequence[int]]:
+    """Whether ``tokens`` (what ``allocate`` and ``append`` add) are token ids, not a count:
+    any sequence but a ``str`` or ``bytes``. Anything else is a count, and checked as one
+    (``check_token_count``)."""
+    return isinstance(tokens, Sequence) and not isinstance(tokens, str | bytes)
+
+
 def tracks_token_ids(request_id: str) -> NoReturn:
-    """Raise the ``ValueError`` for a count append to a request allocated by token ids."""
-    raise ValueError(f"request {request_id!r} tracks token ids: use append_token_ids")
+    """Raise the ``ValueError`` for a count appended to a request allocated by token ids."""
+    raise ValueError(f"request {request_id!r} tracks token ids: append token ids, not a count")
 
 
 def allocated_by_count(request_id: str) -> NoReturn:
-    """Raise the ``ValueError`` for a token-id append to a request allocated by count."""
-    raise ValueError(f"request {request_id!r} was allocated by count: use append_tokens")
+    """Raise the ``ValueError`` for token ids appended to a request allocated by count."""
+    raise ValueError(f"request {request_id!r} was allocated by count: append a count, not ids")
+
+
+def counted_with_salt(request_id: str) -> NoReturn:
+    """Raise the ``ValueError`` for a cache salt given to a request allocated by count
+    (its blocks are never cached, so a salt would mean nothing)."""
+    raise ValueError(f"request {request_id!r} is allocated by count: a cache salt needs token ids")
 
 
 def check_truncate(
@@ -211,16 +224,6 @@ def check_truncate(
             )
 
 
-def check_new_tokens(request_id: str, token_count: int, held_tokens: int) -> None:
-    """Refuse (ValueError) the slots of the last ``token_count`` tokens of a request that
-    holds fewer."""
-    if token_count > held_tokens:
-        raise ValueError(
-            f"cannot give the slots of the last {token_count} tokens of request "
-            f"{request_id!r}: it holds {held_tokens}"
-        )
-
-
 def check_host_tier(host_blocks: object, host_prefix_cache: object) -> None:
     """Refuse a host tier that cannot be served: ``host_blocks`` not an ``int`` (TypeError)
     in [0, MAX_TOTAL_BLOCKS] (ValueError), ``host_prefix_cache`` not a ``bool`` (TypeError)."""
@@ -247,5 +250,5 @@ def awaits_copy(request_id: str, block_id: int) -> NoReturn:
     copy has not written yet (its K/V is not there to copy out)."""
     raise ValueError(
         f"cannot swap out request {request_id!r}: block {block_id} awaits a pending copy "
-        "into it (take_copies and take_swap_copies first)"
+        "into it (take_transfers first)"
     )

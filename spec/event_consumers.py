@@ -29,7 +29,6 @@ lockstep and the bounded walk need it).
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spec.allocator import AllocatorState
 from spec.block_hash import compute_external_hash, iter_block_hashes
 from spec.event_stream import (
     MEDIUM_GPU,
@@ -45,6 +44,7 @@ from spec.event_stream import (
 )
 from spec.events import AllBlocksCleared
 from spec.frozen_map import FrozenMap
+from spec.state import AllocatorState
 
 
 def apply_to_key_set(keys: frozenset[StreamKey], event: StreamEvent) -> frozenset[StreamKey]:
@@ -116,7 +116,7 @@ def compute_prefix_score(
 ) -> int:
     """What a router scores a prompt with against ``keys``: the tokens of its longest
     prefix of full blocks whose keys are all present on the device (``"GPU"``) in
-    ``group``. Unlike the allocator's hit (``spec.allocator.cached_prefix_tokens``) it may
+    ``group``. Unlike the allocator's hit (``spec.caching.cached_prefix_tokens``) it may
     cover the whole prompt: the router does not compute the last token."""
     score = 0
     for block_hash in iter_block_hashes(tuple(token_ids), block_size, cache_salt):

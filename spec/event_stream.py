@@ -28,10 +28,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from spec.allocator import AllocatorState
 from spec.block_hash import compute_external_hash, iter_block_hashes
 from spec.events import AllBlocksCleared, CachedBlock, KVCacheEvent, replay_events
 from spec.records import CacheKey
+from spec.state import AllocatorState
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"

@@ -3,10 +3,10 @@
 Three records, vLLM's and SGLang's names: ``BlockStored`` (a full block's key entered a
 group's prefix cache), ``BlockRemoved`` (a key left it) and ``AllBlocksCleared`` (every key
 of every group left at once). The allocator emits them in the order its caches changed;
-which transition emits which is stated in ``spec.allocator`` (``docs/design.md`` has the
-table). Nothing else changes a cache, so nothing else emits: a revived cached free block
-keeps its key (no event), a key refused because another block of the group caches it
-already emits nothing, a block released to the cached free queue keeps its key.
+which transition emits which is stated in ``spec.caching`` (``docs/design.md`` has the
+table). Nothing else changes a cache, so nothing else emits: a cached free block a prompt
+holds again keeps its key (no event), a key refused because another block of the group
+caches it already emits nothing, a block released to the cached free queue keeps its key.
 
 ``BlockStored.token_ids`` are the tokens the key adds to its parent's key: a block's own
 ``block_size`` tokens when ``parent_block_id`` names the block the group caches the

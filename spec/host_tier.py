@@ -6,12 +6,12 @@ A host block and a device block are different resources: host block ids are
 ``0 .. host_blocks - 1``, with their own free queue (head first, FIFO like the device's).
 This module holds the frozen records and the pure helpers that read them; the transitions
 that move requests between the tiers are ``spec.swap``'s, and the device side of a
-release (where an unreferenced block goes) stays in ``spec.allocator``.
+release (where an unreferenced block goes) is ``spec.blocks``'.
 
 The pending-copy rule. A device block that is the source of a pending (device -> host)
 copy, or the destination of a pending (host -> device) copy, is "in flight" once no
 table holds it: it is in no free queue and nothing can take it until
-``take_swap_copies`` hands the copy to the caller; then it goes where ``release`` would
+``take_transfers`` hands the copy to the caller; then it goes where ``release`` would
 have put it. A host block that is the source of a pending (host -> device) copy is not
 reused until that copy is taken either.
 """
@@ -86,7 +86,7 @@ def init_host_tier(host_blocks: int, host_prefix_cache: bool, group_count: int) 
     )
 
 
-def busy_block_ids(host: HostTier) -> set[int]:
+def copying_block_ids(host: HostTier) -> set[int]:
     """The device blocks a pending copy reads or writes: the sources of the copies out and
     the destinations of the copies in. One of them that no table holds is in flight."""
     return {d for d, _ in host.pending_device_to_host} | {d for _, d in host.pending_host_to_device}
@@ -100,8 +100,8 @@ def copying_in_host_block_ids(host: HostTier) -> tuple[int, ...]:
 def evictable_host_block_ids(host: HostTier) -> tuple[int, ...]:
     """Host-cached blocks a swap-out or a demotion may take, least recently used first: those
     no pending copy reads or writes."""
-    busy = {h for _, h in host.pending_device_to_host} | set(copying_in_host_block_ids(host))
-    return tuple(h for h in host.host_cached_block_ids if h not in busy)
+    copying = {h for _, h in host.pending_device_to_host} | set(copying_in_host_block_ids(host))
+    return tuple(h for h in host.host_cached_block_ids if h not in copying)
 
 
 def host_free_blocks(host: HostTier) -> int:

@@ -15,10 +15,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from itertools import combinations
 
-from spec.allocator import AllocatorState, compute_skipped_blocks, usage
-from spec.host_tier import busy_block_ids, copying_in_host_block_ids
+from spec.host_tier import copying_block_ids, copying_in_host_block_ids
 from spec.records import KVBlockUsage, RequestBlockTable
 from spec.rules import blocks_for_tokens, first_window_token
+from spec.state import AllocatorState, compute_skipped_blocks, usage
 
 
 def _all_tables(state: AllocatorState) -> Iterator[RequestBlockTable]:
@@ -137,7 +137,8 @@ def is_window_tight(state: AllocatorState, request_id: str, computed_tokens: int
 
 
 def is_skipped_pending_free(state: AllocatorState) -> bool:
-    """Blocks waiting for ``take_skipped_blocks`` are free (uncached) and listed once each."""
+    """Blocks windows skipped that wait for ``take_transfers`` are free (uncached) and
+    listed once each."""
     pending = state.pending_skipped_block_ids
     return len(set(pending)) == len(pending) and set(pending) <= set(state.free_block_ids)
 
@@ -312,7 +313,7 @@ def is_copy_source_in_flight(state: AllocatorState) -> bool:
     return (
         not any(d in queued for d, _ in host.pending_device_to_host)
         and len(set(in_flight)) == len(in_flight)
-        and set(in_flight) == {d for d in busy_block_ids(host) if d not in held}
+        and set(in_flight) == {d for d in copying_block_ids(host) if d not in held}
         and all(h in kept for h in host_destinations)
         and len(set(host_destinations)) == len(host_destinations)
         and not any(d in queued for _, d in host.pending_host_to_device)

@@ -1,9 +1,12 @@
-"""The value records of the article's API: a block, a request's table, a usage report.
+"""The value records the operations hand out: a block, a request's table, what an
+allocate or append gives, what a release gives back, the transfers a step makes, a usage
+report.
 
-All frozen and hashable, so that a spec state is. ``KVBlock``, ``ReleasedBlocks`` and
-``KVBlockUsage`` are what impl hands out too; impl's ``RequestBlockTable`` and
-``PromptAllocation`` are the article's mutable twins of the ones here (a ``list`` of block
-ids), and ``spec.api.as_article`` maps these to those in one place.
+All frozen and hashable, so that a spec state is. ``KVBlock``, ``ReleasedBlocks``,
+``Transfers`` and ``KVBlockUsage`` are what impl hands out too; impl's
+``RequestBlockTable`` is the article's mutable twin of the one here (a ``list`` of block
+ids) and its ``AppendedSlots`` a faster-built twin, and ``impl.spec_backed.as_impl`` maps
+these to those in one place.
 """
 
 from dataclasses import dataclass
@@ -47,28 +50,21 @@ class RequestBlockTable:
 
 
 @dataclass(frozen=True, slots=True)
-class PromptAllocation:
-    """What ``allocate_prompt`` gives: the new table and how many prompt tokens hit the cache.
-
-    The first ``cached_tokens`` tokens' K/V are already in the pool; the engine computes
-    only the rest.
-    """
-
-    table: RequestBlockTable
-    cached_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
 class ReleasedBlocks:
-    """What ``release_blocks`` and ``preempt`` report: a request's blocks in table order
-    (every KV cache group's table, group 0's first), and which of them became free.
+    """What ``release``, ``preempt``, ``truncate`` and ``swap_out`` report: a request's blocks
+    in table order (every KV cache group's table, group 0's first; ``truncate``: those it
+    dropped), and which of them became free.
 
     ``freed_block_ids`` went to the free queue (their K/V is dead: nothing may read it
-    again); ``cached_block_ids`` went to the cached free queue (a prefix hit may revive
-    them as they are). Both in release order: group by group, last block first. A block
-    another table still holds is in neither.
+    again); ``cached_block_ids`` went to the cached free queue (a prefix hit may hold them
+    again as they are). Both in release order: group by group, last block first. A block
+    another table still holds is in neither. After ``swap_out`` both are in flight until
+    ``take_transfers`` hands their copies out over, and only then free (the KV pool may
+    poison the first kind once it has copied them out); a swapped-out request's
+    ``release`` reports no block of its own, and the in-flight blocks its host blocks'
+    dropped copies let join the queues.
 
-    ``stale_slots[g]`` (``truncate_blocks`` only; empty otherwise) lists, in position
+    ``stale_slots[g]`` (``truncate`` only; empty otherwise) lists, in position
     order, the pool slots of group g that the rollback made stale in a kept last block
     only this request holds: rows a rejected draft wrote that the request will write
     again. A kept block another table holds is not listed: its K/V is that table's too.
@@ -91,6 +87,10 @@ class KVBlockUsage:
     the groups and ``group_reserved_tokens`` splits it, one entry per group (an allocator
     always fills it; the empty default only lets a report be built by hand).
     ``skipped_blocks`` counts the table entries sliding windows released so far.
+    ``cached_free_blocks`` are the free blocks that still hold a cached prefix;
+    ``table_blocks`` counts the blocks the tables hold over every group, a block once per
+    table (so it exceeds the blocks in use by what sharing saves), and
+    ``table_skipped_blocks`` the leading blocks the running tables' windows released.
 
     The host tier (``spec.host_tier``; all 0 without one): ``host_blocks`` in it,
     ``host_free_blocks`` a swap-out may take now, ``host_swapped_blocks`` held by
@@ -122,6 +122,9 @@ class KVBlockUsage:
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     host_hit_blocks: int = 0
+    cached_free_blocks: int = 0
+    table_blocks: int = 0
+    table_skipped_blocks: int = 0
 
     @property
     def internal_fragmentation_tokens(self) -> int:
@@ -138,36 +141,40 @@ class KVBlockUsage:
 
 @dataclass(frozen=True, slots=True)
 class AppendedSlots:
-    """What a step needs of one request, in every KV cache group at once: ``tables[g]`` is
-    its table in group g after the call, and ``slots[g][i]`` the pool slot the i-th new
-    token's K/V goes to in group g (``slot_index`` of each new position)."""
+    """What ``allocate`` and ``append`` give: one request after the call, in every KV cache
+    group at once, and where the K/V of the tokens the forward computes go.
 
-    tables: tuple[RequestBlockTable, ...]
-    slots: tuple[tuple[int, ...], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SwappedOut:
-    """What ``swap_out`` reports: the request's device blocks in table order (every group's,
-    group 0's first) and the host block each is copied to, at the same index.
-
-    ``freed_block_ids`` and ``cached_block_ids`` (release order) are the device blocks no
-    table holds any more: in flight until ``take_swap_copies``, then free (the KV pool may
-    poison them once it has copied them out) or cached free. A block another table still
-    holds is in neither.
+    ``block_ids[g]`` and ``skipped_blocks[g]`` are its table in group g (``RequestBlockTable``
+    without the id and length: ``table(g)`` builds it); ``slots[g][i]`` is the pool slot of
+    the i-th token the call added that is not cached, in group g (``slot_index`` of each
+    position from ``token_count - len(slots[g])`` on). ``cached_tokens`` of the call's tokens
+    were found cached (a prompt's prefix hit; 0 for an append): their K/V is in the pool.
     """
 
-    block_ids: tuple[int, ...]
-    host_block_ids: tuple[int, ...]
-    freed_block_ids: tuple[int, ...]
-    cached_block_ids: tuple[int, ...]
+    request_id: str
+    token_count: int
+    block_ids: tuple[tuple[int, ...], ...]
+    skipped_blocks: tuple[int, ...]
+    slots: tuple[tuple[int, ...], ...]
+    cached_tokens: int = 0
+
+    def table(self, group: int = 0) -> RequestBlockTable:
+        """The request's table in KV cache group ``group``."""
+        return RequestBlockTable(
+            self.request_id, self.block_ids[group], self.token_count, self.skipped_blocks[group]
+        )
 
 
 @dataclass(frozen=True, slots=True)
-class SwapCopies:
-    """The copies between the tiers to make now, in order: every ``device_to_host``
-    (device block, host block) first, then the copy-on-write ones, then every
-    ``host_to_device`` (host block, device block)."""
+class Transfers:
+    """What ``take_transfers`` hands over: what the KV pool does with the pool's memory
+    before the next forward, in this order. Every ``device_to_host`` (device block, host
+    block) copy first, then every copy-on-write ``copies`` (source block, destination
+    block), then every ``host_to_device`` (host block, device block) copy, each kind in the
+    order it was made; then ``skipped_block_ids``, the blocks sliding windows made free and
+    uncached (their K/V is dead: nothing may read it again)."""
 
-    device_to_host: tuple[tuple[int, int], ...]
-    host_to_device: tuple[tuple[int, int], ...]
+    device_to_host: tuple[tuple[int, int], ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
+    host_to_device: tuple[tuple[int, int], ...] = ()
+    skipped_block_ids: tuple[int, ...] = ()

@@ -2,7 +2,7 @@
 
 spec, impl and harness all import these: how many blocks tokens fill, where a token's K/V
 lives in the pool, and which tokens a sliding window still reads. Pure functions of ints,
-no state; the allocator's operations (``spec.allocator``) are built on them.
+no state; the allocator's operations (``spec.growth``, ``spec.releasing``, ...) are built on them.
 """
 
 from collections.abc import Sequence

@@ -5,39 +5,27 @@ transitions of a spec state (the host tier's state is ``spec.host_tier``'s).
   host free queue's head first, then the least recently used evictable host-cached
   block), queues the (device -> host) copies, and drops the request's references as
   ``release`` does: a block no table holds any more is in flight until
-  ``take_swap_copies`` (the pending-copy rule), a block another table holds stays theirs.
+  ``take_transfers`` (the pending-copy rule), a block another table holds stays theirs.
   Blocks a window skipped are not copied: the request keeps its ``skipped_blocks``. The
   request is then swapped: it holds no device block, keeps its length, token ids and
-  salt, and only ``swap_in``, ``release`` (and ``release_blocks``, ``preempt``) and the
-  queries know it.
+  salt, and only ``swap_in``, ``release`` (and ``preempt``) know it.
 - ``swap_in`` takes fresh device blocks for every host block (from the queues, as any
   allocation: sharing is not restored), queues the (host -> device) copies and makes the
-  request running again; its host blocks are freed when ``take_swap_copies`` hands the
+  request running again; its host blocks are freed when ``take_transfers`` hands the
   copies over. Its blocks are not cached again: the keys they held are still cached on
   the blocks that kept them, or were evicted.
-- ``take_swap_copies`` hands over every pending copy between the tiers; in-flight device
-  blocks then join the queues' tails (cached free if a group caches them, else free) and
-  the host blocks read by (host -> device) copies join the host free queue's tail.
+- ``take_transfers`` (``spec.blocks``) hands over every pending copy between the tiers;
+  in-flight device blocks then join the queues' tails (cached free if a group caches
+  them, else free) and the host blocks read by (host -> device) copies join the host free
+  queue's tail.
 
-The copy order. The KV pool makes every (device -> host) copy first, then the
-copy-on-write copies of ``take_copies``, then every (host -> device) copy, then runs the
-forward: a copy out reads a block before anything may overwrite it; a copy-on-write
-source freed meanwhile may be the destination of a (host -> device) copy, so it is read
-before that copy writes it. A swap-out is refused while a pending copy still writes into
-one of the request's blocks: its K/V is not there yet to copy out.
+A swap-out is refused while a pending copy still writes into one of the request's blocks:
+its K/V is not there yet to copy out.
 """
 
 from dataclasses import replace
 
-from spec.allocator import (
-    AllocatorState,
-    _queue_unreferenced,
-    _set_table,
-    _take_blocks,
-    free_blocks,
-    release,
-    snapshot_request,
-)
+from spec.blocks import take_blocks
 from spec.errors import BlockAllocationError, HostBlockAllocationError, awaits_copy, not_swapped
 from spec.host_tier import (
     SwappedRequest,
@@ -45,6 +33,8 @@ from spec.host_tier import (
     take_host_blocks,
 )
 from spec.records import RequestBlockTable
+from spec.releasing import release
+from spec.state import AllocatorState, free_blocks, set_table, snapshot_request
 
 
 def is_swapped(state: AllocatorState, request_id: str) -> bool:
@@ -58,12 +48,6 @@ def swapped_request(state: AllocatorState, request_id: str) -> SwappedRequest:
     if swapped is None:
         not_swapped(request_id)
     return swapped
-
-
-def can_swap_in(state: AllocatorState, request_id: str) -> bool:
-    """Whether ``swap_in`` would find a device block for each host block the request holds;
-    ``KeyError`` if it is not swapped out."""
-    return len(swapped_request(state, request_id).host_block_ids) <= free_blocks(state)
 
 
 def swap_out(state: AllocatorState, request_id: str) -> AllocatorState:
@@ -126,11 +110,11 @@ def swap_in(state: AllocatorState, request_id: str) -> AllocatorState:
         raise BlockAllocationError.out_of_blocks(request_id, needed, free_blocks(state))
     copies: list[tuple[int, int]] = []
     for group, host_ids in enumerate(record.group_host_block_ids):
-        state, taken = _take_blocks(state, len(host_ids))
+        state, taken = take_blocks(state, len(host_ids))
         copies += zip(host_ids, taken, strict=True)
         skipped = record.group_skipped_blocks[group]
         table = RequestBlockTable(request_id, taken, record.token_count, skipped)
-        state = _set_table(state, group, table)
+        state = set_table(state, group, table)
     if record.token_ids is not None:
         state = replace(state, token_ids=state.token_ids.set(request_id, record.token_ids))
     if record.cache_salt is not None:
@@ -145,21 +129,3 @@ def swap_in(state: AllocatorState, request_id: str) -> AllocatorState:
         counters=counters,
     )
     return replace(state, host=host)
-
-
-def take_swap_copies(state: AllocatorState) -> AllocatorState:
-    """Clear the pending copies between the tiers once the KV pool has made them (they are
-    read before): in-flight device blocks join the device queues' tails in the order they
-    went in flight, the host blocks the (host -> device) copies read join the host free
-    queue's tail in copy order (unless the host prefix cache keeps them)."""
-    landed = state.host.in_flight_block_ids
-    host_cached = set(state.host.host_cached_block_ids)
-    freed_host = tuple(h for h, _ in state.host.pending_host_to_device if h not in host_cached)
-    host = replace(
-        state.host,
-        pending_device_to_host=(),
-        pending_host_to_device=(),
-        in_flight_block_ids=(),
-        free_host_block_ids=state.host.free_host_block_ids + freed_host,
-    )
-    return _queue_unreferenced(replace(state, host=host), landed)

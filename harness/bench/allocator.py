@@ -5,7 +5,8 @@ through a continuous-batching scheduler that only does allocator work (no model;
 ``harness.bench.replay``): admit first-come-first-served while blocks allow, one decode
 append per running request per step, release on finish, and preempt the most recently
 admitted request by recompute when a decode append finds no free block. It times the
-allocator calls of each phase, impl beside the article-style baseline
+allocator calls of each phase: impl's ``KVCacheManager.append`` (the engine's decode call),
+the article layer's ``append_slot`` and ``append_tokens``, and the article-style baseline
 (``harness.bench.article_manager``), and prints medians over runs; then the in-block
 append table, the prefix tables (``harness.bench.prefix``) and the sliding-window table
 (``harness.bench.window_table``).
@@ -27,36 +28,45 @@ from harness.bench.replay import RunTimes, timed_runs
 from harness.bench.traces import TraceRequest, make_trace
 from harness.bench.window_table import print_window_table
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
-from impl import KVBlockManager
+from impl import KVBlockManager, KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.allocator"
 
 
+# The in-block appends timed in a tight loop: the table's ``append`` of a count and of one
+# token id (``KVCacheManager``, the engine's call), the article layer's two (by count).
+IN_BLOCK_METHODS = ("append", "append token id", "append_slot", "append_tokens")
+
+
 def in_block_append_ns(method: str, repeats: int, appends: int) -> float:
-    """Median ns of one in-block append: ``append_slot`` or ``append_tokens`` on a request
-    allocated by count, ``append_token_slot`` on one allocated by token ids."""
+    """Median ns of one in-block append by ``method`` (``IN_BLOCK_METHODS``)."""
     block_size = 16
     requests = appends // (block_size - 1)
     samples = []
     for _ in range(repeats):
-        manager = KVBlockManager(requests + 1, block_size)
+        table = KVCacheManager(requests + 1, block_size)
+        article = KVBlockManager(requests + 1, block_size)
         request_ids = [f"r{i}" for i in range(requests)]
         for request_id in request_ids:
             # One token: 15 in-block appends left.
-            if method == "append_token_slot":
-                manager.allocate_prompt(request_id, [1])
+            if method == "append token id":
+                table.allocate(request_id, [1])
+            elif method == "append":
+                table.allocate(request_id, 1)
             else:
-                manager.allocate(request_id, 1)
+                article.allocate(request_id, 1)
         start = time.perf_counter_ns()
-        if method == "append_token_slot":
+        if method == "append token id":
             # A loop of its own: unpacking an argument tuple per call would cost ~80 ns.
-            append_token_slot = manager.append_token_slot
+            append_ids = table.append
+            token = (7,)
             for request_id in request_ids:
                 for _ in range(block_size - 1):
-                    append_token_slot(request_id, 7)
+                    append_ids(request_id, token)
         else:
+            manager = table if method == "append" else article
             append: Callable[[str], object] = getattr(manager, method)
             for request_id in request_ids:
                 for _ in range(block_size - 1):
@@ -142,27 +152,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     blocks = f"{args.total_blocks:,} blocks"
 
     def impl() -> Allocator:
+        return KVCacheManager(args.total_blocks, args.block_size)
+
+    def article_layer() -> Allocator:
         return KVBlockManager(args.total_blocks, args.block_size)
 
     def article() -> Allocator:
         return ArticleStyleManager(args.total_blocks, args.block_size)
 
     methods = {
-        f"impl append_slot, {blocks}": (impl, "append_slot"),
-        f"impl append_tokens, {blocks}": (impl, "append_tokens"),
+        f"impl append, {blocks}": (impl, "append"),
+        f"impl article layer append_slot, {blocks}": (article_layer, "append_slot"),
+        f"impl article layer append_tokens, {blocks}": (article_layer, "append_tokens"),
         f"article-style append_tokens, {blocks}": (article, "append_tokens"),
     }
     results = timed_runs(methods, trace, args.max_running, args.runs)
     rows = [summarize(name, runs, trace) for name, runs in results.items()]
     if not args.skip_spec:
         spec_trace = make_trace(args.spec_requests, args.seed)
-        name = f"spec append_slot, {args.spec_total_blocks:,} blocks"
+        name = f"spec append, {args.spec_total_blocks:,} blocks"
 
         def spec_backed() -> Allocator:
-            return SpecBackedManager(args.spec_total_blocks, args.block_size)
+            manager: Allocator = SpecBackedManager(args.spec_total_blocks, args.block_size)
+            return manager
 
         spec_runs = timed_runs(
-            {name: (spec_backed, "append_slot")},
+            {name: (spec_backed, "append")},
             spec_trace,
             args.max_running,
             max(1, args.runs // 2),
@@ -175,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     sys.stdout.flush()
-    for method in ("append_slot", "append_token_slot", "append_tokens"):
+    for method in IN_BLOCK_METHODS:
         median_ns = in_block_append_ns(method, repeats=7, appends=200_000)
         print(f"median in-block decode append, impl {method}, tight loop: {median_ns:.0f} ns")
     if args.prefix_requests > 0:

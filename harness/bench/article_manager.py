@@ -1,5 +1,6 @@
 """The article-style baseline manager the allocator benchmark times beside impl, and the
-allocator calls the benchmark's scheduler makes (``Allocator``).
+allocator calls the benchmark's scheduler makes (``Allocator``): the ones the article's
+manager, impl's ``KVBlockManager`` over it and impl's ``KVCacheManager`` all have.
 
 NOTE: the baseline restates the article's own arithmetic (``math.ceil`` and ``//`` slot
 maths) on purpose: it is what impl is measured against, so it does not use spec's rules.
@@ -9,21 +10,18 @@ import math
 from collections import deque
 from typing import Protocol
 
-from impl import BlockAllocationError, RequestBlockTable
+from impl import BlockAllocationError, KVBlockUsage, RequestBlockTable
 
 
 class Allocator(Protocol):
-    """The allocator calls a scheduler makes, as impl spells them."""
+    """The allocator calls a scheduler makes, as every manager spells them; a decode step's
+    append is named by the caller (``append_slot``, ``append_tokens``, ``append``)."""
 
     @property
     def total_blocks(self) -> int: ...
-    @property
-    def free_blocks(self) -> int: ...
-    def can_allocate(self, token_count: int) -> bool: ...
     def allocate(self, request_id: str, token_count: int) -> object: ...
-    def append_slot(self, request_id: str) -> int: ...
-    def append_tokens(self, request_id: str, token_count: int = 1) -> object: ...
-    def release(self, request_id: str) -> list[int]: ...
+    def release(self, request_id: str) -> object: ...
+    def usage(self) -> KVBlockUsage: ...
 
 
 class ArticleStyleManager:
@@ -41,8 +39,17 @@ class ArticleStyleManager:
     def free_blocks(self) -> int:
         return len(self.free_block_ids)
 
-    def can_allocate(self, token_count: int) -> bool:
-        return math.ceil(token_count / self.block_size) <= len(self.free_block_ids)
+    def usage(self) -> KVBlockUsage:
+        used = self.total_blocks - len(self.free_block_ids)
+        return KVBlockUsage(
+            block_size=self.block_size,
+            total_blocks=self.total_blocks,
+            used_blocks=used,
+            free_blocks=len(self.free_block_ids),
+            request_count=len(self.request_tables),
+            allocated_tokens=sum(t.token_count for t in self.request_tables.values()),
+            reserved_tokens=used * self.block_size,
+        )
 
     def allocate(self, request_id: str, token_count: int) -> RequestBlockTable:
         if request_id in self.request_tables:

@@ -28,8 +28,8 @@ from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBack
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.paged_attention import paged_attention_forward
 from harness.runtime.step_batch import RequestSlice, StepMetadata
-from impl import RequestBlockTable
-from spec import blocks_for_tokens, slot_index
+from impl import AppendedSlots
+from spec import RequestBlockTable, blocks_for_tokens, slot_index
 
 PROG = "python -m harness.bench.attention"
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
@@ -56,8 +56,18 @@ class DecodeCase:
         call of the hook on it, ``[1, count, NUM_HEADS, HEAD_DIM]``."""
         pool, block_size = self.pool, self.pool.block_size
         tables = self.tables[:count]
-        new_slots = [[slot_index(block_size, t.block_ids, t.token_count - 1)] for t in tables]
-        plan = pool.plan(tables, new_slots)
+        plan = pool.plan(
+            [
+                AppendedSlots(
+                    t.request_id,
+                    t.token_count,
+                    (t.block_ids,),
+                    (0,),
+                    ((slot_index(block_size, t.block_ids, t.token_count - 1),),),
+                )
+                for t in tables
+            ]
+        )
         # The decode token's own K/V are the ones already at its slot: the write is a no-op.
         key = pool.keys[0].view(-1, NUM_KV_HEADS, HEAD_DIM).index_select(0, plan.write_index)
         value = pool.values[0].view(-1, NUM_KV_HEADS, HEAD_DIM).index_select(0, plan.write_index)
@@ -125,7 +135,9 @@ def decode_case(
     # Scattered tables: a seeded permutation of the pool's blocks.
     order = torch.randperm(batch * blocks_each, generator=generator).tolist()
     tables = [
-        RequestBlockTable(f"r{i}", order[i * blocks_each : (i + 1) * blocks_each], context - i)
+        RequestBlockTable(
+            f"r{i}", tuple(order[i * blocks_each : (i + 1) * blocks_each]), context - i
+        )
         for i in range(batch)
     ]
     for rows in (pool.keys[0], pool.values[0]):  # [total_blocks, block_size, 3, 64]

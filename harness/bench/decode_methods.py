@@ -12,7 +12,6 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.dense import generate_dense_batch
-from harness.runtime.allocation import NO_PREFIX_CACHING
 from harness.runtime.attention_backends import AttentionBackend
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool, new_manager
@@ -48,7 +47,7 @@ def run_paged(
     manager = new_manager(layout, total_blocks, block_size)
     pool = PagedKVPool(layout, total_blocks, block_size)
     # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
-    engine = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING, attention=attention)
+    engine = Engine(loaded.model, manager, pool, None, prefix_caching=False, attention=attention)
     result = engine.run(requests)
     peak.append(result.peak_used_blocks)
     return [result.outputs[request.request_id].token_ids for request in requests]

@@ -1,7 +1,7 @@
 """The article's fragmentation figures: paged blocks against contiguous fixed-slot reservation.
 
 For example ``python -m harness.bench.fragmentation --request-tokens 9,17,33,5,41,12`` allocates
-each request's tokens in a ``KVBlockManager`` and prints, as JSON, the pool's usage next to
+each request's tokens in a ``KVCacheManager`` and prints, as JSON, the pool's usage next to
 what a contiguous allocator would reserve if it gave every request the longest request's
 length. Needs no model and no torch. With ``--map`` it prints the pool as a block map
 (``impl.block_map``) instead.
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
-from impl import BlockAllocationError, KVBlockManager
+from impl import BlockAllocationError, KVCacheManager
 from impl.block_map import render_block_map, snapshot_pool
 from spec import blocks_for_tokens
 
@@ -41,9 +41,9 @@ def parse_request_tokens(text: str) -> list[int]:
 
 def allocate_requests(
     block_size: int, total_blocks: int, request_tokens: Sequence[int]
-) -> KVBlockManager:
+) -> KVCacheManager:
     """A pool with request ``request-{i}`` allocated ``request_tokens[i]`` tokens, in order."""
-    manager = KVBlockManager(total_blocks, block_size)
+    manager = KVCacheManager(total_blocks, block_size)
     for index, token_count in enumerate(request_tokens):
         manager.allocate(f"request-{index}", token_count)
     return manager
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.map:
         width = shutil.get_terminal_size().columns
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-        print(render_block_map(snapshot_pool(manager), width=width, color=color))
+        print(render_block_map(snapshot_pool(manager.to_spec()), width=width, color=color))
     else:
         print(json.dumps(report, indent=2))
     return 0

@@ -5,7 +5,7 @@ The trace takes its lengths from the ShareGPT-like generator (``harness.bench.tr
 each request's prompt is one of ``--systems`` shared system prompts (Zipf(1.1)
 popularity) followed by a unique suffix of the generated prompt length, and it generates
 the generated output length. It is replayed by ``harness.bench.prefix.replay_prompts``
-(FCFS admission with ``allocate_prompt``, one ``append_token_slot`` per running request
+(FCFS admission with ``allocate`` by token ids, one ``append`` per running request
 per step, preemption by recompute) on a device pool too small to keep every system
 prompt cached, once without a host tier and once per ``--host-blocks`` size with
 ``host_prefix_cache``: a freed cached block is copied to the host, so a prefix evicted
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from harness.bench.prefix import VOCABULARY, AdmissionStats, PromptRequest, replay_prompts
 from harness.bench.traces import make_trace
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.host_prefix"
@@ -55,7 +55,7 @@ def replay_with_host(
 ) -> tuple[AdmissionStats, int]:
     """One replay on a fresh manager with a host tier of ``host_blocks`` (0: none); its
     stats and the prefix-hit blocks found on the host only."""
-    manager = KVBlockManager(
+    manager = KVCacheManager(
         total_blocks, BLOCK_SIZE, host_blocks=host_blocks, host_prefix_cache=host_blocks > 0
     )
     stats = replay_prompts(trace, manager, max_running, seed=0)

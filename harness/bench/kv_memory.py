@@ -8,10 +8,10 @@ reserves, for the requests running then:
 - contiguous, max length: the trace's longest request (prompt + output), per request;
 - contiguous, final length: each request's own prompt + output, from admission (an oracle:
   no server knows the output length in advance);
-- paged: whole blocks for the tokens held now (``KVBlockManager.allocate`` and
-  ``append_slot``);
-- paged, prefix sharing: the same with ``allocate_prompt`` and ``append_token_slot``, so
-  a prompt's cached full blocks are shared with whoever holds them.
+- paged: whole blocks for the tokens held now (``KVCacheManager.allocate`` and ``append``
+  by count);
+- paged, prefix sharing: the same by token ids, so a prompt's cached full blocks are
+  shared with whoever holds them.
 The token states held are the running requests' tokens; with sharing, a shared block's
 tokens are stored once, so they are counted once. No external fragmentation is modelled:
 a contiguous scheme is charged exactly what it reserves.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from harness.bench.prefix import VOCABULARY, PromptRequest
 from harness.bench.traces import TraceRequest
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec import blocks_for_tokens
 
 CONTIGUOUS_MAX = "contiguous, max length"
@@ -72,8 +72,8 @@ def measure_kv_memory(
         blocks_for_tokens(block_size, len(request.token_ids) + request.output_tokens)
         for request in trace
     )
-    paged = KVBlockManager(total_blocks, block_size)
-    sharing = KVBlockManager(total_blocks, block_size)
+    paged = KVCacheManager(total_blocks, block_size)
+    sharing = KVCacheManager(total_blocks, block_size)
     stored: dict[str, list[int]] = {scheme: [] for scheme in SCHEMES}
     reserved: dict[str, list[int]] = {scheme: [] for scheme in SCHEMES}
     waiting = deque(trace)
@@ -84,7 +84,7 @@ def measure_kv_memory(
         while waiting and len(running) < max_running:
             request = waiting.popleft()
             paged.allocate(request.request_id, len(request.token_ids))
-            sharing.allocate_prompt(request.request_id, request.token_ids)
+            sharing.allocate(request.request_id, request.token_ids)
             running.append(request)
             generated[request.request_id] = 0
             final_tokens += len(request.token_ids) + request.output_tokens
@@ -105,8 +105,8 @@ def measure_kv_memory(
             request_id = request.request_id
             generated[request_id] += 1
             if generated[request_id] < request.output_tokens:
-                paged.append_slot(request_id)
-                sharing.append_token_slot(request_id, rng.randrange(VOCABULARY))
+                paged.append(request_id, 1)
+                sharing.append(request_id, (rng.randrange(VOCABULARY),))
                 still_running.append(request)
             else:
                 paged.release(request_id)

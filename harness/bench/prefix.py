@@ -3,7 +3,7 @@
 Two fixed-seed traces, allocator work only (no model):
 - *prefix-heavy*: 8 system prompts of 1,024 tokens picked with Zipf popularity, each
   followed by a unique suffix; continuous batching as in the ShareGPT-like trace, with
-  ``allocate_prompt`` for admission and ``append_token_slot`` for decoding;
+  ``allocate`` by token ids for admission and ``append`` of each token for decoding;
 - *revival*: 64 distinct 1,024-token prompts, each request one of them plus a short
   unique question, 4 seats, so that almost every admission revives a 64-block prefix from
   the cached free queue. Run at several pool sizes to show admission cost does not grow
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from harness.runtime.preemption import append_or_preempt, preempt_request
-from impl import BlockAllocationError, KVBlockManager, SwapCopies, default_block_hash
+from impl import BlockAllocationError, KVCacheManager, Transfers, default_block_hash
 
 SYSTEM_PROMPT_TOKENS = 1024
 VOCABULARY = 49_152  # SmolLM2's vocabulary size: token ids look like real ones
@@ -90,12 +90,12 @@ def revival_trace(request_count: int, seed: int) -> list[PromptRequest]:
 
 
 def replay_prompts(
-    trace: Sequence[PromptRequest], manager: KVBlockManager, max_running: int, seed: int
+    trace: Sequence[PromptRequest], manager: KVCacheManager, max_running: int, seed: int
 ) -> AdmissionStats:
     """Continuous batching with prefix caching; preempted requests recompute with their tokens.
 
-    The manager's swap copies (a host tier's) are taken, untimed, after every admission,
-    preemption and release, and counted: no K/V exists to move.
+    The manager's transfers (a host tier's copies among them) are taken, untimed, after
+    every admission, preemption and release, and counted: no K/V exists to move.
     """
     clock = time.perf_counter_ns
     rng = random.Random(seed)
@@ -109,15 +109,15 @@ def replay_prompts(
     by_id = {request.request_id: request for request in trace}
     token_of: dict[str, int] = {}  # each running request's token this step
 
-    def append(request_id: str) -> int:
-        return manager.append_token_slot(request_id, token_of[request_id])
+    def append(request_id: str) -> object:
+        return manager.append(request_id, (token_of[request_id],))
 
-    def count(copies: SwapCopies) -> None:
-        stats.blocks_to_host += len(copies.device_to_host)
-        stats.blocks_to_device += len(copies.host_to_device)
+    def count(transfers: Transfers) -> None:
+        stats.blocks_to_host += len(transfers.device_to_host)
+        stats.blocks_to_device += len(transfers.host_to_device)
 
     def preempt(victim: str) -> None:
-        preempt_request(manager, victim, "recompute", count)
+        count(preempt_request(manager, victim, "recompute").transfers)
         waiting.appendleft((by_id[victim], tuple(tokens_of[victim])))
         stats.preemptions += 1
 
@@ -126,11 +126,11 @@ def replay_prompts(
             request, token_ids = waiting[0]
             start = clock()
             try:
-                allocation = manager.allocate_prompt(request.request_id, token_ids)
+                allocation = manager.allocate(request.request_id, token_ids)
             except BlockAllocationError:
                 break
             stats.admit_ns.append(clock() - start)
-            count(manager.take_swap_copies())
+            count(manager.take_transfers())
             waiting.popleft()
             stats.hit_tokens += allocation.cached_tokens
             stats.prompt_tokens += len(token_ids)
@@ -153,7 +153,7 @@ def replay_prompts(
                 still_running.append(request_id)
             else:
                 manager.release(request_id)
-                count(manager.take_swap_copies())
+                count(manager.take_transfers())
         running = still_running
     return stats
 
@@ -168,8 +168,8 @@ def run_prefix_trace(
     gc.collect()
     gc.freeze()
     counting = CountingHash()
-    replay_prompts(trace, KVBlockManager(total_blocks, 16, block_hash=counting), max_running, seed)
-    stats = replay_prompts(trace, KVBlockManager(total_blocks, 16), max_running, seed)
+    replay_prompts(trace, KVCacheManager(total_blocks, 16, block_hash=counting), max_running, seed)
+    stats = replay_prompts(trace, KVCacheManager(total_blocks, 16), max_running, seed)
     admit_us = sorted(ns / 1000 for ns in stats.admit_ns)
     final_tokens = sum(len(r.token_ids) + r.output_tokens for r in trace)
     full_blocks = final_tokens // 16

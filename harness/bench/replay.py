@@ -1,9 +1,10 @@
 """Replaying a trace through an allocator: a continuous-batching scheduler that only does
 allocator work (no model), timing the calls of each phase.
 
-Admit first-come-first-served while blocks allow, one decode append per running request
-per step, release on finish, and preempt the most recently admitted request by recompute
-when a decode append finds no free block (``harness.runtime.preemption``).
+Admit first-come-first-served while blocks allow (an allocation refused for want of blocks
+ends the step's admissions), one decode append per running request per step, release on
+finish, and preempt the most recently admitted request by recompute when a decode append
+finds no free block (``harness.runtime.preemption``).
 """
 
 import sys
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from harness.bench.article_manager import Allocator
 from harness.bench.traces import TraceRequest
 from harness.runtime.preemption import append_or_preempt
+from impl import BlockAllocationError
 
 
 @dataclass(slots=True)
@@ -41,8 +43,9 @@ def replay(
 ) -> RunTimes:
     """Run the trace to completion through ``allocator``; every request finishes.
 
-    ``decode`` names the call a decode step makes per running request: ``append_slot``
-    (pagedkv's hot path) or ``append_tokens`` (the article's, one token at a time).
+    ``decode`` names the call a decode step makes per running request, one token each:
+    ``append`` (the table's, ``KVCacheManager``), ``append_slot`` (the article layer's hot
+    path) or ``append_tokens`` (the article's).
     """
     clock = time.perf_counter_ns
     times = RunTimes()
@@ -67,10 +70,11 @@ def replay(
         start = clock()
         while waiting and len(running) < max_running:
             request, token_count = waiting[0]
-            if not allocator.can_allocate(token_count):
+            try:
+                allocator.allocate(request.request_id, token_count)
+            except BlockAllocationError:
                 break
             waiting.popleft()
-            allocator.allocate(request.request_id, token_count)
             running.append(request.request_id)
             held[request.request_id] = token_count
             remaining.setdefault(request.request_id, request.output_tokens)
@@ -78,8 +82,7 @@ def replay(
         times.admit_ns += clock() - start
         # A prompt's blocks are all held from its admission to its first append (by count:
         # nothing is computed before), so the peak is taken here too (not timed).
-        used = allocator.total_blocks - allocator.free_blocks
-        times.peak_used_blocks = max(times.peak_used_blocks, used)
+        times.peak_used_blocks = max(times.peak_used_blocks, allocator.usage().used_blocks)
         if not running:
             raise RuntimeError(f"request {waiting[0][0].request_id} can never fit the pool")
         # One decode append per running request.
@@ -90,8 +93,7 @@ def replay(
         for request_id in running:  # a victim never appended this step: its count is right
             held[request_id] += 1
         # The step's peak: after its appends, before its releases (not timed).
-        used = allocator.total_blocks - allocator.free_blocks
-        times.peak_used_blocks = max(times.peak_used_blocks, used)
+        times.peak_used_blocks = max(times.peak_used_blocks, allocator.usage().used_blocks)
         # Release the requests that produced their last token (only the calls are timed).
         finished: list[str] = []
         still_running: list[str] = []

@@ -29,14 +29,13 @@ from harness.cli.main import DTYPES
 from harness.cli.parsing import OneLineParser, fail, run_interruptible
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.prompts import BUILTIN_PROMPTS, Messages, render_prompt
-from harness.runtime.allocation import NO_PREFIX_CACHING
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.requests import Request
 from harness.runtime.results import EngineResult
 from harness.runtime.scheduler import Scheduling
 from harness.tiny_models import tiny_llama
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec import blocks_for_tokens
 
 PROG = "python -m harness.bench.speculation"
@@ -205,10 +204,10 @@ def _run(
 ) -> EngineResult:
     """All ``prompts`` at once through a fresh engine on a pool that holds them all."""
     total_blocks = sum(blocks_for_tokens(block_size, len(p) + new_tokens) for p in prompts)
-    manager = KVBlockManager(total_blocks, block_size)
+    manager = KVCacheManager(total_blocks, block_size)
     pool = PagedKVPool(kv_layout(loaded), total_blocks, block_size)
     requests = [Request(f"r{i}", prompt, new_tokens) for i, prompt in enumerate(prompts)]
-    engine = Engine(loaded.model, manager, pool, None, NO_PREFIX_CACHING, scheduling=scheduling)
+    engine = Engine(loaded.model, manager, pool, None, prefix_caching=False, scheduling=scheduling)
     return engine.run(requests)
 
 

@@ -15,7 +15,7 @@ from harness.kv_events import KVEventLog
 from harness.kv_publisher import KVEventStream, ZmqEventPublisher
 from harness.kv_wire import WIRE_FORMATS, WireEncoder, WireFormat
 from harness.runtime.events import PoolEvent, PoolObserver
-from impl import KVBlockManager
+from impl import KVCacheManager
 
 SCHEME = "zmq://"
 # How long the command waits after binding for a router to subscribe before it publishes
@@ -124,7 +124,7 @@ def with_event_publisher(
         return kv_events
     observers = (observer, kv_events)
 
-    def both(event: PoolEvent, manager: KVBlockManager) -> None:
+    def both(event: PoolEvent, manager: KVCacheManager) -> None:
         for each in observers:
             each(event, manager)
 

@@ -67,7 +67,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "Generate with the model twice, with HF's dense cache and with a paged KV pool whose "
-            "block tables come from impl.KVBlockManager, and check per request: (1) the "
+            "block tables come from impl.KVCacheManager, and check per request: (1) the "
             "allocator gate: the paged run and the same schedule on contiguous buffers give "
             "bit-identical logits; (2) each request alone on the pool is bit-identical to "
             "model.generate; (3) continuous batching (staggered arrivals, a pool too small for "

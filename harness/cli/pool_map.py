@@ -9,11 +9,11 @@ without ``NO_COLOR`` (https://no-color.org); the width is the terminal's.
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TextIO
 
 from harness.runtime.events import PoolEvent
-from impl import KVBlockManager
+from impl import KVCacheManager
 from impl.block_map import extend_labels, render_block_map, snapshot_pool
 
 
@@ -36,20 +36,23 @@ class PoolMapPrinter:
         self._width = shutil.get_terminal_size().columns
         self._labels: dict[str, str] = {}
 
-    def __call__(self, event: PoolEvent, manager: KVBlockManager) -> None:
+    def __call__(self, event: PoolEvent, manager: KVCacheManager) -> None:
         if event.kind == "step" and event.step % self._every:
             return
-        pool = snapshot_pool(manager)
+        state = manager.to_spec()
+        pool = snapshot_pool(state)
         self._labels = extend_labels(self._labels, (table.request_id for table in pool.tables))
         title = f"-- step {event.step}: {event.kind}"
         if event.request_ids:
             title += " " + " -> ".join(event.request_ids)
         map_text = render_block_map(pool, self._labels, width=self._width, color=self._color)
-        host = host_tier_map(manager, self._labels, self._width)
+        host = host_tier_map(manager, state.host.swapped, self._labels, self._width)
         print(f"{title}\n{map_text}{host}\n", file=self._stream, flush=True)
 
 
-def host_tier_map(manager: KVBlockManager, labels: Mapping[str, str], width: int) -> str:
+def host_tier_map(
+    manager: KVCacheManager, swapped_ids: Collection[str], labels: Mapping[str, str], width: int
+) -> str:
     """The host tier under the pool's map: a title line naming the swapped-out requests,
     then one cell per host block (held by a swapped request ``S``, holding a cached
     prefix ``:``, free ``.``), wrapped to ``width``; empty without a host tier.
@@ -60,7 +63,7 @@ def host_tier_map(manager: KVBlockManager, labels: Mapping[str, str], width: int
     usage = manager.usage()
     if not usage.host_blocks:
         return ""
-    swapped = [label for request_id, label in labels.items() if manager.is_swapped(request_id)]
+    swapped = [label for request_id, label in labels.items() if request_id in swapped_ids]
     cells = (
         ["[S ]"] * usage.host_swapped_blocks
         + ["[: ]"] * usage.host_cached_blocks

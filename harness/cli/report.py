@@ -24,7 +24,7 @@ def print_table(report: EquivalenceReport) -> None:
     print(
         f"model {report.model_name}; pool {pool.total_blocks} blocks x {pool.block_size} tokens; "
         f"{pool.engine_type.__name__}, {pool.pool_type.__name__}, "
-        f"prefix caching {'on' if pool.allocation.prefix_caching else 'off'}; "
+        f"prefix caching {'on' if pool.prefix_caching else 'off'}; "
         f"attention {report.attention}"
     )
     header = (

@@ -18,6 +18,10 @@ import spec
 from spec.api import OPERATIONS
 from spec.invariants import INVARIANTS
 
+# The kit's operation names (``adapter.OPERATION_NAMES``) that are another row of
+# ``spec.api``: token ids or a count, the same ``allocate`` and ``append``.
+SPEC_ROWS = {"allocate_prompt": "allocate", "append_token_ids": "append", "append_tokens": "append"}
+
 # spec.invariants that an observation can decide (pending copies and skipped-block lists
 # are internal to pagedkv, so ``copy_destination_held`` and ``skipped_pending_free`` are not).
 STATE_PROPERTIES: Mapping[str, Callable[[spec.AllocatorState], bool]] = {
@@ -113,7 +117,7 @@ def expected_step(
     """The spec's operation on ``before``; ``None`` when the spec does not accept the call at
     all (an unknown or duplicate request id, a count out of range): not a step to check."""
     try:
-        after, result = OPERATIONS[operation](before, *args)
+        after, result = OPERATIONS[SPEC_ROWS.get(operation, operation)].transition(before, *args)
     except spec.BlockAllocationError as error:
         return Expected(None, refusal=str(error))
     except (KeyError, ValueError, TypeError):
@@ -163,7 +167,7 @@ def step_findings(
     findings += _shape_findings(after, expected)
     findings += _others_findings(operation, args, before, after)
     if operation == "allocate_prompt":
-        assert isinstance(expected_result, spec.PromptAllocation)
+        assert isinstance(expected_result, spec.AppendedSlots)
         findings += _hit_findings(
             args=args,
             outcome=outcome,
@@ -213,7 +217,7 @@ def _hit_findings(
     *,
     args: tuple[object, ...],
     outcome: Outcome,
-    expected: spec.PromptAllocation,
+    expected: spec.AppendedSlots,
     after: spec.AllocatorState,
     cached_before: list[dict[int, spec.CacheKey]],
     target_tables_after: list[dict[str, tuple[int, ...]]],

@@ -8,7 +8,7 @@ For a list of requests it runs
   engine, on a fresh manager over the same pool (check 2), so the pool is full of an
   earlier request's stale K/V;
 - all requests with continuous batching on the paged pool (check 3), with the configured
-  allocation (prefix caching or not);
+  prefix caching on or off;
 - the allocator gate (check 1): the batched schedule without prefix caching on the paged
   pool and on contiguous per-request buffers (contiguous buffers have no K/V for a prefix
   hit; with prefix caching off the batched run is the gate's paged run);
@@ -32,7 +32,6 @@ from harness.oracle.checks import (
     tie_rule,
 )
 from harness.oracle.dense import DenseOutput, generate_dense, generate_dense_continuation
-from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.attention_backends import (
     GATHER,
     AttentionBackend,
@@ -73,7 +72,7 @@ class PoolConfig:
     block_size: int
     engine_type: type[Engine] = Engine
     pool_type: type[PagedKVPool] = PagedKVPool
-    allocation: Allocation = PREFIX_CACHING
+    prefix_caching: bool = True
     observer: PoolObserver | None = None
     kv_events: KVEventLog | None = None
     scheduling: Scheduling = NO_SCHEDULING
@@ -208,12 +207,14 @@ def run_equivalence(
         progress(f"paged, one request alone: request {number}/{len(requests)}")
         manager = new_manager(layout, pool.total_blocks, pool.block_size)
         # Its continuations each in their own forward (M = 1), like generate's.
-        engine = BatchInvariantEngine(loaded.model, manager, paged_pool, eos, pool.allocation)
+        engine = BatchInvariantEngine(
+            loaded.model, manager, paged_pool, eos, prefix_caching=pool.prefix_caching
+        )
         alone.update(engine.run([replace(request, arrival_step=0)]).outputs)
 
     def run_packed(
         store: KVStore,
-        allocation: Allocation,
+        prefix_caching: bool,
         observer: PoolObserver = ignore_pool_events,
         attention: AttentionBackend = pool.attention,
         kv_events: KVEventLog | None = None,
@@ -232,7 +233,7 @@ def run_equivalence(
             manager,
             store,
             eos,
-            allocation,
+            prefix_caching=prefix_caching,
             observer=observer,
             scheduling=pool.scheduling,
             attention=attention,
@@ -246,19 +247,19 @@ def run_equivalence(
     agreement = LayerAgreement()
     batched = run_packed(
         paged_pool,
-        pool.allocation,
+        pool.prefix_caching,
         pool.observer or ignore_pool_events,  # the CLI gives None without --pool-map
         measured(pool.attention, agreement),
         pool.kv_events,
     )
     gate_paged = batched
-    if pool.allocation.prefix_caching:
+    if pool.prefix_caching:
         progress(f"paged, same batching without prefix caching (gate): {len(requests)} requests")
-        gate_paged = run_packed(paged_pool, NO_PREFIX_CACHING)
+        gate_paged = run_packed(paged_pool, prefix_caching=False)
     progress(f"contiguous buffers, same schedule (gate): {len(requests)} requests")
     max_tokens = max(request.max_tokens for request in requests)
     contiguous = run_packed(
-        ContiguousKVBuffers(layout, max_tokens, pool.block_size), NO_PREFIX_CACHING
+        ContiguousKVBuffers(layout, max_tokens, pool.block_size), prefix_caching=False
     )
     report = _report(
         requests,

@@ -29,7 +29,7 @@ from harness.runtime.kv_store import KVPlan, KVStore
 from harness.runtime.step_tensors import StepTensors, build_step_tensors
 from harness.runtime.varlen_emulator import varlen_attention_emulated
 from harness.runtime.varlen_kernel import varlen_attention, varlen_limits
-from impl import RequestBlockTable
+from spec import RequestBlockTable
 
 
 class AttentionBackendError(ValueError):

@@ -10,8 +10,8 @@ import torch
 
 from harness.kv_layout import KVLayout
 from harness.runtime.kv_store import GroupPlan, KVPlan, sdpa_layout
-from impl import RequestBlockTable
-from spec import blocks_for_tokens
+from impl import AppendedSlots, Transfers
+from spec import RequestBlockTable, blocks_for_tokens
 
 
 class ContiguousKVBuffers:
@@ -45,31 +45,27 @@ class ContiguousKVBuffers:
         self._rows: dict[str, int] = {}  # request_id -> its row
         self._free_rows: list[int] = []
 
-    def plan(
-        self,
-        tables: Sequence[RequestBlockTable],
-        new_slots: Sequence[list[int]],
-        group_tables: Sequence[Sequence[RequestBlockTable]] = (),
-    ) -> KVPlan:
+    def plan(self, steps: Sequence[AppendedSlots]) -> KVPlan:
         """Rows are positions in each request's own buffer; block tables are not used (nor
         windows: every position is kept)."""
         device = self.layout.device
         rows: list[int] = []
-        for table, slots in zip(tables, new_slots, strict=True):
-            if table.request_id not in self._rows:
-                self._rows[table.request_id] = self._take_row()
-            base = self._rows[table.request_id] * self.row_tokens
-            rows.extend(range(base + table.token_count - len(slots), base + table.token_count))
+        for step in steps:
+            if step.request_id not in self._rows:
+                self._rows[step.request_id] = self._take_row()
+            base = self._rows[step.request_id] * self.row_tokens
+            new_tokens = len(step.slots[0])
+            rows.extend(range(base + step.token_count - new_tokens, base + step.token_count))
         everything = GroupPlan(
             write_index=torch.tensor(rows, dtype=torch.int64, device=device),
             read_index=torch.empty(0, dtype=torch.int64, device=device),
-            read_starts=(0,) * len(tables),
-            first_positions=(0,) * len(tables),
+            read_starts=(0,) * len(steps),
+            first_positions=(0,) * len(steps),
         )
         return KVPlan(
-            request_ids=tuple(table.request_id for table in tables),
-            new_token_counts=tuple(len(slots) for slots in new_slots),
-            token_counts=tuple(table.token_count for table in tables),
+            request_ids=tuple(step.request_id for step in steps),
+            new_token_counts=tuple(len(step.slots[0]) for step in steps),
+            token_counts=tuple(step.token_count for step in steps),
             groups=(everything,),
         )
 
@@ -110,9 +106,6 @@ class ContiguousKVBuffers:
     def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
         """Nothing to do: rows past a request's length are never read, and are rewritten."""
 
-    def release_out_of_window(self, block_ids: list[int]) -> None:
-        """Nothing to drop: buffers keep every position."""
-
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child starts with a copy of the parent's buffers: nothing is shared here."""
         parent, child = self._rows[parent_id], self._take_row()
@@ -121,15 +114,9 @@ class ContiguousKVBuffers:
             keys[child] = keys[parent]
             values[child] = values[parent]
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Nothing to copy: no two requests share a buffer."""
-
-    def swap(
-        self,
-        device_to_host: Sequence[tuple[int, int]],
-        host_to_device: Sequence[tuple[int, int]],
-    ) -> None:
-        """Nothing to move: a swapped-out request keeps its buffer here."""
+    def transfer(self, transfers: Transfers) -> None:
+        """Nothing to copy or drop: no two requests share a buffer, a swapped-out request
+        keeps its buffer here, and buffers keep every position."""
 
     def swap_out(self, request_id: str, block_ids: list[int]) -> None:
         """Keep the request's row: it resumes from it when swapped back in, so the gate

@@ -3,22 +3,29 @@
 The lifecycle of a request is the article's: tokenize (done by the caller) -> allocate prompt
 blocks -> prefill -> sample -> append -> decode loop -> release. Per engine step:
 1. the scheduler (``harness.runtime.scheduler``) chooses every running request's tokens;
-   each gets every group's table and its tokens' slots in one manager call (``_grow``:
-   ``append_token_id_slots``, or ``append_slots`` without prefix caching; a decode token,
-   a token and its drafts, or a chunk), preempting the most recently admitted when the
-   pool is dry (``harness.runtime.preemption``: by recompute, or by swap to the host tier
-   with ``preemption="swap"``), so no victim sits in the step's forward; the copy-on-write
-   copies the appends ask for are made in the store before any preemption and after the
-   last append, a victim's swap copies at its preemption;
+   each gets every group's table and its tokens' slots in one manager call, ``append``
+   (a decode token, a token and its drafts, or a chunk), preempting the most recently
+   admitted when the pool is dry (``harness.runtime.preemption``: by recompute, or by
+   swap to the host tier with ``preemption="swap"``), so no victim sits in the step's
+   forward; the transfers the appends ask for (copy-on-write copies) are made in the
+   store before any preemption, a victim's at its preemption;
 2. waiting requests are admitted first-come-first-served while their prompt's blocks can
-   be allocated (a prefix hit's ``cached_tokens`` are not fed again), a swapped one by
-   ``swap_in`` (it resumes where it stopped); then every pending copy in the manager's
-   order (all device -> host, copy-on-write, all host -> device), then the forward;
+   be allocated (``allocate`` gives the slots of what the first forward feeds: a prefix
+   hit's ``cached_tokens`` are not fed again), a swapped one by ``swap_in`` and its one
+   ``append`` (it resumes where it stopped); then one ``take_transfers``, made in the
+   store in the manager's order (all device -> host, copy-on-write, all host -> device,
+   then the blocks windows freed), then the forward;
 3. one packed forward (``[1, T]``, prefills and decodes mixed; ``step_batch``) writes the
-   new K/V to the store at those slots and reads each request's K/V through its tables;
+   new K/V to the store at those slots and reads each request's K/V through its tables
+   (the store takes each request's ``AppendedSlots`` whole);
 4. each request takes its tokens from the step's logits, copied to the host once (greedy
    is one ``argmax(dim=-1)`` over the step); drafts are verified and the rejected rolled
-   back; ``n > 1`` continuations fork after the prefill; a finished request releases.
+   back; ``n > 1`` continuations fork after the prefill; a finished request releases;
+   the usage sample reads ``usage`` once.
+
+So a decode step of N running requests makes N + 2 manager calls: N ``append``, one
+``take_transfers``, one ``usage`` (``tests/harness/test_engine_calls.py``); a step that
+releases a finished request makes its transfers once more after the releases.
 
 The engine decides *when* a request receives blocks; the manager decides *which*; the
 store (``harness.runtime.kv_store``) holds the tensors. The engine is store-agnostic, so
@@ -32,7 +39,6 @@ from typing import Any, ClassVar
 import torch
 
 from harness.models import model_kv_layout
-from harness.runtime.allocation import PREFIX_CACHING, Allocation
 from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.events import PoolEvent, PoolEventKind, PoolObserver, ignore_pool_events
 from harness.runtime.host_tier import HostTierSteps
@@ -52,15 +58,16 @@ from harness.runtime.sampling import continuation_first_tokens, logits_to_host, 
 from harness.runtime.scheduler import NO_SCHEDULING, Scheduler, Scheduling
 from harness.runtime.speculation import accepted_tokens
 from harness.runtime.step_batch import StepMetadata, pack_step
-from impl import AppendedSlots, KVBlockManager
+from impl import AppendedSlots, KVCacheManager
 
 
 class Engine:
-    """Runs requests over one ``KVBlockManager`` and one ``KVStore`` until all finish.
+    """Runs requests over one ``KVCacheManager`` and one ``KVStore`` until all finish.
 
     ``scheduler_type`` chooses each step's tokens and admissions (a subclass may plant a
     different scheduler); ``observer`` hears of every step, fork, preemption, swap and
-    release. ``preemption`` is how a victim gives its blocks back (``PreemptMode``).
+    release. ``prefix_caching`` gives the manager token ids (off: counts, nothing cached);
+    ``preemption`` is how a victim gives its blocks back (``PreemptMode``).
     """
 
     scheduler_type: ClassVar[type[Scheduler]] = Scheduler
@@ -68,11 +75,11 @@ class Engine:
     def __init__(
         self,
         model: Any,  # Any: a transformers causal LM
-        manager: KVBlockManager,
+        manager: KVCacheManager,
         store: KVStore,
         eos_token_id: int | None,
-        allocation: Allocation = PREFIX_CACHING,
         *,
+        prefix_caching: bool = True,
         observer: PoolObserver = ignore_pool_events,
         scheduling: Scheduling = NO_SCHEDULING,
         attention: AttentionBackend = GATHER,
@@ -89,10 +96,9 @@ class Engine:
         self.manager = manager
         self.store = store
         self.eos_token_id = eos_token_id
-        self.allocation = allocation
         self.observer = observer
-        self.host_tier = HostTierSteps(manager, store, preemption, self._copy_pending_blocks)
-        self.scheduler = self.scheduler_type(manager, allocation, scheduling)
+        self.host_tier = HostTierSteps(manager, store, preemption)
+        self.scheduler = self.scheduler_type(manager, scheduling, prefix_caching=prefix_caching)
         self._speculation = SpeculationCounts()
         self._device: torch.device = next(model.parameters()).device
         self._prefill_tokens = 0
@@ -128,14 +134,14 @@ class Engine:
                     grown = self._grow_scheduled(running, waiting, scheduler.schedule(running))
                     while waiting and waiting[0].request.arrival_step <= step:
                         budget = scheduler.budget_left(running, grown)
-                        if budget < 1 or not self._admit(waiting[0], budget):
+                        appended = self._admit(waiting[0], budget) if budget >= 1 else None
+                        if appended is None:
                             break
                         admitted = waiting.popleft()
                         outputs[admitted.request.request_id] = admitted.output
                         running.append(admitted)
-                        grown[admitted.request.request_id] = self._grow(admitted)
-                    self._release_out_of_window()
-                    self.host_tier.copy_pending()  # swap-ins', host prefix hits', copy-on-write
+                        grown[admitted.request.request_id] = appended
+                    self._transfer()  # copy-on-write, swap-ins', host hits', windows' skips
                     groups = self._forward_groups(
                         [r for r in running if r.request.request_id in grown]
                     )
@@ -147,11 +153,17 @@ class Engine:
                     for child in children:
                         outputs[child.request.request_id] = child.output
                     running.extend(children)
-                    usage.append(usage_sample(self.manager))
+                    usage.append(usage_sample(self.manager.usage()))
                     self._notify("step")
-                    for finished in [r for r in running if r.is_finished(self.eos_token_id)]:
-                        running.remove(finished)
-                        self._release(finished)
+                    finished = [r for r in running if r.is_finished(self.eos_token_id)]
+                    for done in finished:
+                        running.remove(done)
+                        self._release(done)
+                    if finished:
+                        # A release may leave copies pending (the host prefix cache copies
+                        # freed cached blocks out): made now, so those blocks are free for
+                        # the next step's admissions.
+                        self._transfer()
                     step += 1
         finally:
             # An exception mid-run must not leak blocks: whoever is still running lets go.
@@ -181,28 +193,27 @@ class Engine:
         scheduled: list[RunningRequest],
     ) -> dict[str, AppendedSlots]:
         """Give every ``scheduled`` request the slots of its tokens (a decode's token and
-        drafts, a prefill's next chunk), preempting when the pool is dry
-        (``append_or_preempt``); victims go back to the head of ``waiting`` in admission
-        order.
+        drafts, a prefill's next chunk), one ``append`` each, preempting when the pool is
+        dry (``append_or_preempt``); victims go back to the head of ``waiting`` in
+        admission order.
 
-        NOTE: the copy-on-write copies the appends ask for are made in the store before any
-        victim is preempted, and once after the last append: a victim's release may free a
-        copy's source block, which a poisoned pool would fill with NaN before the copy.
+        NOTE: the transfers the appends ask for (copy-on-write copies) are made in the
+        store before any victim is preempted: a victim's release may free a copy's source
+        block, which a poisoned pool would fill with NaN before the copy.
         """
         grown: dict[str, AppendedSlots] = {}
         scheduled_ids = {r.request.request_id for r in scheduled}
 
         def grow(current: RunningRequest) -> None:
             if current.request.request_id in scheduled_ids:
-                grown[current.request.request_id] = self._grow(current)
+                grown[current.request.request_id] = self.scheduler.append(current)
 
         def preempt(victim: RunningRequest) -> None:
-            self._copy_pending_blocks()
+            self._transfer()
             self._preempt(victim)
             waiting.appendleft(victim)
 
         append_or_preempt(running, grow, preempt)
-        self._copy_pending_blocks()
         return grown
 
     def _forward_groups(self, running: list[RunningRequest]) -> list[list[RunningRequest]]:
@@ -211,32 +222,21 @@ class Engine:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def _grow(self, running: RunningRequest) -> AppendedSlots:
-        """Every group's table and the slots of the tokens this forward feeds (a prefill
-        chunk, one appended token, or a token and its drafts): one manager call.
-
-        Everything one forward computes is one allocator step. An admission's first chunk
-        was allocated by ``Scheduler.admit``; its slots are asked for here.
-        """
-        request_id = running.request.request_id
-        if running.allocated:
-            running.allocated = False
-            return self.manager.new_token_slots(request_id, len(running.pending_ids))
-        return self.allocation.append(self.manager, request_id, tuple(running.pending_ids))
-
-    def _admit(self, waiting: RunningRequest, budget: int) -> bool:
-        """The scheduler's admission of ``waiting``, a swap-in counted and timed."""
+    def _admit(self, waiting: RunningRequest, budget: int) -> AppendedSlots | None:
+        """The scheduler's admission of ``waiting`` (a swapped-out one's resumption timed
+        and counted): the slots of what it feeds this step, or ``None``."""
         if not waiting.swapped:
             return self.scheduler.admit(waiting, budget)
-        admitted = self.host_tier.swap_in(lambda: self.scheduler.admit(waiting, budget))
-        if admitted:
+        started = time.perf_counter()
+        appended = self.scheduler.admit(waiting, budget)
+        self.host_tier.resumed(appended is not None, time.perf_counter() - started)
+        if appended is not None:
             self._notify("swap_in", waiting.request.request_id)
-        return admitted
+        return appended
 
-    def _copy_pending_blocks(self) -> None:
-        copies = self.manager.take_copies()
-        if copies:
-            self.store.copy_blocks(copies)
+    def _transfer(self) -> None:
+        """Every transfer the manager has pending, made in the store in its order."""
+        self.host_tier.transfer(self.manager.take_transfers())
 
     def _forward(
         self, group: list[RunningRequest], grown: dict[str, AppendedSlots]
@@ -245,15 +245,10 @@ class Engine:
         request's ``logit_rows`` in turn (a decode's one per fed token, a prefill's last
         chunk one, an earlier chunk none)."""
         steps = [grown[running.request.request_id] for running in group]
-        tables = [step.tables[0] for step in steps]
-        new_slots = [list(step.slots[0]) for step in steps]
-        for running, table in zip(group, tables, strict=True):
-            running.output.max_blocks = max(running.output.max_blocks, len(table.block_ids))
-        # Each request's table in KV cache groups 1.. (sliding windows), as grown.
-        group_tables = [
-            [step.tables[group] for step in steps] for group in range(1, len(steps[0].tables))
-        ]
-        plan = self.store.plan(tables, new_slots, group_tables)
+        for running, step in zip(group, steps, strict=True):
+            running.output.max_blocks = max(running.output.max_blocks, len(step.block_ids[0]))
+        plan = self.store.plan(steps)
+        tables = [step.table() for step in steps]  # group 0's, for the kernel and the packing
         kernel = self.attention.prepare(self.store, tables, plan)  # once per step, all layers
         packed = pack_step(group, tables, self._device)
         return forward_step(
@@ -355,10 +350,9 @@ class Engine:
         filled) keeps its K/V.
         """
         request_id = running.request.request_id
-        released = self.manager.truncate_blocks(request_id, running.computed)
+        released = self.manager.truncate(request_id, running.computed)
         stale = [slot for group_slots in released.stale_slots for slot in group_slots]
         self.store.truncate(request_id, list(released.freed_block_ids), stale)
-        self.host_tier.copy_pending()  # the host prefix cache's copies of blocks it uncached
 
     def _fork(self, parent: RunningRequest, logits: torch.Tensor) -> list[RunningRequest]:
         """Fork the parent's ``n - 1`` children right after its first token was sampled.
@@ -381,20 +375,12 @@ class Engine:
 
     def _release(self, running: RunningRequest) -> None:
         request_id = running.request.request_id
-        released = self.manager.release_blocks(request_id)
+        released = self.manager.release(request_id)
         # Only blocks nobody may read again: a block another table holds keeps valid K/V,
-        # and so does a cached free block (a later prefix hit revives it as it is).
+        # and so does a cached free block (a later prefix hit takes it back as it is). A
+        # block the host prefix cache copies out waits in flight for the next transfers.
         self.store.release(request_id, list(released.freed_block_ids))
-        self.host_tier.copy_pending()  # the host prefix cache's copies of freed cached blocks
         self._notify("release", request_id)
-
-    def _release_out_of_window(self) -> None:
-        """Hand the store the blocks sliding windows made free this step (the step's
-        appends and prompt allocations skipped them), before the forward: a poisoned pool
-        fills them at once, so a forward reading one shows."""
-        skipped = self.manager.take_skipped_blocks()
-        if skipped:
-            self.store.release_out_of_window(skipped)
 
     def _preempt(self, running: RunningRequest) -> None:
         swapped = self.host_tier.preempt(running)

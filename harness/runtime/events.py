@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from impl import KVBlockManager
+from impl import KVCacheManager
 
 PoolEventKind = Literal["step", "preempt", "swap_out", "swap_in", "fork", "release"]
 
@@ -27,8 +27,8 @@ class PoolEvent:
 
 
 # Called with each event and the manager after it; it must only read the manager.
-PoolObserver = Callable[[PoolEvent, KVBlockManager], None]
+PoolObserver = Callable[[PoolEvent, KVCacheManager], None]
 
 
-def ignore_pool_events(event: PoolEvent, manager: KVBlockManager) -> None:
+def ignore_pool_events(event: PoolEvent, manager: KVCacheManager) -> None:
     """The default observer: hears every event and does nothing."""

@@ -4,7 +4,7 @@ copies between the two.
 ``HostKVStore`` holds per pool tensor (per layer with one KV cache group) one K and one V
 tensor ``[host_blocks, block_size, num_kv_heads, head_dim]`` on the CPU, in pinned memory
 when the pool is on CUDA. Host block ``h`` is the manager's host block id ``h``; which
-blocks move where is the manager's (``take_swap_copies``), never this module's.
+blocks move where is the manager's (``take_transfers``), never this module's.
 
 A batch of pairs is one gather and one scatter per tensor and direction (``index_select``
 then ``index_copy_`` over every pair at once), not a Python loop per block. The caller

@@ -5,7 +5,7 @@
 a KV cache group, shared by the groups: ``harness.kv_layout.kv_cache_groups``). Token ``t``
 of a request lives in row ``spec.slot_index(block_size, block_ids, t, skipped_blocks)`` of
 the flat view ``[total_blocks * block_size, num_kv_heads, head_dim]``, through the table
-of its layer's group; the slots come from ``impl.KVBlockManager`` and nothing else.
+of its layer's group; the slots come from ``impl.KVCacheManager`` and nothing else.
 Layout, block-major then token then head:
 - a block is one contiguous chunk of memory, so releasing or poisoning a block is one
   slice write, and a request's K/V for one block is one contiguous read;
@@ -15,7 +15,7 @@ Layout, block-major then token then head:
   projections produce, so a write needs no transpose.
 
 With ``host_blocks > 0`` the pool keeps a host tier beside it (``harness.runtime.host_store``)
-and makes the manager's swap copies between the two (``swap``). The poisoned pools fill
+and makes the manager's copies between the two (``transfer``). The poisoned pools fill
 what is released with a poison, so a read of it shows. The
 paging-free twin the allocator gate compares with is ``harness.runtime.contiguous_kv``.
 Neither decides *when* a request gets memory: that is the engine's job (with the manager).
@@ -29,9 +29,9 @@ import torch
 from harness.kv_layout import KVLayout
 from harness.runtime.host_store import HostKVStore
 from harness.runtime.kv_store import GroupPlan, KVPlan, sdpa_layout
-from impl import KVBlockManager, RequestBlockTable
+from impl import AppendedSlots, KVCacheManager, Transfers
 from impl.prefix_cache import EventSink
-from spec import slot_index
+from spec import RequestBlockTable
 
 
 def new_manager(
@@ -42,11 +42,11 @@ def new_manager(
     event_sink: EventSink | None = None,
     host_blocks: int = 0,
     host_prefix_cache: bool = False,
-) -> KVBlockManager:
+) -> KVCacheManager:
     """A manager for a pool of ``layout``: one KV cache group per group of its layers, and
     a host tier of ``host_blocks`` (keeping freed cached prefixes with ``host_prefix_cache``);
-    its KV cache events go to ``event_sink`` (``impl.KVBlockManager``'s)."""
-    return KVBlockManager(
+    its KV cache events go to ``event_sink`` (``impl.KVCacheManager``'s)."""
+    return KVCacheManager(
         total_blocks,
         block_size,
         group_windows=layout.group_windows,
@@ -112,59 +112,44 @@ class PagedKVPool:
         """Bytes the pool holds for K and V over all layers."""
         return self.total_blocks * self.block_size * self.layout.bytes_per_block_token
 
-    def plan(
-        self,
-        tables: Sequence[RequestBlockTable],
-        new_slots: Sequence[list[int]],
-        group_tables: Sequence[Sequence[RequestBlockTable]] = (),
-    ) -> KVPlan:
-        """Writes go to the pool slots ``new_slots`` (group 0; the others' from their
-        tables); a read gathers each group's held blocks whole.
+    def plan(self, steps: Sequence[AppendedSlots]) -> KVPlan:
+        """Writes go to the slots the manager gave each request of the step, group by
+        group; a read gathers each group's held blocks whole.
 
         NOTE: reading by block, not by slot, moves ``block_size`` rows per index (one
         memcpy-sized chunk) and one ``index_select`` serves every request of the step; it
         copies at most ``block_size - 1`` unused rows per request, which no one reads.
         """
         groups = len(self.layout.group_layers)
-        if 1 + len(group_tables) != groups:
+        if steps and len(steps[0].block_ids) != groups:
             raise ValueError(
-                f"the pool has {groups} KV cache groups, the plan {1 + len(group_tables)}"
+                f"the pool has {groups} KV cache groups, the plan {len(steps[0].block_ids)}"
             )
-        new_token_counts = tuple(len(slots) for slots in new_slots)
-        group_plans = [self._group_plan(tables, [s for slots in new_slots for s in slots])]
-        for more in group_tables:
-            group_plans.append(self._group_plan(more, self._new_slots(more, new_token_counts)))
         return KVPlan(
-            request_ids=tuple(table.request_id for table in tables),
-            new_token_counts=new_token_counts,
-            token_counts=tuple(table.token_count for table in tables),
-            groups=tuple(group_plans),
+            request_ids=tuple(step.request_id for step in steps),
+            new_token_counts=tuple(len(step.slots[0]) for step in steps),
+            token_counts=tuple(step.token_count for step in steps),
+            groups=tuple(self._group_plan(steps, group) for group in range(groups)),
         )
 
-    def _new_slots(
-        self, tables: Sequence[RequestBlockTable], new_token_counts: tuple[int, ...]
-    ) -> list[int]:
-        """The slots of each request's last ``new_token_counts[i]`` tokens in its table."""
-        return [
-            slot_index(self.block_size, table.block_ids, position, table.skipped_blocks)
-            for table, count in zip(tables, new_token_counts, strict=True)
-            for position in range(table.token_count - count, table.token_count)
-        ]
-
-    def _group_plan(self, tables: Sequence[RequestBlockTable], slots: list[int]) -> GroupPlan:
+    def _group_plan(self, steps: Sequence[AppendedSlots], group: int) -> GroupPlan:
         device = self.layout.device
-        block_counts = [len(table.block_ids) for table in tables]
+        block_counts = [len(step.block_ids[group]) for step in steps]
         return GroupPlan(
-            write_index=torch.tensor(slots, dtype=torch.int64, device=device),
+            write_index=torch.tensor(
+                [slot for step in steps for slot in step.slots[group]],
+                dtype=torch.int64,
+                device=device,
+            ),
             read_index=torch.tensor(
-                [block_id for table in tables for block_id in table.block_ids],
+                [block_id for step in steps for block_id in step.block_ids[group]],
                 dtype=torch.int64,
                 device=device,
             ),
             read_starts=tuple(
                 self.block_size * start for start in accumulate(block_counts, initial=0)
             )[:-1],
-            first_positions=tuple(self.block_size * table.skipped_blocks for table in tables),
+            first_positions=tuple(self.block_size * step.skipped_blocks[group] for step in steps),
         )
 
     def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -208,13 +193,20 @@ class PagedKVPool:
     def truncate(self, request_id: str, block_ids: list[int], slots: list[int]) -> None:
         """A request was rolled back; the rows keep stale K/V until overwritten."""
 
-    def release_out_of_window(self, block_ids: list[int]) -> None:
-        """Sliding windows let go of ``block_ids``; their rows keep stale K/V."""
-
     def fork(self, parent_id: str, child_id: str) -> None:
         """Nothing to do: the child's table names the parent's blocks."""
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def transfer(self, transfers: Transfers) -> None:
+        """The manager's transfers in its order: every copy out to the host tier (one batched
+        copy per tensor), every copy-on-write copy, every copy in; then the skipped blocks
+        (``release_skipped``)."""
+        self.host.copy_out(self.keys + self.values, transfers.device_to_host)
+        self.copy_blocks(transfers.copies)
+        self.host.copy_in(self.keys + self.values, transfers.host_to_device)
+        if transfers.skipped_block_ids:
+            self.release_skipped(list(transfers.skipped_block_ids))
+
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write: every layer's K and V rows of each ``source`` block to ``destination``.
 
         In order, so a destination of one pair could be a later pair's source.
@@ -228,16 +220,8 @@ class PagedKVPool:
                 keys.index_copy_(0, destination_index, keys.index_select(0, source_index))
                 values.index_copy_(0, destination_index, values.index_select(0, source_index))
 
-    def swap(
-        self,
-        device_to_host: Sequence[tuple[int, int]],
-        host_to_device: Sequence[tuple[int, int]],
-    ) -> None:
-        """The manager's swap copies: every ``(device, host)`` block of ``device_to_host``
-        first, then every ``(host, device)`` of ``host_to_device``; one batched copy per
-        tensor and direction."""
-        self.host.copy_out(self.keys + self.values, device_to_host)
-        self.host.copy_in(self.keys + self.values, host_to_device)
+    def release_skipped(self, block_ids: list[int]) -> None:
+        """Sliding windows let go of ``block_ids``; their rows keep stale K/V."""
 
     def swap_out(self, request_id: str, block_ids: list[int]) -> None:
         """A request was swapped out and its copies out made; ``block_ids`` became free
@@ -284,7 +268,7 @@ class PoisonedKVPool(PagedKVPool):
         self.poison(block_ids)
         self.poison_slots(slots)
 
-    def release_out_of_window(self, block_ids: list[int]) -> None:
+    def release_skipped(self, block_ids: list[int]) -> None:
         """Poison the blocks sliding windows released, at once: the request still runs,
         and a hook reading one would turn its logits NaN."""
         self.poison(block_ids)

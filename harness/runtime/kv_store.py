@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from impl import RequestBlockTable
+from impl import AppendedSlots, Transfers
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,21 +64,16 @@ class KVPlan:
 class KVStore(Protocol):
     """What the attention hook needs from K/V memory: plan once per step, write, read.
 
-    ``plan`` takes each request's table after this step's tokens and the slots of those
-    tokens (KV cache group 0), and with several groups each request's table in groups
-    1.. (``group_tables[g - 1][i]``). The engine also tells it about the lifecycle:
-    ``release`` (with the blocks that became free and hold no cached prefix: a shared or
-    cached block keeps valid K/V), ``release_out_of_window`` (blocks a sliding window made
-    free, likewise), ``fork``, the copy-on-write ``copy_blocks``, the rollback
-    ``truncate``, and the host tier's ``swap`` copies and ``swap_out``.
+    ``plan`` takes what the manager's ``allocate`` or ``append`` gave each request of the
+    step (``AppendedSlots``: every KV cache group's table after this step's tokens and
+    those tokens' slots), whole. The engine also tells it about the lifecycle: ``transfer``
+    (the manager's ``take_transfers``: copies between the tiers and copy-on-write copies
+    in their order, then the blocks sliding windows made free), ``release`` (with the
+    blocks that became free and hold no cached prefix: a shared or cached block keeps
+    valid K/V), ``fork``, the rollback ``truncate`` and the host tier's ``swap_out``.
     """
 
-    def plan(
-        self,
-        tables: Sequence[RequestBlockTable],
-        new_slots: Sequence[list[int]],
-        group_tables: Sequence[Sequence[RequestBlockTable]] = (),
-    ) -> KVPlan:
+    def plan(self, steps: Sequence[AppendedSlots]) -> KVPlan:
         """The step's plan, built once and used by every layer."""
         ...
 
@@ -103,19 +98,12 @@ class KVStore(Protocol):
         again; nobody may read either."""
         ...
 
-    def release_out_of_window(self, block_ids: list[int]) -> None: ...
-
     def fork(self, parent_id: str, child_id: str) -> None: ...
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None: ...
-
-    def swap(
-        self,
-        device_to_host: Sequence[tuple[int, int]],
-        host_to_device: Sequence[tuple[int, int]],
-    ) -> None:
-        """The manager's pending swap copies, ``(device, host)`` then ``(host, device)``
-        block pairs: every copy out before any copy in."""
+    def transfer(self, transfers: Transfers) -> None:
+        """What the manager's ``take_transfers`` handed over, in its order: every copy
+        ``(device, host)`` out, every copy-on-write ``(source, destination)``, every
+        ``(host, device)`` copy in; then the skipped blocks, which nobody may read again."""
         ...
 
     def swap_out(self, request_id: str, block_ids: list[int]) -> None:

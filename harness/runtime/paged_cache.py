@@ -2,11 +2,11 @@
 
 ``model.generate(..., past_key_values=PagedCache(manager, pool, batch_size))`` runs HF's own
 generation loop, on one request or a static (left-padded) batch, with every token's K/V in
-a ``PagedKVPool`` at the slot ``impl.KVBlockManager`` gives. Batch row ``r`` is the
+a ``PagedKVPool`` at the slot ``impl.KVCacheManager`` gives. Batch row ``r`` is the
 manager's request ``request_ids[r]``. Each forward grows every row's table by the new
-tokens (``allocate`` on the first, ``append_slot`` for a one-token decode,
-``append_tokens`` otherwise) before layer 0 writes; each layer then writes the new K/V at
-those slots and hands attention every row's K/V gathered back through its table.
+tokens (``allocate`` by count on the first, ``append`` after) before layer 0 writes, and
+makes the manager's transfers (the blocks windows freed); each layer then writes the new
+K/V at those slots and hands attention every row's K/V gathered back through its table.
 
 It is *not* what the engine uses (``harness.runtime.paged_attention`` is): a ``Cache`` sees one
 ``[batch, kv_heads, tokens, head_dim]`` tensor per layer, so every row holds the same
@@ -29,15 +29,15 @@ from transformers.cache_utils import (
 
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.kv_store import KVPlan
-from impl import AppendedSlots, BlockAllocationError, KVBlockManager
+from impl import AppendedSlots, BlockAllocationError, KVCacheManager
 from spec import blocks_for_tokens, first_window_token
 
 
 class PagedCache(Cache):
-    """HF's ``Cache`` over a ``PagedKVPool`` and a ``KVBlockManager``: one request per row."""
+    """HF's ``Cache`` over a ``PagedKVPool`` and a ``KVCacheManager``: one request per row."""
 
     def __init__(
-        self, manager: KVBlockManager, pool: PagedKVPool, batch_size: int, name: str = "row"
+        self, manager: KVCacheManager, pool: PagedKVPool, batch_size: int, name: str = "row"
     ) -> None:
         if (manager.total_blocks, manager.block_size) != (pool.total_blocks, pool.block_size):
             raise ValueError(
@@ -74,10 +74,11 @@ class PagedCache(Cache):
             - blocks_for_tokens(block_size, self.token_count)
         )
         if self.token_count == 0:
-            taken = [rid for rid in self.request_ids if rid in manager.request_tables]
+            held = manager.to_spec().tables
+            taken = [rid for rid in self.request_ids if rid in held]
             if taken:
                 raise ValueError(f"the manager already holds requests {taken}")
-        free = manager.free_blocks
+        free = manager.usage().free_blocks
         if per_row * len(self.request_ids) > free:
             # The first row that growing row by row would have refused, with its numbers.
             row = free // per_row
@@ -87,19 +88,12 @@ class PagedCache(Cache):
         steps: list[AppendedSlots] = []
         for request_id in self.request_ids:  # one call per row: every group's table and slots
             if self.token_count == 0:
-                manager.allocate(request_id, new_tokens)
-                steps.append(manager.new_token_slots(request_id, new_tokens))
+                steps.append(manager.allocate(request_id, new_tokens))
             else:
-                steps.append(manager.append_slots(request_id, new_tokens))
+                steps.append(manager.append(request_id, new_tokens))
         self.token_count += new_tokens
-        skipped = manager.take_skipped_blocks()
-        if skipped:
-            self.pool.release_out_of_window(skipped)
-        self.plan = self.pool.plan(
-            [step.tables[0] for step in steps],
-            [list(step.slots[0]) for step in steps],
-            [[step.tables[group] for step in steps] for group in groups],
-        )
+        self.pool.transfer(manager.take_transfers())
+        self.plan = self.pool.plan(steps)
         return self.plan
 
     def release(self) -> None:
@@ -107,7 +101,7 @@ class PagedCache(Cache):
         if self.token_count == 0:
             return
         for request_id in self.request_ids:
-            released = self.manager.release_blocks(request_id)
+            released = self.manager.release(request_id)
             self.pool.release(request_id, list(released.freed_block_ids))
         self.token_count = 0
         self.plan = None

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from impl import KVBlockManager, SwapCopies
+from impl import KVCacheManager, Transfers
 from spec import BlockAllocationError
 
 Running = TypeVar("Running")
@@ -24,26 +24,24 @@ PREEMPT_MODES: tuple[PreemptMode, ...] = ("recompute", "swap")
 
 @dataclass(frozen=True, slots=True)
 class Preempted:
-    """How a victim was preempted: ``swapped`` (else recomputed), and the device blocks it
-    let go of that are free now and hold no cached prefix (a poisoned pool fills them)."""
+    """How a victim was preempted: ``swapped`` (else recomputed), the transfers the caller
+    makes in its store at once (its copies out among them), and the device blocks it let
+    go of that are free now and hold no cached prefix (a poisoned pool fills them, after
+    the transfers)."""
 
     swapped: bool
+    transfers: Transfers
     freed_block_ids: tuple[int, ...]
 
 
-def preempt_request(
-    manager: KVBlockManager,
-    request_id: str,
-    mode: PreemptMode,
-    copy: Callable[[SwapCopies], None],
-) -> Preempted:
-    """Preempt ``request_id`` by ``mode``, then hand ``copy`` every pending swap copy.
+def preempt_request(manager: KVCacheManager, request_id: str, mode: PreemptMode) -> Preempted:
+    """Preempt ``request_id`` by ``mode``, then take every pending transfer.
 
-    The copies are taken at once, so the blocks the victim gave up are free by return: a
+    The transfers are taken at once, so the blocks the victim gave up are free by return: a
     device block with a pending copy out of it is handed to no one until the copy is taken
     (the manager's pending-copy rule), and the caller retries an append on those blocks.
-    ``copy`` makes every copy out before any copy in. Whatever the victim held is free
-    only after ``copy`` returns, so a poisoned pool fills ``freed_block_ids`` after it.
+    Whatever the victim held is free only once the caller has made the transfers, so a
+    poisoned pool fills ``freed_block_ids`` after them.
     """
     swapped = False
     if mode == "swap":
@@ -54,8 +52,7 @@ def preempt_request(
             pass  # the host tier is short: the refusal changed nothing, recompute instead
     if not swapped:
         freed = manager.preempt(request_id).freed_block_ids
-    copy(manager.take_swap_copies())
-    return Preempted(swapped, tuple(freed))
+    return Preempted(swapped, manager.take_transfers(), freed)
 
 
 def append_or_preempt(

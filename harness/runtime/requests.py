@@ -98,9 +98,7 @@ class RunningRequest:
     prefill: bool = True  # it is feeding the tokens of its (re)admission, chunk by chunk
     prefill_ids: tuple[int, ...] = ()  # the tokens its (re)admission prefills
     computed: int = 0  # tokens of its table whose K/V are in the pool
-    allocated: bool = False  # its pending tokens are in its table already (an admission's
-    # first chunk, which ``Scheduler.admit`` allocated with the prompt)
-    swapped: bool = False  # its K/V wait in the host tier: it resumes by swap_in
+    swapped: bool = False  # its K/V wait in the host tier: it resumes where it stopped
     dropped: int = 0  # tokens whose K/V a recompute preemption dropped: its prefill of
     # positions below this recomputes them
 

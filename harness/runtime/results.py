@@ -1,12 +1,13 @@
 """What a run reports: per-request outputs, the pool after each step, sharing, speculation.
 
-``usage_sample`` reads the manager after a step; the rest are records the engine fills.
+``usage_sample`` keeps what a step needs of the manager's usage report; the rest are
+records the engine fills.
 """
 
 from dataclasses import dataclass, field
 
 from harness.runtime.requests import RequestOutput
-from impl import KVBlockManager
+from spec import KVBlockUsage
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,25 +139,16 @@ class EngineResult:
         return max((s.skipped_table_blocks for s in self.usage), default=0)
 
 
-def usage_sample(manager: KVBlockManager) -> UsageSample:
-    """The pool now: ``manager``'s usage, and the blocks its tables name or skipped over
-    every KV cache group."""
-    usage = manager.usage()
-    if len(manager.group_windows) == 1:
-        tables = list(manager.request_tables.values())
-    else:  # one read per request gives its table in every group
-        tables = [t for rid in manager.request_tables for t in manager.snapshot_groups(rid)]
-    table_blocks = sum(len(table.block_ids) for table in tables)
-    skipped = sum(table.skipped_blocks for table in tables)
-    # NOTE: the cached free queue is copied to count it (O(cached free blocks)), like the
-    # tables above; the manager has no O(1) count of it.
+def usage_sample(usage: KVBlockUsage) -> UsageSample:
+    """The pool now, from the manager's usage report: blocks in use, tokens, the blocks its
+    tables name and skipped over every KV cache group."""
     return UsageSample(
         usage.used_blocks,
         usage.request_count,
         usage.allocated_tokens,
         usage.reserved_tokens,
-        table_blocks,
-        cached_free_blocks=len(manager.cached_free_block_ids),
+        usage.table_blocks,
+        cached_free_blocks=usage.cached_free_blocks,
         preemptions=usage.preemptions,
-        skipped_table_blocks=skipped,
+        skipped_table_blocks=usage.table_skipped_blocks,
     )

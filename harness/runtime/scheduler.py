@@ -1,4 +1,5 @@
-"""What each engine step feeds: admission, the token budget, prefill chunks and drafts.
+"""What each engine step feeds: admission, the token budget, prefill chunks and drafts,
+and the one manager call that gives a request its tokens' slots.
 
 The scheduler decides *what* a step feeds and *who* gets in; the manager decides *which*
 blocks; the engine (``harness.runtime.engine``) runs the step. Admission is
@@ -6,15 +7,19 @@ first-come-first-served while the head's prompt (or its first chunk) can be allo
 now, or, for a request swapped out to the host tier, while its blocks and this step's
 tokens fit the device; when a running request's append later finds the pool dry, the
 most recently admitted is preempted (``harness.runtime.preemption``).
+
+With prefix caching the manager is given token ids (``allocate`` finds the prompt's
+cached prefix, ``append`` caches each block its tokens fill); without it, counts, and
+nothing is ever cached. Either way each call answers for every KV cache group at once
+(``AppendedSlots``).
 """
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from harness.runtime.allocation import Allocation
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.speculation import propose_drafts
-from impl import KVBlockManager
+from impl import AppendedSlots, KVCacheManager
 from spec import BlockAllocationError, blocks_for_tokens
 
 
@@ -42,16 +47,17 @@ NO_SCHEDULING = Scheduling()
 
 
 class Scheduler:
-    """Chooses each step's tokens and admissions for one manager under one ``Scheduling``."""
+    """Chooses each step's tokens and admissions for one manager under one ``Scheduling``,
+    giving the manager token ids with ``prefix_caching``, counts without."""
 
-    __slots__ = ("allocation", "manager", "scheduling")
+    __slots__ = ("manager", "prefix_caching", "scheduling")
 
     def __init__(
-        self, manager: KVBlockManager, allocation: Allocation, scheduling: Scheduling
+        self, manager: KVCacheManager, scheduling: Scheduling, *, prefix_caching: bool
     ) -> None:
         self.manager = manager
-        self.allocation = allocation
         self.scheduling = scheduling
+        self.prefix_caching = prefix_caching
 
     def check_fit(self, requests: list[Request]) -> None:
         """Refuse, before anything runs, a request whose continuations alone outgrow the pool."""
@@ -75,9 +81,10 @@ class Scheduler:
                     f"but the pool has {self.manager.total_blocks}"
                 )
 
-    def admit(self, waiting: RunningRequest, budget: int) -> bool:
+    def admit(self, waiting: RunningRequest, budget: int) -> AppendedSlots | None:
         """Allocate the blocks of ``waiting``'s prompt, or of its first chunk of at most
-        ``budget`` tokens, if the pool has them now.
+        ``budget`` tokens, if the pool has them now: the slots of what its first forward
+        feeds (past the prefix hit), or ``None`` (the manager changed nothing).
 
         The prefix hit is over the whole prompt, so a chunk never feeds cached tokens:
         ``allocate(prompt[:hit + chunk])`` finds the same hit (it never covers the last
@@ -85,56 +92,61 @@ class Scheduler:
 
         NOTE: no headroom is kept back for running requests: when a decode append later
         finds the pool dry, the most recently admitted request is preempted and recomputed.
-        A refused allocation changes nothing in the manager.
         """
         if waiting.swapped:
-            return self.swap_in(waiting, budget)
+            return self.resume(waiting, budget)
         request = waiting.request
         # A preempted request comes back with its generated tokens as part of its prompt.
         token_ids = request.prompt_ids + tuple(waiting.output.token_ids)
         salt = request.cache_salt
-        hit = self.allocation.cached_tokens(self.manager, token_ids, salt)
+        hit = self.manager.cached_prefix_tokens(token_ids, salt) if self.prefix_caching else 0
         end = min(len(token_ids), hit + budget)
         try:
-            cached_tokens = self.allocation.allocate(
-                self.manager, request.request_id, token_ids[:end], salt
-            )
+            if self.prefix_caching:
+                appended = self.manager.allocate(request.request_id, token_ids[:end], salt)
+            else:
+                appended = self.manager.allocate(request.request_id, end)
         except BlockAllocationError:
-            return False
+            return None
         # Our own bug if it fails: the cut prompt must hit exactly the whole prompt's blocks.
-        assert cached_tokens == hit, f"hit {cached_tokens} of a chunk, {hit} of the prompt"
+        assert appended.cached_tokens == hit, f"hit {appended.cached_tokens} of a chunk, {hit}"
         waiting.prefill_ids = token_ids
         waiting.computed = hit
         waiting.output.prefix_hit_tokens += hit
         waiting.pending_ids = list(token_ids[hit:end])
         waiting.prefill = True
-        waiting.allocated = True
-        return True
+        return appended
 
-    def swap_in(self, waiting: RunningRequest, budget: int) -> bool:
-        """Swap ``waiting`` back in from the host tier if the device has room now for its
-        blocks and for the tokens it feeds this step (its decode token, or its prefill's
-        next chunk of at most ``budget``); it resumes where it was preempted.
+    def resume(self, waiting: RunningRequest, budget: int) -> AppendedSlots | None:
+        """Bring ``waiting`` back from the host tier (``swap_in``) if the device has room now
+        for its blocks and for the tokens it feeds this step (its decode token, or its
+        prefill's next chunk of at most ``budget``), and append those: it resumes where it
+        was preempted. ``None`` when there is no room (nothing changed).
 
         NOTE: the room asked for is every group's blocks for all its tokens after this
-        step, more than a sliding window keeps: the swap-in and the append that follows
-        it (``Engine._grow``) then cannot fail, and a request that fits the pool alone
-        (``check_fit``) always fits an empty one.
+        step, more than a sliding window keeps: the swap-in and the append after it then
+        cannot fail, and a request that fits the pool alone (``check_fit``) always fits an
+        empty one.
         """
         manager = self.manager
-        request_id = waiting.request.request_id
         pending = (
             self.next_chunk(waiting, budget) if waiting.prefill else [waiting.output.token_ids[-1]]
         )
         tokens = waiting.computed + len(pending)
         room = len(manager.group_windows) * blocks_for_tokens(manager.block_size, tokens)
-        if manager.free_blocks < room or not manager.can_swap_in(request_id):
-            return False
-        manager.swap_in(request_id)
+        if manager.usage().free_blocks < room:
+            return None
+        manager.swap_in(waiting.request.request_id)
         waiting.swapped = False
         waiting.pending_ids = pending
-        waiting.allocated = False
-        return True
+        return self.append(waiting)
+
+    def append(self, running: RunningRequest) -> AppendedSlots:
+        """The one manager call that gives ``running``'s pending tokens (a decode token and
+        its drafts, or a prefill chunk) their slots, in every group."""
+        pending = running.pending_ids
+        tokens = tuple(pending) if self.prefix_caching else len(pending)
+        return self.manager.append(running.request.request_id, tokens)
 
     def schedule(self, running: list[RunningRequest]) -> list[RunningRequest]:
         """Choose every running request's tokens for this step (its ``pending_ids``);

@@ -13,7 +13,7 @@ import torch
 from harness.runtime.attention_backends import KernelStep
 from harness.runtime.kv_store import KVPlan, KVStore
 from harness.runtime.requests import RunningRequest
-from impl import RequestBlockTable
+from spec import RequestBlockTable
 
 
 @dataclass(frozen=True, slots=True)

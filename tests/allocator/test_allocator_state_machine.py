@@ -4,7 +4,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from impl import KVBlockManager
+from impl import KVCacheManager
 from tests.support.host_lockstep import HostTierMachine
 from tests.support.lockstep import AllocatorMachine, WindowedAllocatorMachine, machine_for
 from tests.support.planted_bugs import (
@@ -45,26 +45,26 @@ CATCHING = settings(
 
 
 @pytest.mark.parametrize("broken", PLANTED_BUGS + QUERY_BUGS, ids=lambda cls: cls.__name__)
-def test_state_machine_catches_planted_bug(broken: type[KVBlockManager]) -> None:
+def test_state_machine_catches_planted_bug(broken: type[KVCacheManager]) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken), settings=CATCHING)
 
 
 @pytest.mark.parametrize("broken", WINDOW_PLANTED_BUGS, ids=lambda cls: cls.__name__)
-def test_windowed_state_machine_catches_planted_window_bug(broken: type[KVBlockManager]) -> None:
+def test_windowed_state_machine_catches_planted_window_bug(broken: type[KVCacheManager]) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken, WindowedAllocatorMachine), settings=CATCHING)
 
 
 @pytest.mark.parametrize("broken", STEP_API_BUGS, ids=lambda cls: cls.__name__)
-def test_windowed_state_machine_catches_planted_step_api_bug(broken: type[KVBlockManager]) -> None:
+def test_windowed_state_machine_catches_planted_step_api_bug(broken: type[KVCacheManager]) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken, WindowedAllocatorMachine), settings=CATCHING)
 
 
 @pytest.mark.parametrize("broken", HOST_TIER_BUGS, ids=lambda cls: cls.__name__)
 def test_host_tier_state_machine_catches_planted_host_tier_bug(
-    broken: type[KVBlockManager],
+    broken: type[KVCacheManager],
 ) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken, HostTierMachine), settings=CATCHING)

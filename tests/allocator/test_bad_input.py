@@ -9,60 +9,54 @@ from collections.abc import Callable
 
 import pytest
 
-from impl import KVBlockManager
+from impl import KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
 
-Manager = KVBlockManager | SpecBackedManager
+Manager = KVCacheManager | SpecBackedManager
 Call = Callable[[Manager], object]
 
 
 def _a_pool_with_a_prompt_and_a_counted_request(make: type[Manager]) -> Manager:
     pool = make(4, 4)
-    pool.allocate_prompt("p", [1, 2, 3])
+    pool.allocate("p", [1, 2, 3])
     pool.allocate("c", 2)
     return pool
 
 
 def _state(pool: Manager) -> object:
-    tables = {request_id: pool.snapshot_request(request_id) for request_id in ("p", "c")}
-    return (pool.free_block_ids, pool.cached_free_block_ids, tables, pool.usage())
+    return (pool.to_spec(), pool.usage())
 
 
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
         (
-            lambda m: m.allocate_prompt("b", (1, 2, 3, [4])),
+            lambda m: m.allocate("b", (1, 2, 3, [4])),
             TypeError,
             "token id 3 must be an int, got list [4]",
         ),
         (
-            lambda m: m.append_token_ids("p", (4, [5], 6, 7, 8)),
+            lambda m: m.append("p", (4, [5], 6, 7, 8)),
             TypeError,
             "token id 1 must be an int, got list [5]",
         ),
-        (lambda m: m.append_token_slot("p", 4.0), TypeError, "token id 0 must be an int"),
-        (lambda m: m.append_token_slot("p", True), TypeError, "got bool True"),
-        (lambda m: m.append_token_slot("p", -1), ValueError, "token id 0 must be in [0, "),
-        (lambda m: m.append_token_ids("p", [2**32]), ValueError, "got 4294967296"),
+        (lambda m: m.append("p", [4.0]), TypeError, "token id 0 must be an int"),
+        (lambda m: m.append("p", [True]), TypeError, "got bool True"),
+        (lambda m: m.append("p", [-1]), ValueError, "token id 0 must be in [0, "),
+        (lambda m: m.append("p", [2**32]), ValueError, "got 4294967296"),
         (lambda m: m.allocate("b", 2.0), TypeError, "token_count must be an int, got float 2.0"),
         (lambda m: m.allocate("b", True), TypeError, "token_count must be an int, got bool True"),
-        (lambda m: m.append_tokens("c", False), TypeError, "got bool False"),
-        (lambda m: m.append_tokens("c", 1.5), TypeError, "got float 1.5"),
-        (lambda m: m.can_allocate(1.0), TypeError, "token_count must be an int"),
+        (lambda m: m.append("c", False), TypeError, "got bool False"),
+        (lambda m: m.append("c", 1.5), TypeError, "got float 1.5"),
+        (lambda m: m.append("c", "3"), TypeError, "token_count must be an int, got str '3'"),
         (lambda m: m.allocate(float("nan"), 1), TypeError, "request_id must be a str, got float"),
-        (lambda m: m.allocate_prompt(None, [1]), TypeError, "request_id must be a str"),
+        (lambda m: m.allocate(None, [1]), TypeError, "request_id must be a str"),
+        (lambda m: m.allocate("b", 1, "salt"), ValueError, "a cache salt needs token ids"),
         (lambda m: m.fork("p", 7), TypeError, "request_id must be a str, got int 7"),
-        (
-            lambda m: m.snapshot_request("c", 1),
-            ValueError,
-            "group must be in [0, 1) (the pool has 1 KV cache groups), got 1",
-        ),
-        (lambda m: m.snapshot_request("c", False), TypeError, "group must be an int, got bool"),
     ],
 )
-@pytest.mark.parametrize("make", [SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+@pytest.mark.parametrize("make", [SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
 def test_a_malformed_argument_is_refused_by_type_and_changes_nothing(
     make: type[Manager], call: Call, error: type[Exception], message: str
 ) -> None:
@@ -73,17 +67,17 @@ def test_a_malformed_argument_is_refused_by_type_and_changes_nothing(
     assert message in str(refused.value)
     assert _state(pool) == before
     # Still usable: a valid append lands where it would have.
-    assert pool.append_token_slot("p", 4) == 3
+    assert pool.append("p", [4]).slots == ((3,),)
 
 
 def test_spec_and_impl_refuse_a_numpy_token_id_alike() -> None:
     numpy = pytest.importorskip("numpy")
     messages = []
-    for make in (SpecBackedManager, KVBlockManager):
+    for make in (SpecBackedManager, KVCacheManager):
         pool = _a_pool_with_a_prompt_and_a_counted_request(make)
         before = _state(pool)
         with pytest.raises(TypeError) as refused:
-            pool.append_token_slot("p", numpy.array(4))
+            pool.append("p", [numpy.array(4)])
         assert _state(pool) == before
         messages.append(str(refused.value))
     assert messages[0] == messages[1] == "token id 0 must be an int, got ndarray array(4)"
@@ -103,7 +97,7 @@ def test_spec_and_impl_refuse_a_numpy_token_id_alike() -> None:
         (0, 16, ValueError, "total_blocks must be at least 1, got 0"),
     ],
 )
-@pytest.mark.parametrize("make", [SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+@pytest.mark.parametrize("make", [SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
 def test_a_pool_that_cannot_be_served_is_refused_at_once(
     make: type[Manager],
     total_blocks: object,
@@ -117,7 +111,7 @@ def test_a_pool_that_cannot_be_served_is_refused_at_once(
 
 
 def test_a_request_id_that_is_not_itself_cannot_break_the_invariants() -> None:
-    pool = KVBlockManager(4, 4)
+    pool = KVCacheManager(4, 4)
     with pytest.raises(TypeError):
         pool.allocate(float("nan"), 1)  # type: ignore[arg-type]
     pool.check_invariants()
@@ -125,15 +119,15 @@ def test_a_request_id_that_is_not_itself_cannot_break_the_invariants() -> None:
 
 
 def test_the_extras_are_keyword_only_so_a_tuple_of_windows_is_not_taken_for_a_hash() -> None:
-    make: Callable[..., KVBlockManager] = KVBlockManager  # the call mypy would refuse
+    make: Callable[..., KVCacheManager] = KVCacheManager  # the call mypy would refuse
     with pytest.raises(TypeError, match="positional argument"):
         make(8, 4, (None, 4))
-    assert KVBlockManager(8, 4, group_windows=(None, 4)).group_windows == (None, 4)
+    assert KVCacheManager(8, 4, group_windows=(None, 4)).group_windows == (None, 4)
 
 
 def test_a_block_hash_that_is_not_callable_is_refused_at_construction() -> None:
     with pytest.raises(TypeError, match=r"^block_hash must be callable, got tuple \(None, 4\)$"):
-        KVBlockManager(8, 4, block_hash=(None, 4))  # type: ignore[arg-type]
+        KVCacheManager(8, 4, block_hash=(None, 4))  # type: ignore[arg-type]
 
 
 class _HashError(Exception):
@@ -149,44 +143,26 @@ def _hash_that_raises_on(poison: int) -> Callable[[int, tuple[int, ...]], int]:
     return block_hash
 
 
-def _impl_state(pool: KVBlockManager) -> object:
-    return (pool.to_spec(), pool.usage(), pool.pending_copies)
+def _impl_state(pool: KVCacheManager) -> object:
+    return (pool.to_spec(), pool.usage())
 
 
 @pytest.mark.parametrize(
     "call",
     [
-        lambda m: m.allocate_prompt("b", [1, 2, 3, 4, 9, 9, 9, 9, 5]),
-        lambda m: m.allocate_prompt("b", [9, 2, 3, 4, 5]),
-        lambda m: m.append_token_ids("p", [4, 5, 9, 6, 7, 8]),
-        lambda m: m.append_token_ids("p", [9]),
-        lambda m: m.append_token_slot("p", 9),
+        lambda m: m.allocate("b", [1, 2, 3, 4, 9, 9, 9, 9, 5]),
+        lambda m: m.allocate("b", [9, 2, 3, 4, 5]),
+        lambda m: m.append("p", [4, 5, 9, 6, 7, 8]),
+        lambda m: m.append("p", [9]),
     ],
-    ids=["prompt-second-block", "prompt-first-block", "append-ids", "append-ids-one", "slot"],
+    ids=["prompt-second-block", "prompt-first-block", "append-ids", "append-ids-one"],
 )
 def test_a_block_hash_that_raises_leaves_the_manager_unchanged(call: Call) -> None:
-    pool = KVBlockManager(8, 4, block_hash=_hash_that_raises_on(9))
-    pool.allocate_prompt("p", [1, 2, 3])
+    pool = KVCacheManager(8, 4, block_hash=_hash_that_raises_on(9))
+    pool.allocate("p", [1, 2, 3])
     before = _impl_state(pool)
     with pytest.raises(_HashError):
         call(pool)
     assert _impl_state(pool) == before
     pool.check_invariants()
-    assert pool.append_token_slot("p", 4) == 3  # still usable, where it would have been
-
-
-@pytest.mark.parametrize("block_id", [-8, -1, 8, 2**40])
-@pytest.mark.parametrize("make", [SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
-def test_a_ref_count_outside_the_pool_is_refused_with_the_range(
-    make: type[Manager], block_id: int
-) -> None:
-    pool = make(8, 4)
-    pool.allocate("a", 5)
-    with pytest.raises(ValueError) as refused:
-        pool.ref_count(block_id)
-    assert str(refused.value) == (
-        f"block_id must be in [0, 8) (the pool has 8 blocks), got {block_id}"
-    )
-    with pytest.raises(TypeError, match=r"^block_id must be an int, got float 1.0$"):
-        pool.ref_count(1.0)  # type: ignore[arg-type]
-    assert (pool.ref_count(0), pool.ref_count(7)) == (1, 0)
+    assert pool.append("p", [4]).slots == ((3,),)  # still usable, where it would have been

@@ -3,7 +3,7 @@ and a release that leaves a cached free block; labels, wrapping and colour."""
 
 import pytest
 
-from impl import KVBlockManager
+from impl import KVCacheManager
 from impl.block_map import (
     LEGEND,
     PoolSnapshot,
@@ -16,10 +16,10 @@ from spec import RequestBlockTable
 
 
 def test_a_fork_shares_every_block_and_the_partly_filled_last_block_is_marked_too() -> None:
-    manager = KVBlockManager(6, 4)
+    manager = KVCacheManager(6, 4)
     manager.allocate("req-a", 6)
     manager.fork("req-a", "req-b")
-    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+    assert render_block_map(snapshot_pool(manager.to_spec())) == "\n".join(
         [
             "pool: 6 blocks x 4 tokens; 2 used (2 shared), 0 cached free, 4 free",
             "0 [A* ][A*~][.  ][.  ][.  ][.  ]",
@@ -33,12 +33,12 @@ def test_a_fork_shares_every_block_and_the_partly_filled_last_block_is_marked_to
 
 
 def test_a_copy_on_write_gives_the_child_its_own_last_block() -> None:
-    manager = KVBlockManager(6, 4)
+    manager = KVCacheManager(6, 4)
     manager.allocate("req-a", 6)
     manager.fork("req-a", "req-b")
-    manager.append_slot("req-b")
-    assert manager.take_copies() == [(1, 2)]
-    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+    manager.append("req-b", 1).slots[0][0]
+    assert manager.take_transfers().copies == ((1, 2),)
+    assert render_block_map(snapshot_pool(manager.to_spec())) == "\n".join(
         [
             "pool: 6 blocks x 4 tokens; 3 used (1 shared), 0 cached free, 3 free",
             "0 [A* ][A ~][B ~][.  ][.  ][.  ]",
@@ -52,11 +52,11 @@ def test_a_copy_on_write_gives_the_child_its_own_last_block() -> None:
 
 
 def test_a_prefix_hit_shares_the_full_prompt_blocks_only() -> None:
-    manager = KVBlockManager(6, 4)
-    manager.allocate_prompt("req-a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
-    hit = manager.allocate_prompt("req-b", [1, 2, 3, 4, 5, 6, 7, 8, 20, 21])
+    manager = KVCacheManager(6, 4)
+    manager.allocate("req-a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    hit = manager.allocate("req-b", [1, 2, 3, 4, 5, 6, 7, 8, 20, 21])
     assert hit.cached_tokens == 8
-    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+    assert render_block_map(snapshot_pool(manager.to_spec())) == "\n".join(
         [
             "pool: 6 blocks x 4 tokens; 4 used (2 shared), 0 cached free, 2 free",
             "0 [A* ][A* ][A ~][B ~][.  ][.  ]",
@@ -70,14 +70,14 @@ def test_a_prefix_hit_shares_the_full_prompt_blocks_only() -> None:
 
 
 def test_a_released_full_block_is_cached_free_and_a_partial_one_plain_free() -> None:
-    manager = KVBlockManager(6, 4)
-    manager.allocate_prompt("req-a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
-    manager.allocate_prompt("req-b", [1, 2, 3, 4, 5, 6, 7, 8, 20])
+    manager = KVCacheManager(6, 4)
+    manager.allocate("req-a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
+    manager.allocate("req-b", [1, 2, 3, 4, 5, 6, 7, 8, 20])
     labels = extend_labels({}, ["req-a", "req-b"])
     manager.release("req-a")
     # Block 2 (tokens 9-12) keeps its cached prefix; block 3 (token 13) was never cached.
     # req-b keeps its label B, and the map wraps at 21 columns: three cells a row.
-    assert render_block_map(snapshot_pool(manager), labels, width=21) == "\n".join(
+    assert render_block_map(snapshot_pool(manager.to_spec()), labels, width=21) == "\n".join(
         [
             "pool: 6 blocks x 4 tokens; 3 used (0 shared), 1 cached free, 2 free",
             "0 [B  ][B  ][:  ]",
@@ -123,7 +123,7 @@ def test_two_letter_labels_widen_every_cell() -> None:
 
 
 def test_a_pool_with_no_request_draws_one_column_cells() -> None:
-    assert render_block_map(snapshot_pool(KVBlockManager(3, 4))) == "\n".join(
+    assert render_block_map(snapshot_pool(KVCacheManager(3, 4).to_spec())) == "\n".join(
         [
             "pool: 3 blocks x 4 tokens; 0 used (0 shared), 0 cached free, 3 free",
             "0 [.  ][.  ][.  ]",
@@ -162,16 +162,16 @@ def test_a_row_holds_as_many_cells_as_fit_in_80_columns_by_default() -> None:
 def test_a_row_holds_the_cells_that_fit_in_the_width_and_at_least_one(
     width: int, rows: list[str]
 ) -> None:
-    manager = KVBlockManager(4, 4)
+    manager = KVCacheManager(4, 4)
     manager.allocate("req-a", 4)
-    assert render_block_map(snapshot_pool(manager), width=width).splitlines()[1:3] == rows
+    assert render_block_map(snapshot_pool(manager.to_spec()), width=width).splitlines()[1:3] == rows
 
 
 @pytest.mark.parametrize("color", [False, True])
 def test_colour_escapes_appear_only_when_asked_for(color: bool) -> None:
-    manager = KVBlockManager(2, 4)
+    manager = KVCacheManager(2, 4)
     manager.allocate("req-a", 3)
-    text = render_block_map(snapshot_pool(manager), color=color)
+    text = render_block_map(snapshot_pool(manager.to_spec()), color=color)
     assert ("\x1b[" in text) is color
     if color:
         assert "\x1b[31m[A ~]\x1b[0m\x1b[2m[.  ]\x1b[0m" in text
@@ -179,9 +179,9 @@ def test_colour_escapes_appear_only_when_asked_for(color: bool) -> None:
 
 
 def test_every_kv_cache_group_draws_its_blocks_as_held() -> None:
-    manager = KVBlockManager(8, 4, group_windows=(None, 4))
+    manager = KVCacheManager(8, 4, group_windows=(None, 4))
     manager.allocate("a", 6)
-    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+    assert render_block_map(snapshot_pool(manager.to_spec())) == "\n".join(
         [
             "pool: 8 blocks x 4 tokens; 4 used (0 shared), 0 cached free, 4 free",
             "0 [A  ][A ~][A  ][A ~][.  ][.  ][.  ][.  ]",
@@ -194,10 +194,10 @@ def test_every_kv_cache_group_draws_its_blocks_as_held() -> None:
 
 
 def test_a_block_a_window_skipped_is_drawn_free_and_the_table_says_what_it_skipped() -> None:
-    manager = KVBlockManager(8, 2, group_windows=(None, 2))
+    manager = KVCacheManager(8, 2, group_windows=(None, 2))
     manager.allocate("a", 3)
-    manager.append_tokens("a", 2)  # group 1's window no longer reads block index 0 (block 2)
-    assert render_block_map(snapshot_pool(manager)) == "\n".join(
+    manager.append("a", 2)  # group 1's window no longer reads block index 0 (block 2)
+    assert render_block_map(snapshot_pool(manager.to_spec())) == "\n".join(
         [
             "pool: 8 blocks x 2 tokens; 5 used (0 shared), 0 cached free, 3 free",
             "0 [A  ][A  ][.  ][A  ][A ~][A ~][.  ][.  ]",
@@ -210,11 +210,11 @@ def test_a_block_a_window_skipped_is_drawn_free_and_the_table_says_what_it_skipp
 
 
 def test_each_further_group_is_listed_after_the_last_in_group_order() -> None:
-    manager = KVBlockManager(8, 4, group_windows=(None, 4, None))
+    manager = KVCacheManager(8, 4, group_windows=(None, 4, None))
     manager.allocate("a", 6)
-    manager.append_tokens("a", 2)
-    manager.append_tokens("a", 1)  # L0 = 8: group 1's window no longer reads block index 0
-    assert render_block_map(snapshot_pool(manager)).splitlines()[2] == (
+    manager.append("a", 2)
+    manager.append("a", 1)  # L0 = 8: group 1's window no longer reads block index 0
+    assert render_block_map(snapshot_pool(manager.to_spec())).splitlines()[2] == (
         "A  a: token_count = 9, block_ids = [0, 1, 6], group 1 block_ids = [3, 7] (skipped 1), "
         "group 2 block_ids = [4, 5, 2]"
     )

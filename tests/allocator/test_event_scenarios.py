@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import pytest
 
-from impl import KVBlockManager
+from impl import KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import (
     AllBlocksCleared,
@@ -17,13 +17,14 @@ from spec import (
     KVCacheEvent,
     replay_events,
 )
+from tests.support.reading import cached_free_ids
 
-Manager = KVBlockManager | SpecBackedManager
+Manager = KVCacheManager | SpecBackedManager
 Factory = Callable[..., Manager]
 TEN = list(range(1, 11))  # a 10-token prompt: two full blocks of 4 and half a third
 
 
-@pytest.fixture(params=[SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+@pytest.fixture(params=[SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
 def make(request: pytest.FixtureRequest) -> Factory:
     factory: Factory = request.param
     return factory
@@ -36,7 +37,7 @@ def _pool(make: Factory, total_blocks: int, **kwargs: object) -> tuple[Manager, 
 
 def test_a_prompt_stores_its_full_blocks_chained_to_their_parents(make: Factory) -> None:
     pool, events = _pool(make, 8)
-    pool.allocate_prompt("a", TEN, "t1")
+    pool.allocate("a", TEN, "t1")
     assert events == [
         BlockStored(0, 0, None, (1, 2, 3, 4), "t1"),
         BlockStored(1, 0, 0, (5, 6, 7, 8), "t1"),
@@ -49,35 +50,35 @@ def test_a_prompt_stores_its_full_blocks_chained_to_their_parents(make: Factory)
 
 def test_a_hit_a_refused_duplicate_a_release_and_a_fork_emit_nothing(make: Factory) -> None:
     pool, events = _pool(make, 12)
-    pool.allocate_prompt("a", TEN)
+    pool.allocate("a", TEN)
     events.clear()
-    pool.allocate_prompt("b", TEN)  # hits blocks 0 and 1
+    pool.allocate("b", TEN)  # hits blocks 0 and 1
     pool.allocate("c", 8)  # by count: never cached
     pool.fork("b", "d")
     pool.release("a")
     pool.release("b")
     pool.release("d")  # blocks 0 and 1 go to the cached free queue, keys kept
-    pool.allocate_prompt("e", TEN)  # revives them
+    pool.allocate("e", TEN)  # revives them
     assert events == []
-    pool.append_token_ids("e", [11, 12])  # fills block 2, under a new key
+    pool.append("e", [11, 12])  # fills block 2, under a new key
     assert events == [BlockStored(6, 0, 1, (9, 10, 11, 12), None)]
 
 
 def test_a_duplicate_full_block_is_refused_its_key_and_emits_nothing(make: Factory) -> None:
     pool, events = _pool(make, 8)
-    pool.allocate_prompt("a", [1, 2, 3, 4])  # the whole prompt: block 0 cached, no hit
-    pool.allocate_prompt("b", [1, 2, 3, 4])  # block 1 holds the same key: refused
+    pool.allocate("a", [1, 2, 3, 4])  # the whole prompt: block 0 cached, no hit
+    pool.allocate("b", [1, 2, 3, 4])  # block 1 holds the same key: refused
     assert events == [BlockStored(0, 0, None, (1, 2, 3, 4), None)]
 
 
 def test_eviction_removes_each_block_taken_before_anything_is_stored(make: Factory) -> None:
     pool, events = _pool(make, 3)
-    pool.allocate_prompt("a", TEN)
+    pool.allocate("a", TEN)
     pool.release("a")
-    assert pool.cached_free_block_ids == (1, 0)
+    assert cached_free_ids(pool) == (1, 0)
     events.clear()
     # Blocks 2 (free), then 1 and 0 (evicted, least recently freed first).
-    assert pool.allocate_prompt("b", [9, 9, 9, 9, 8, 8, 8, 8, 7]).table.block_ids == [2, 1, 0]
+    assert pool.allocate("b", [9, 9, 9, 9, 8, 8, 8, 8, 7]).table().block_ids == (2, 1, 0)
     assert events == [
         BlockRemoved(1, 0),
         BlockRemoved(0, 0),
@@ -90,11 +91,11 @@ def test_a_rollback_into_a_cached_block_removes_it_and_the_refill_stores_it(
     make: Factory,
 ) -> None:
     pool, events = _pool(make, 8)
-    pool.allocate_prompt("a", TEN[:8])
+    pool.allocate("a", TEN[:8])
     events.clear()
     pool.truncate("a", 6)
     assert events == [BlockRemoved(1, 0)]
-    pool.append_token_ids("a", [7, 0])
+    pool.append("a", [7, 0])
     assert events[1:] == [BlockStored(1, 0, 0, (5, 6, 7, 0), None)]
 
 
@@ -102,13 +103,13 @@ def test_a_reset_emits_one_clear_and_a_later_block_carries_its_whole_prefix(
     make: Factory,
 ) -> None:
     pool, events = _pool(make, 8)
-    pool.allocate_prompt("a", TEN)
+    pool.allocate("a", TEN)
     events.clear()
     assert pool.reset_prefix_cache() == 2
     assert events == [AllBlocksCleared()]
     # Block 1's prefix is cached nowhere now: block 2's event names no parent and carries
     # all twelve tokens.
-    pool.append_token_ids("a", [11, 12])
+    pool.append("a", [11, 12])
     assert events[1:] == [BlockStored(2, 0, None, tuple(range(1, 13)), None)]
     assert pool.reset_prefix_cache() == 1
     assert pool.reset_prefix_cache() == 0
@@ -120,7 +121,7 @@ def test_every_group_stores_its_own_blocks_and_a_window_stores_none_it_skipped(
 ) -> None:
     # A full group and a window of 3 tokens: a hit of 8 tokens needs only block 1 there.
     pool, events = _pool(make, 12, group_windows=(None, 3))
-    pool.allocate_prompt("a", TEN)
+    pool.allocate("a", TEN)
     assert events == [
         BlockStored(0, 0, None, (1, 2, 3, 4), None),
         BlockStored(1, 0, 0, (5, 6, 7, 8), None),
@@ -128,7 +129,7 @@ def test_every_group_stores_its_own_blocks_and_a_window_stores_none_it_skipped(
         BlockStored(4, 1, 3, (5, 6, 7, 8), None),
     ]
     events.clear()
-    pool.allocate_prompt("b", [*TEN[:8], 0, 0, 0, 0, 5])
+    pool.allocate("b", [*TEN[:8], 0, 0, 0, 0, 5])
     # A hit of 8 tokens. In group 1, b's block index 0 is born skipped, and its new block
     # 8 (index 2) chains to block 4, where the group caches the prefix 1..8.
     assert events == [
@@ -153,12 +154,12 @@ def test_replay_refuses_events_the_view_contradicts() -> None:
 
 def test_the_sink_must_be_callable() -> None:
     with pytest.raises(TypeError, match="event_sink must be callable or None, got list"):
-        KVBlockManager(4, 4, event_sink=[])  # type: ignore[arg-type]
+        KVCacheManager(4, 4, event_sink=[])  # type: ignore[arg-type]
 
 
 def test_a_rollback_uncaches_only_the_block_it_cuts_into(make: Factory) -> None:
     pool, events = _pool(make, 8)
-    pool.allocate_prompt("a", [*TEN, 11, 12, 13])  # blocks 0, 1 and 2 full and cached
+    pool.allocate("a", [*TEN, 11, 12, 13])  # blocks 0, 1 and 2 full and cached
     events.clear()
     pool.truncate("a", 10)  # into block 2; block 3 (token 13) goes
     assert events == [BlockRemoved(2, 0)]

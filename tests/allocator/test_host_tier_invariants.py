@@ -13,9 +13,9 @@ from spec.invariants import is_usage_consistent
 def _swapped_with_copies_pending() -> AllocatorState:
     """Blocks 0 and 1 of "a" copied out to host blocks 0 and 1, in flight; "b" holds 2."""
     state = spec.init(4, 2, host_blocks=3)
-    state, _ = OPERATIONS["allocate"](state, "a", 3)
-    state, _ = OPERATIONS["allocate"](state, "b", 1)
-    state, _ = OPERATIONS["swap_out"](state, "a")
+    state, _ = OPERATIONS["allocate"].transition(state, "a", 3)
+    state, _ = OPERATIONS["allocate"].transition(state, "b", 1)
+    state, _ = OPERATIONS["swap_out"].transition(state, "a")
     return state
 
 
@@ -90,14 +90,14 @@ def test_a_swapped_record_that_does_not_add_up_breaks_swapped_sound(
 
 
 def _step(state: AllocatorState, operation: str, *args: object) -> AllocatorState:
-    after, _ = OPERATIONS[operation](state, *args)
+    after, _ = OPERATIONS[operation].transition(state, *args)
     return after
 
 
 def test_sound_states_with_each_kind_of_pending_copy_break_no_invariant() -> None:
     # A copy-on-write: "b" forks "a" and appends into their shared last block.
     state = _step(_step(spec.init(4, 2), "allocate", "a", 3), "fork", "a", "b")
-    copy_on_write = _step(state, "append_tokens", "b", 1)
+    copy_on_write = _step(state, "append", "b", 1)
     assert copy_on_write.pending_copies == ((1, 2),)
     # Copies back in: "a" swapped in before its copies out were taken.
     state = _step(_swapped_with_copies_pending(), "release", "b")
@@ -105,7 +105,7 @@ def test_sound_states_with_each_kind_of_pending_copy_break_no_invariant() -> Non
     assert swapped_in.host.pending_host_to_device == ((0, 3), (1, 2))
     # A write-through copy out of a freed cached block, to the host cache.
     state = spec.init(4, 2, host_blocks=2, host_prefix_cache=True)
-    demoted = _step(_step(state, "allocate_prompt", "a", (1, 2, 3)), "release", "a")
+    demoted = _step(_step(state, "allocate", "a", (1, 2, 3)), "release", "a")
     assert demoted.host.pending_device_to_host == ((0, 0),)
     for sound in (copy_on_write, swapped_in, demoted):
         assert violated_invariants(sound) == []
@@ -113,7 +113,7 @@ def test_sound_states_with_each_kind_of_pending_copy_break_no_invariant() -> Non
 
 def test_a_copy_into_a_block_no_table_holds_breaks_copy_destination_held() -> None:
     state = _step(_step(spec.init(4, 2), "allocate", "a", 3), "fork", "a", "b")
-    state = _step(state, "append_tokens", "b", 1)
+    state = _step(state, "append", "b", 1)
     stray = replace(state, pending_copies=((1, 3),))  # block 3 is free
     assert "copy_destination_held" in violated_invariants(stray)
 

@@ -4,21 +4,16 @@ from collections.abc import Callable
 
 import pytest
 
-from impl import (
-    BlockAllocationError,
-    HostBlockAllocationError,
-    KVBlockManager,
-    RequestBlockTable,
-    SwapCopies,
-    SwappedOut,
-)
+from impl import BlockAllocationError, HostBlockAllocationError, KVCacheManager
 from impl.spec_backed import SpecBackedManager
+from spec import ReleasedBlocks, RequestBlockTable, Transfers
+from tests.support.reading import cached_free_ids, free_ids, is_swapped, ref_count, table
 
-Manager = KVBlockManager | SpecBackedManager
+Manager = KVCacheManager | SpecBackedManager
 Factory = Callable[..., Manager]
 
 
-@pytest.fixture(params=[SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+@pytest.fixture(params=[SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
 def make(request: pytest.FixtureRequest) -> Factory:
     factory: Factory = request.param
     return factory
@@ -30,22 +25,22 @@ def test_a_swap_out_copies_every_block_and_holds_them_in_flight_until_the_copies
     pool = make(8, 4, host_blocks=4)
     pool.allocate("a", 9)  # blocks 0, 1, 2
     pool.allocate("b", 4)  # block 3
-    assert pool.swap_out("a") == SwappedOut((0, 1, 2), (0, 1, 2), (2, 1, 0), ())
-    assert pool.is_swapped("a") and not pool.is_swapped("b")
+    assert pool.swap_out("a") == ReleasedBlocks((0, 1, 2), (2, 1, 0), ())
+    assert is_swapped(pool, "a") and not is_swapped(pool, "b")
     # In flight: in no queue, not counted free, until the copies out are handed over.
-    assert pool.free_block_ids == (4, 5, 6, 7)
-    assert pool.free_blocks == 4
+    assert free_ids(pool) == (4, 5, 6, 7)
+    assert pool.usage().free_blocks == 4
     assert pool.usage().host_swapped_blocks == 3
-    assert pool.take_swap_copies() == SwapCopies([(0, 0), (1, 1), (2, 2)], [])
+    assert pool.take_transfers() == Transfers(device_to_host=((0, 0), (1, 1), (2, 2)))
     # Then they go where release sends them: last block first, to the tail.
-    assert list(pool.free_block_ids) == [4, 5, 6, 7, 2, 1, 0]
-    assert pool.swap_in("a") == (RequestBlockTable("a", [4, 5, 6], 9),)
+    assert list(free_ids(pool)) == [4, 5, 6, 7, 2, 1, 0]
+    assert pool.swap_in("a") == (RequestBlockTable("a", (4, 5, 6), 9),)
     assert pool.usage().host_free_blocks == 1  # its host blocks wait for the copies in
-    assert pool.take_swap_copies() == SwapCopies([], [(0, 4), (1, 5), (2, 6)])
+    assert pool.take_transfers() == Transfers(host_to_device=((0, 4), (1, 5), (2, 6)))
     usage = pool.usage()
     assert (usage.host_free_blocks, usage.swapped_out_blocks, usage.swapped_in_blocks) == (4, 3, 3)
-    pool.append_tokens("a", 3)  # it runs on: 12 tokens fill its three blocks
-    assert pool.snapshot_request("a") == RequestBlockTable("a", [4, 5, 6], 12)
+    pool.append("a", 3)  # it runs on: 12 tokens fill its three blocks
+    assert table(pool, "a") == RequestBlockTable("a", (4, 5, 6), 12)
 
 
 def test_a_block_in_flight_is_handed_to_no_one_before_its_copy_out_is_taken(
@@ -54,12 +49,12 @@ def test_a_block_in_flight_is_handed_to_no_one_before_its_copy_out_is_taken(
     pool = make(3, 4, host_blocks=2)
     pool.allocate("a", 8)  # blocks 0, 1
     pool.swap_out("a")
-    assert pool.allocate("b", 4).block_ids == [2]
-    assert not pool.can_allocate(1)
+    assert pool.allocate("b", 4).table().block_ids == (2,)
+    assert pool.usage().free_blocks == 0
     with pytest.raises(BlockAllocationError, match=r"needed=1 free=0 \(request 'c'\)"):
         pool.allocate("c", 1)
-    pool.take_swap_copies()
-    assert pool.allocate("c", 1).block_ids == [1]
+    pool.take_transfers()
+    assert pool.allocate("c", 1).table().block_ids == (1,)
 
 
 def test_a_swap_out_the_host_tier_cannot_take_is_refused_with_the_numbers_and_changes_nothing(
@@ -72,25 +67,24 @@ def test_a_swap_out_the_host_tier_cannot_take_is_refused_with_the_numbers_and_ch
     assert str(refused.value) == "not enough free host blocks: needed=3 free=2 (request 'a')"
     assert isinstance(refused.value, BlockAllocationError)
     assert (refused.value.needed_blocks, refused.value.free_blocks) == (3, 2)
-    assert pool.snapshot_request("a") == RequestBlockTable("a", [0, 1, 2], 9)
-    assert pool.free_block_ids == (3,)
+    assert table(pool, "a") == RequestBlockTable("a", (0, 1, 2), 9)
+    assert free_ids(pool) == (3,)
     assert pool.usage().host_free_blocks == 2
-    assert not pool.is_swapped("a")
+    assert not is_swapped(pool, "a")
 
 
 def test_a_swap_in_the_device_cannot_take_is_refused_and_changes_nothing(make: Factory) -> None:
     pool = make(3, 4, host_blocks=3)
     pool.allocate("a", 8)
     pool.swap_out("a")
-    pool.take_swap_copies()
+    pool.take_transfers()
     pool.allocate("b", 8)  # blocks 2 and 1
-    assert not pool.can_swap_in("a")
+    assert pool.usage().free_blocks == 1  # a needs 2
     with pytest.raises(BlockAllocationError, match=r"needed=2 free=1 \(request 'a'\)"):
         pool.swap_in("a")
-    assert pool.is_swapped("a")
+    assert is_swapped(pool, "a")
     pool.release("b")
-    assert pool.can_swap_in("a")
-    assert pool.swap_in("a") == (RequestBlockTable("a", [0, 1], 8),)
+    assert pool.swap_in("a") == (RequestBlockTable("a", (0, 1), 8),)
 
 
 def test_a_swapped_request_is_known_only_to_swap_in_release_and_the_queries(
@@ -102,14 +96,12 @@ def test_a_swapped_request_is_known_only_to_swap_in_release_and_the_queries(
     with pytest.raises(ValueError, match="request already has allocated blocks: a"):
         pool.allocate("a", 1)
     with pytest.raises(KeyError, match="request has no allocated blocks: a"):
-        pool.append_tokens("a", 1)
+        pool.append("a", 1)
     with pytest.raises(KeyError, match="request has no allocated blocks: a"):
         pool.swap_out("a")
     with pytest.raises(KeyError, match="request is not swapped out: b"):
         pool.swap_in("b")
-    with pytest.raises(KeyError, match="request is not swapped out: b"):
-        pool.can_swap_in("b")
-    assert "a" not in pool.request_tables
+    assert "a" not in pool.to_spec().tables
 
 
 def test_a_swap_out_is_refused_while_a_copy_into_one_of_its_blocks_is_pending(
@@ -118,10 +110,10 @@ def test_a_swap_out_is_refused_while_a_copy_into_one_of_its_blocks_is_pending(
     pool = make(4, 4, host_blocks=4)
     pool.allocate("p", 2)  # block 0, partly filled
     pool.fork("p", "c")
-    pool.append_tokens("c", 1)  # copy-on-write: (0, 1) pending, c holds block 1
+    pool.append("c", 1)  # copy-on-write: (0, 1) pending, c holds block 1
     with pytest.raises(ValueError, match="block 1 awaits a pending copy into it"):
         pool.swap_out("c")
-    assert pool.take_copies() == [(0, 1)]
+    assert pool.take_transfers().copies == ((0, 1),)
     assert pool.swap_out("c").block_ids == (1,)
     pool.swap_in("c")  # block 2 waits for its copy in
     with pytest.raises(ValueError, match="block 2 awaits a pending copy into it"):
@@ -132,15 +124,15 @@ def test_a_shared_block_is_copied_once_and_stays_with_its_other_holder(make: Fac
     pool = make(6, 4, host_blocks=4)
     pool.allocate("a", 6)  # blocks 0, 1
     pool.fork("a", "b")
-    assert pool.swap_out("a") == SwappedOut((0, 1), (0, 1), (), ())
-    assert (pool.ref_count(0), pool.ref_count(1)) == (1, 1)
-    assert pool.snapshot_request("b") == RequestBlockTable("b", [0, 1], 6)
-    pool.take_swap_copies()
+    assert pool.swap_out("a") == ReleasedBlocks((0, 1), (), ())
+    assert (ref_count(pool, 0), ref_count(pool, 1)) == (1, 1)
+    assert table(pool, "b") == RequestBlockTable("b", (0, 1), 6)
+    pool.take_transfers()
     # Swap-in takes fresh blocks: sharing is not restored.
-    assert pool.swap_in("a") == (RequestBlockTable("a", [2, 3], 6),)
+    assert pool.swap_in("a") == (RequestBlockTable("a", (2, 3), 6),)
     assert pool.usage().shared_blocks == 0
-    pool.append_tokens("b", 1)  # b writes in place: nobody shares block 1 now
-    assert pool.take_copies() == []
+    pool.append("b", 1)  # b writes in place: nobody shares block 1 now
+    assert pool.take_transfers().copies == ()
 
 
 def test_releasing_a_swapped_request_drops_its_pending_copies_and_lands_its_blocks(
@@ -149,10 +141,10 @@ def test_releasing_a_swapped_request_drops_its_pending_copies_and_lands_its_bloc
     pool = make(4, 4, host_blocks=4)
     pool.allocate("a", 8)  # blocks 0, 1
     pool.swap_out("a")
-    released = pool.release_blocks("a")
+    released = pool.release("a")
     assert (released.block_ids, released.freed_block_ids) == ((), (1, 0))
-    assert pool.free_block_ids == (2, 3, 1, 0)
-    assert pool.take_swap_copies() == SwapCopies([], [])
+    assert free_ids(pool) == (2, 3, 1, 0)
+    assert pool.take_transfers() == Transfers()
     assert pool.usage().host_free_blocks == 4
 
 
@@ -160,31 +152,33 @@ def test_a_swap_in_before_the_copies_out_are_taken_reads_what_they_write(make: F
     pool = make(4, 4, host_blocks=2)
     pool.allocate("a", 5)  # blocks 0, 1
     pool.swap_out("a")
-    assert pool.swap_in("a") == (RequestBlockTable("a", [2, 3], 5),)
+    assert pool.swap_in("a") == (RequestBlockTable("a", (2, 3), 5),)
     # Copies out first, then copies in: host blocks 0 and 1 are written, then read.
-    assert pool.take_swap_copies() == SwapCopies([(0, 0), (1, 1)], [(0, 2), (1, 3)])
-    assert pool.free_block_ids == (1, 0)
+    assert pool.take_transfers() == Transfers(
+        device_to_host=((0, 0), (1, 1)), host_to_device=((0, 2), (1, 3))
+    )
+    assert free_ids(pool) == (1, 0)
 
 
 def test_a_windowed_swap_copies_only_the_blocks_in_the_window(make: Factory) -> None:
     pool = make(6, 1, group_windows=(2,), host_blocks=4)
     pool.allocate("a", 3)  # blocks 0, 1, 2
-    pool.append_tokens("a", 1)  # at L0 = 3 block index 0 and 1 leave a window of 2
-    assert pool.snapshot_request("a") == RequestBlockTable("a", [2, 3], 4, 2)
+    pool.append("a", 1)  # at L0 = 3 block index 0 and 1 leave a window of 2
+    assert table(pool, "a") == RequestBlockTable("a", (2, 3), 4, 2)
     assert pool.swap_out("a").block_ids == (2, 3)
-    pool.take_swap_copies()
-    assert pool.swap_in("a") == (RequestBlockTable("a", [4, 5], 4, 2),)
+    pool.take_transfers()
+    assert pool.swap_in("a") == (RequestBlockTable("a", (4, 5), 4, 2),)
 
 
 def test_a_prefix_hit_revives_a_cached_block_in_flight(make: Factory) -> None:
     pool = make(4, 2, host_blocks=2)
-    pool.allocate_prompt("a", [1, 2, 3])  # blocks 0 (cached, full) and 1
+    pool.allocate("a", [1, 2, 3])  # blocks 0 (cached, full) and 1
     assert pool.swap_out("a").cached_block_ids == (0,)
-    hit = pool.allocate_prompt("b", [1, 2, 9])
-    assert (hit.table.block_ids, hit.cached_tokens) == ([0, 2], 2)
-    pool.take_swap_copies()  # block 0 is held again: it does not land
-    assert pool.free_block_ids == (3, 1)
-    assert pool.ref_count(0) == 1
+    hit = pool.allocate("b", [1, 2, 9])
+    assert (hit.table().block_ids, hit.cached_tokens) == ((0, 2), 2)
+    pool.take_transfers()  # block 0 is held again: it does not land
+    assert free_ids(pool) == (3, 1)
+    assert ref_count(pool, 0) == 1
 
 
 # -- the host prefix cache: cached blocks demoted when freed, revived by a later prompt --
@@ -196,43 +190,43 @@ def test_a_freed_cached_block_is_copied_to_the_host_and_revived_from_it_after_ev
     make: Factory,
 ) -> None:
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
-    pool.allocate_prompt("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
+    pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
     pool.release("a")
     # Write-through at free time: 1 and 0 go in flight until their copies are taken.
-    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((2,), ())
-    assert pool.take_swap_copies() == SwapCopies([(1, 0), (0, 1)], [])
-    assert pool.cached_free_block_ids == (1, 0)
+    assert (free_ids(pool), cached_free_ids(pool)) == ((2,), ())
+    assert pool.take_transfers() == Transfers(device_to_host=((1, 0), (0, 1)))
+    assert cached_free_ids(pool) == (1, 0)
     pool.allocate("b", 6)  # takes 2, then evicts 1 and 0 from the device
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 4  # found on the host
     pool.release("b")
-    hit = pool.allocate_prompt("c", [1, 2, 3, 4, 9])
-    assert (hit.table.block_ids, hit.cached_tokens) == ([0, 1, 2], 4)
+    hit = pool.allocate("c", [1, 2, 3, 4, 9])
+    assert (hit.table().block_ids, hit.cached_tokens) == ((0, 1, 2), 4)
     # Host block 1 holds 1..2 and 0 holds 1..4: copied into the new blocks 0 and 1.
-    assert pool.take_swap_copies() == SwapCopies([], [(1, 0), (0, 1)])
+    assert pool.take_transfers() == Transfers(host_to_device=((1, 0), (0, 1)))
     usage = pool.usage()
     assert (usage.host_cached_blocks, usage.host_hit_blocks, usage.prefix_hit_tokens) == (2, 2, 4)
     # The device caches the keys again and the host has them: freed, they are not copied
     # out again, and the next prompt hits them on the device, with no copy.
     pool.release("c")
-    assert pool.take_swap_copies() == SwapCopies([], [])
-    assert pool.allocate_prompt("d", [1, 2, 3, 4, 7]).table.block_ids == [0, 1, 2]
-    assert pool.take_swap_copies() == SwapCopies([], [])
+    assert pool.take_transfers() == Transfers()
+    assert pool.allocate("d", [1, 2, 3, 4, 7]).table().block_ids == (0, 1, 2)
+    assert pool.take_transfers() == Transfers()
 
 
 def test_a_prefix_hit_can_take_its_first_block_from_the_device_and_the_next_from_the_host(
     make: Factory,
 ) -> None:
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
-    pool.allocate_prompt("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
+    pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
     pool.release("a")
-    assert pool.take_swap_copies() == SwapCopies([(1, 0), (0, 1)], [])
+    assert pool.take_transfers() == Transfers(device_to_host=((1, 0), (0, 1)))
     pool.allocate("b", 4)  # takes 2, then evicts 1 (1..4) from the device; 0 stays cached
-    assert pool.request_tables["b"].block_ids == [2, 1]
+    assert table(pool, "b").block_ids == (2, 1)
     pool.release("b")
-    hit = pool.allocate_prompt("c", [1, 2, 3, 4, 9])
+    hit = pool.allocate("c", [1, 2, 3, 4, 9])
     # 1..2 is a device hit on block 0, 1..4 a host hit on host block 0, copied into 1.
-    assert (hit.table.block_ids, hit.cached_tokens) == ([0, 1, 2], 4)
-    assert pool.take_swap_copies() == SwapCopies([], [(0, 1)])
+    assert (hit.table().block_ids, hit.cached_tokens) == ((0, 1, 2), 4)
+    assert pool.take_transfers() == Transfers(host_to_device=((0, 1),))
     usage = pool.usage()
     assert (usage.host_hit_blocks, usage.prefix_hit_tokens, usage.evictions) == (1, 4, 1)
 
@@ -241,39 +235,39 @@ def test_a_full_host_tier_evicts_its_least_recently_used_prefix_but_never_a_swap
     make: Factory,
 ) -> None:
     pool = make(4, 2, host_blocks=2, host_prefix_cache=True)
-    pool.allocate_prompt("a", [1, 2])  # block 0 cached
+    pool.allocate("a", [1, 2])  # block 0 cached
     pool.allocate("s", 1)  # block 1
     pool.swap_out("s")  # host block 0
     pool.release("a")  # block 0 demoted to host block 1, the last free one
-    assert pool.take_swap_copies() == SwapCopies([(1, 0), (0, 1)], [])
-    pool.allocate_prompt("b", [3, 4])
+    assert pool.take_transfers() == Transfers(device_to_host=((1, 0), (0, 1)))
+    pool.allocate("b", [3, 4])
     pool.release("b")  # host block 1 (key 1, 2) is evicted for key 3, 4
-    assert pool.take_swap_copies().device_to_host == [(2, 1)]
+    assert pool.take_transfers().device_to_host == ((2, 1),)
     assert pool.usage().host_cached_blocks == 1
-    assert pool.is_swapped("s")
-    assert pool.swap_in("s") == (RequestBlockTable("s", [3], 1),)
-    assert pool.take_swap_copies() == SwapCopies([], [(0, 3)])
+    assert is_swapped(pool, "s")
+    assert pool.swap_in("s") == (RequestBlockTable("s", (3,), 1),)
+    assert pool.take_transfers() == Transfers(host_to_device=((0, 3),))
 
 
 def test_a_demoted_prefix_keeps_its_salt(make: Factory) -> None:
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
-    pool.allocate_prompt("a", [1, 2, 3], "t1")  # block 0 cached under t1
+    pool.allocate("a", [1, 2, 3], "t1")  # block 0 cached under t1
     pool.release("a")
-    pool.take_swap_copies()
+    pool.take_transfers()
     pool.allocate("x", 6)  # evicts block 0 from the device
     pool.release("x")
     assert pool.cached_prefix_tokens([1, 2, 3]) == 0
     assert pool.cached_prefix_tokens([1, 2, 3], "t1") == 2
-    assert pool.allocate_prompt("b", [1, 2, 3], "t1").cached_tokens == 2
+    assert pool.allocate("b", [1, 2, 3], "t1").cached_tokens == 2
 
 
 def _a_prompt_copied_to_the_host(make: Factory) -> Manager:
     """3 blocks of 2, 2 host blocks with a prefix cache: PROMPT's blocks 0 (1..2) and 1
     (1..4) cached, freed, and copied to host blocks 1 and 0; the device still caches them."""
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
-    pool.allocate_prompt("a", PROMPT)
+    pool.allocate("a", PROMPT)
     pool.release("a")
-    pool.take_swap_copies()
+    pool.take_transfers()
     return pool
 
 
@@ -285,13 +279,13 @@ def test_a_prompt_hitting_the_host_is_refused_without_a_free_device_block_per_ho
     # 1..2 revives block 0 and 1..4 needs a device block to be copied into, plus one for
     # token 9: two blocks, and block 0 was the only free one.
     with pytest.raises(BlockAllocationError, match=r"needed=2 free=0 \(request 'c'\)"):
-        pool.allocate_prompt("c", [1, 2, 3, 4, 9])
-    assert pool.cached_free_block_ids == (0,)
+        pool.allocate("c", [1, 2, 3, 4, 9])
+    assert cached_free_ids(pool) == (0,)
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 4
-    assert pool.take_swap_copies() == SwapCopies([], [])
+    assert pool.take_transfers() == Transfers()
     assert pool.usage().host_hit_blocks == 0
     pool.release("b")
-    assert pool.allocate_prompt("c", [1, 2, 3, 4, 9]).table.block_ids == [0, 1, 2]
+    assert pool.allocate("c", [1, 2, 3, 4, 9]).table().block_ids == (0, 1, 2)
 
 
 def test_a_prefix_cache_reset_frees_the_host_cached_blocks_but_one_a_copy_in_reads(
@@ -300,15 +294,15 @@ def test_a_prefix_cache_reset_frees_the_host_cached_blocks_but_one_a_copy_in_rea
     pool = _a_prompt_copied_to_the_host(make)
     pool.allocate("b", 6)  # evicts 1 and 0 from the device: the host alone caches them
     pool.release("b")
-    pool.allocate_prompt("c", [1, 2, 3, 4, 9])  # copies both host blocks in
+    pool.allocate("c", [1, 2, 3, 4, 9])  # copies both host blocks in
     pool.release("c")  # the device caches 1..2 and 1..4 again
-    pool.allocate_prompt("d", [1, 2, 5])  # a device hit: no copy
+    pool.allocate("d", [1, 2, 5])  # a device hit: no copy
     assert pool.usage().host_free_blocks == 0
     pool.reset_prefix_cache()
     # Both host blocks are read by the copies in, not taken yet: they stay out of the queue.
     assert pool.usage().host_free_blocks == 0
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 0
-    pool.take_swap_copies()
+    pool.take_transfers()
     usage = pool.usage()
     assert (usage.host_free_blocks, usage.host_cached_blocks) == (2, 0)
 
@@ -318,16 +312,16 @@ def test_a_prefix_cache_reset_frees_the_host_cached_blocks_and_keeps_a_swapped_o
 ) -> None:
     pool = make(4, 2, host_blocks=3, host_prefix_cache=True)
     pool.allocate("s", 1)  # block 0, swapped out to host block 0 below
-    pool.allocate_prompt("a", PROMPT)  # blocks 1 (1..2) and 2 (1..4) cached, 3
+    pool.allocate("a", PROMPT)  # blocks 1 (1..2) and 2 (1..4) cached, 3
     pool.swap_out("s")
     pool.release("a")  # 2 and 1 demoted to host blocks 1 and 2
-    pool.take_swap_copies()
+    pool.take_transfers()
     assert pool.usage().host_cached_blocks == 2
     pool.reset_prefix_cache()
     usage = pool.usage()
     assert (usage.host_free_blocks, usage.host_cached_blocks) == (2, 0)
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 0
-    assert pool.is_swapped("s")
+    assert is_swapped(pool, "s")
 
 
 def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_still_reads(
@@ -335,7 +329,7 @@ def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_s
 ) -> None:
     pool = make(5, 2, host_blocks=4, host_prefix_cache=True)
     pool.allocate("s", 3)  # blocks 0 and 1
-    pool.allocate_prompt("a", PROMPT)  # blocks 2 (1..2) and 3 (1..4) cached, 4
+    pool.allocate("a", PROMPT)  # blocks 2 (1..2) and 3 (1..4) cached, 4
     pool.swap_out("s")  # 1 and 0 in flight, copied to host blocks 0 and 1
     usage = pool.usage()
     assert (usage.host_blocks, usage.swapped_requests, usage.host_swapped_blocks) == (4, 1, 2)
@@ -344,69 +338,69 @@ def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_s
     usage = pool.usage()
     assert (usage.used_blocks, usage.group_reserved_tokens) == (4, (0,))
     pool.release("s")  # host blocks 0 and 1 freed: their copies are moot, 1 and 0 land
-    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((4, 1, 0), ())
+    assert (free_ids(pool), cached_free_ids(pool)) == ((4, 1, 0), ())
     usage = pool.usage()
     assert (usage.used_blocks, usage.group_reserved_tokens) == (2, (0,))
-    assert pool.take_swap_copies() == SwapCopies([(3, 2), (2, 3)], [])
-    assert pool.cached_free_block_ids == (3, 2)
+    assert pool.take_transfers() == Transfers(device_to_host=((3, 2), (2, 3)))
+    assert cached_free_ids(pool) == (3, 2)
 
 
 def test_blocks_a_window_skips_stay_cached_on_the_device_and_are_not_copied_out(
     make: Factory,
 ) -> None:
     pool = make(8, 2, group_windows=(3,), host_blocks=4, host_prefix_cache=True)
-    pool.allocate_prompt("a", [1, 2, 3, 4, 5, 6, 7])  # blocks 0..2 cached, 3
-    table = pool.append_token_ids("a", [8])  # tokens 0..3 out of the window: 0 and 1 go
-    assert table == RequestBlockTable("a", [2, 3], 8, skipped_blocks=2)
-    assert pool.cached_free_block_ids == (0, 1)
-    assert pool.take_swap_copies() == SwapCopies([], [])
+    pool.allocate("a", [1, 2, 3, 4, 5, 6, 7])  # blocks 0..2 cached, 3
+    appended = pool.append("a", [8])  # tokens 0..3 out of the window: 0 and 1 go
+    assert appended.table() == RequestBlockTable("a", (2, 3), 8, skipped_blocks=2)
+    assert cached_free_ids(pool) == (0, 1)
+    assert pool.take_transfers() == Transfers()
     assert pool.usage().host_cached_blocks == 0
 
 
 def test_a_prompt_hits_the_host_in_every_group(make: Factory) -> None:
     pool = make(6, 2, group_windows=(None, None), host_blocks=4, host_prefix_cache=True)
-    pool.allocate_prompt("a", [1, 2, 3])  # 1..2 cached in block 0 (group 0) and 2 (group 1)
+    pool.allocate("a", [1, 2, 3])  # 1..2 cached in block 0 (group 0) and 2 (group 1)
     pool.release("a")
-    assert pool.take_swap_copies() == SwapCopies([(0, 0), (2, 1)], [])
+    assert pool.take_transfers() == Transfers(device_to_host=((0, 0), (2, 1)))
     pool.allocate("x", 6)  # every block: 0 and 2 evicted, the host alone caches 1..2
     pool.release("x")
-    hit = pool.allocate_prompt("c", [1, 2, 9])
-    assert (hit.table, hit.cached_tokens) == (RequestBlockTable("c", [1, 5], 3), 2)
-    assert pool.snapshot_request("c", 1) == RequestBlockTable("c", [4, 2], 3)
-    assert pool.take_swap_copies() == SwapCopies([], [(0, 1), (1, 4)])
+    hit = pool.allocate("c", [1, 2, 9])
+    assert (hit.table(), hit.cached_tokens) == (RequestBlockTable("c", (1, 5), 3), 2)
+    assert table(pool, "c", 1) == RequestBlockTable("c", (4, 2), 3)
+    assert pool.take_transfers() == Transfers(host_to_device=((0, 1), (1, 4)))
 
 
 def test_the_impl_maps_a_host_tier_with_every_kind_of_record_to_the_spec_state() -> None:
     def run(pool: Manager) -> None:
-        pool.allocate_prompt("a", [1, 2, 3, 4, 5], "s")  # salted, token ids tracked
+        pool.allocate("a", [1, 2, 3, 4, 5], "s")  # salted, token ids tracked
         pool.allocate("b", 3)
-        pool.allocate_prompt("c", [7, 8, 9])
+        pool.allocate("c", [7, 8, 9])
         pool.swap_out("a")
         pool.swap_out("b")
         pool.release("c")  # its full block demoted to the host
 
     impl, model = (
         kind(16, 2, group_windows=(None, 4), host_blocks=16, host_prefix_cache=True)
-        for kind in (KVBlockManager, SpecBackedManager)
+        for kind in (KVCacheManager, SpecBackedManager)
     )
-    assert isinstance(impl, KVBlockManager) and isinstance(model, SpecBackedManager)
+    assert isinstance(impl, KVCacheManager) and isinstance(model, SpecBackedManager)
     run(impl)
     run(model)
     assert model.state.host.pending_device_to_host  # copies out pending: blocks in flight
     assert impl.to_spec() == model.state
-    impl.take_swap_copies()
-    model.take_swap_copies()
+    impl.take_transfers()
+    model.take_transfers()
     assert impl.swap_in("a") == model.swap_in("a")
     assert impl.to_spec() == model.state
     for pool in (impl, model):
         pool.allocate("d", 7)
-        pool.append_tokens("d", 1)  # group 1 skips two blocks, pending until taken
+        pool.append("d", 1)  # group 1 skips two blocks, pending until taken
     assert model.state.pending_skipped_block_ids
     assert impl.to_spec() == model.state
     for pool in (impl, model):
-        pool.allocate("x", pool.free_blocks)  # evicts c's cached blocks from the device
+        pool.allocate("x", pool.usage().free_blocks)  # evicts c's cached blocks from the device
         pool.release("x")
-        assert pool.allocate_prompt("e", [7, 8, 0]).cached_tokens == 2  # a host hit
+        assert pool.allocate("e", [7, 8, 0]).cached_tokens == 2  # a host hit
     assert impl.to_spec() == model.state
 
 
@@ -419,7 +413,7 @@ def test_a_window_sliding_past_blocks_a_copy_out_reads_cannot_count_them_as_free
     pool.swap_out("b")  # copies 0, 1 and 2 out; they stay with a
     # Token 7 slides a's window past 0 and 1, which go in flight, not free: nothing free.
     with pytest.raises(BlockAllocationError, match=r"needed=1 free=0 \(request 'a'\)"):
-        pool.append_tokens("a", 1)
-    assert pool.snapshot_request("a") == RequestBlockTable("a", [0, 1, 2], 6)
-    pool.take_swap_copies()
-    assert pool.append_tokens("a", 1) == RequestBlockTable("a", [2, 0], 7, skipped_blocks=2)
+        pool.append("a", 1)
+    assert table(pool, "a") == RequestBlockTable("a", (0, 1, 2), 6)
+    pool.take_transfers()
+    assert pool.append("a", 1).table() == RequestBlockTable("a", (2, 0), 7, skipped_blocks=2)

@@ -5,12 +5,14 @@ these a predicate that always said "fine" would pass everything (mutation testin
 exactly that gap). Each state below is hand-built and breaks one rule.
 """
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 import spec
-from impl import KVBlockManager
+from impl import KVCacheManager
+from impl.checking import check_indexes
 from spec import (
     AllocatorState,
     CacheKey,
@@ -149,7 +151,7 @@ def test_a_usage_report_of_a_leaky_state_is_inconsistent_even_if_it_matches_the_
 
 
 # "a" holds blocks 0 and 1 for the prompt (1, 2, 3); block 0 is cached as (1, 2).
-PROMPTED = spec.allocate_prompt(spec.init(4, 2), "a", (1, 2, 3))
+PROMPTED = spec.allocate(spec.init(4, 2), "a", (1, 2, 3))
 # The same after "a" let go: block 0 is a cached free block, 1 a plain free one.
 RELEASED = spec.release(PROMPTED, "a")
 
@@ -194,9 +196,9 @@ def test_each_broken_cache_rule_breaks_cache_soundness(broken: AllocatorState, r
 
 
 # "a" holds blocks 0 and 1 for (1, 2, 3, 4, 5); (1, 2) -> 0 and (1, 2, 3, 4) -> 1 cached.
-TWO_CACHED = spec.allocate_prompt(spec.init(4, 2), "a", (1, 2, 3, 4, 5))
+TWO_CACHED = spec.allocate(spec.init(4, 2), "a", (1, 2, 3, 4, 5))
 # "b" = (1, 2, 7) shares "a"'s first block 0 and holds block 2 of its own.
-SHARING = spec.allocate_prompt(PROMPTED, "b", (1, 2, 7))
+SHARING = spec.allocate(PROMPTED, "b", (1, 2, 7))
 
 
 @pytest.mark.parametrize(
@@ -270,63 +272,64 @@ def test_slot_index_refuses_a_negative_position_with_the_number() -> None:
         spec.slot_index(2, (0,), -1)
 
 
-def test_spec_append_tokens_grows_by_one_token_by_default() -> None:
+def test_spec_append_grows_a_table_by_a_count() -> None:
     state = spec.allocate(spec.init(2, 2), "a", 2)
-    assert spec.append_tokens(state, "a").tables["a"] == RequestBlockTable("a", (0, 1), 3)
+    assert spec.append(state, "a", 1).tables["a"] == RequestBlockTable("a", (0, 1), 3)
 
 
 def test_the_impl_check_names_the_invariants_a_lost_free_block_breaks() -> None:
-    pool = KVBlockManager(4, 2)
+    pool = KVCacheManager(4, 2)
     pool.allocate("a", 3)
     pool._pool.free.pop()  # corrupt it the way a leak would
     with pytest.raises(AssertionError, match=r"^allocator invariants broken: conservation, "):
         pool.check_invariants()
 
 
-def test_the_impl_check_catches_a_drifted_token_counter() -> None:
-    pool = KVBlockManager(4, 2)
+def test_the_impl_check_catches_a_drifted_counter() -> None:
+    pool = KVCacheManager(4, 2)
     pool.allocate("a", 3)
-    pool._counters.allocated_tokens += 1
+    pool._pool.shared_blocks += 1
     with pytest.raises(AssertionError, match=r"^allocator invariants broken: usage counters: "):
         pool.check_invariants()
 
 
-@pytest.mark.parametrize("check", ["check_invariants", "check_indexes"])
-def test_the_impl_check_catches_a_cached_block_missing_from_its_hash_bucket(check: str) -> None:
-    pool = KVBlockManager(4, 2)
-    pool.allocate_prompt("a", [1, 2, 3])
-    key = pool._groups.caches[0].block_keys[0]
+@pytest.mark.parametrize("check", [KVCacheManager.check_invariants, check_indexes])
+def test_the_impl_check_catches_a_cached_block_missing_from_its_hash_bucket(
+    check: Callable[[KVCacheManager], None],
+) -> None:
+    pool = KVCacheManager(4, 2)
+    pool.allocate("a", [1, 2, 3])
+    cache = pool._pool.caches[0]
+    key = cache.block_keys[0]
     assert key is not None
-    pool._groups.caches[0].buckets[key.hash_value].remove(
-        0
-    )  # still keyed and counted, no longer findable
+    cache.buckets[key.hash_value].remove(0)  # still keyed and counted, no longer findable
     with pytest.raises(
         AssertionError,
         match=r"^allocator invariants broken: cache index: hash buckets, block keys and count "
         r"disagree$",
     ):
-        getattr(pool, check)()
+        check(pool)
 
 
 def test_the_index_check_leaves_the_spec_invariants_to_check_invariants() -> None:
-    pool = KVBlockManager(4, 2)
+    pool = KVCacheManager(4, 2)
     pool.allocate("a", 3)
     pool._pool.free.pop()  # a leak: the spec state breaks conservation, the index is sound
-    pool.check_indexes()
+    check_indexes(pool)
 
 
-@pytest.mark.parametrize("check", ["check_invariants", "check_indexes"])
-def test_the_impl_check_passes_a_sound_pool(check: str) -> None:
-    pool = KVBlockManager(4, 2)
-    pool.allocate_prompt("a", [1, 2, 3])
-    getattr(pool, check)()
+@pytest.mark.parametrize("check", [KVCacheManager.check_invariants, check_indexes])
+def test_the_impl_check_passes_a_sound_pool(check: Callable[[KVCacheManager], None]) -> None:
+    pool = KVCacheManager(4, 2)
+    pool.allocate("a", [1, 2, 3])
+    check(pool)
 
 
 # -- KV cache groups and sliding windows --------------------------------------------------
 
 # Blocks of 2, group 0 full, group 1 a window of 3. "a" holds 7 tokens: group 0 blocks
 # 0 1 2 6; group 1 appended at L0 = 6 (reads from token 4): blocks 3 4 skipped, holds 5 7.
-WINDOWED = spec.append_tokens(spec.allocate(spec.init(10, 2, (None, 3)), "a", 6), "a", 1)
+WINDOWED = spec.append(spec.allocate(spec.init(10, 2, (None, 3)), "a", 6), "a", 1)
 
 
 def with_group_table(state: AllocatorState, group: int, table: RequestBlockTable) -> AllocatorState:
@@ -389,22 +392,22 @@ def test_sizing_counts_the_skipped_blocks() -> None:
 
 def _run(state: AllocatorState, *steps: tuple[object, ...]) -> AllocatorState:
     for operation, *args in steps:
-        state, _ = OPERATIONS[str(operation)](state, *args)
+        state, _ = OPERATIONS[str(operation)].transition(state, *args)
     return state
 
 
 def _forks_that_both_slid(window: int) -> AllocatorState:
     """Block size 2, window ``window``: "a" forked into "b" after sliding past two blocks,
     then each appended a token, sliding past a third and opening a block of its own."""
-    state = _run(spec.init(16, 2, (window,)), ("allocate", "a", 9), ("append_tokens", "a", 1))
-    state = _run(state, ("fork", "a", "b"), ("append_tokens", "a", 1), ("append_tokens", "b", 1))
+    state = _run(spec.init(16, 2, (window,)), ("allocate", "a", 9), ("append", "a", 1))
+    state = _run(state, ("fork", "a", "b"), ("append", "a", 1), ("append", "b", 1))
     assert [t.skipped_blocks for t in state.tables.values()] == [3, 3]
     return state
 
 
 def _a_shorter_sharer(truncated: str) -> AllocatorState:
     """ "a" (tokens 1..4) forked into "b"; one of them truncated into the shared block 1."""
-    state = _run(spec.init(8, 2), ("allocate_prompt", "a", (1, 2, 3, 4)), ("fork", "a", "b"))
+    state = _run(spec.init(8, 2), ("allocate", "a", (1, 2, 3, 4)), ("fork", "a", "b"))
     return _run(state, ("truncate", truncated, 3))
 
 
@@ -412,21 +415,21 @@ def _a_shorter_sharer(truncated: str) -> AllocatorState:
     "state",
     [
         # A cached key of one token: blocks of one token.
-        _run(spec.init(4, 1), ("allocate_prompt", "a", (1, 2, 3))),
+        _run(spec.init(4, 1), ("allocate", "a", (1, 2, 3))),
         # A salted table's last block, not full, is in no cache.
-        _run(spec.init(4, 2), ("allocate_prompt", "a", (1, 2, 3), "s")),
+        _run(spec.init(4, 2), ("allocate", "a", (1, 2, 3), "s")),
         # Skipped blocks exactly up to the first token the window reads (4 = 6 - 3 + 1).
         _run(
             spec.init(8, 2, (3,)),
             ("allocate", "a", 7),
-            ("append_tokens", "a", 1),
+            ("append", "a", 1),
             ("truncate", "a", 6),
         ),
         # Cached blocks of a table that skipped some: each keyed by its block index.
         _run(
             spec.init(8, 2, (3,)),
-            ("allocate_prompt", "a", (1, 2, 3, 4, 5, 6, 7)),
-            ("append_token_ids", "a", (8,)),
+            ("allocate", "a", (1, 2, 3, 4, 5, 6, 7)),
+            ("append", "a", (8,)),
         ),
         _forks_that_both_slid(5),
         _a_shorter_sharer("a"),

@@ -1,6 +1,7 @@
-"""KVBlockManager's own API beyond the spec's operations."""
+"""The managers' own behaviour beyond the spec's operations: the article layer's defaults,
+and how much a prefix lookup hashes."""
 
-from impl import KVBlockManager
+from impl import KVBlockManager, KVCacheManager
 
 
 def test_the_articles_api_defaults_to_blocks_of_16_tokens() -> None:
@@ -17,8 +18,8 @@ def test_a_prefix_lookup_hashes_no_block_past_the_first_a_full_group_misses() ->
         hashed.append(token_ids)
         return hash((parent_hash, token_ids))
 
-    pool = KVBlockManager(8, 2, block_hash=block_hash)
-    pool.allocate_prompt("a", [1, 2, 3])  # hashes (1, 2): block 0 cached
+    pool = KVCacheManager(8, 2, block_hash=block_hash)
+    pool.allocate("a", [1, 2, 3])  # hashes (1, 2): block 0 cached
     hashed.clear()
     assert pool.cached_prefix_tokens([1, 2, 5, 6, 7, 8, 9]) == 2
     assert hashed == [(1, 2), (5, 6)]  # (5, 6) misses: (7, 8) is never hashed

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from impl import KVBlockManager
+from impl import KVCacheManager
 from tests.support.bounded import Bounds, Operation, check_path
 from tests.support.planted_bugs import (
     DecodeSlotFromStaleBlock,
@@ -31,7 +31,7 @@ class Regression:
     total_blocks: int
     block_size: int
     path: tuple[Operation, ...]
-    found_in: type[KVBlockManager]
+    found_in: type[KVCacheManager]
     reason_starts: str
 
     @property
@@ -44,7 +44,7 @@ def alloc(request_id: str, token_count: int) -> Operation:
 
 
 def slot(request_id: str) -> Operation:
-    return Operation("append_slot", (request_id,))
+    return Operation("append", (request_id, 1))
 
 
 def release(request_id: str) -> Operation:
@@ -56,7 +56,7 @@ REGRESSIONS = [
     Regression(
         "a released request's blocks go back last block first",
         2, 1, (alloc("r0", 2), release("r0")),
-        ReleasesInTableOrder, "impl state",
+        ReleasesInTableOrder, "spec returned ReleasedBlocks(",
     ),
     Regression(
         "a release returns every block, the last one included",
@@ -81,17 +81,17 @@ REGRESSIONS = [
     Regression(
         "a decode step that opens a block writes into the new block",
         2, 1, (alloc("r0", 1), slot("r0")),
-        DecodeSlotFromStaleBlock, "spec returned 1 but impl returned 0",
+        DecodeSlotFromStaleBlock, "spec returned AppendedSlots(",
     ),
     Regression(
         "a decode step that opens a reused block writes into that block",
         2, 2, (alloc("r0", 2), alloc("r1", 1), slot("r1"), release("r0"), slot("r1")),
-        DecodeSlotFromStaleBlock, "spec returned 0 but impl returned 2",
+        DecodeSlotFromStaleBlock, "spec returned AppendedSlots(",
     ),
     Regression(
         "releasing one of two requests frees only its blocks, last block first",
         3, 1, (alloc("r0", 1), alloc("r1", 2), release("r1")),
-        ReleasesInTableOrder, "impl state",
+        ReleasesInTableOrder, "spec returned ReleasedBlocks(",
     ),
 ]  # fmt: skip
 

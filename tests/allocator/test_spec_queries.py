@@ -5,15 +5,15 @@ from dataclasses import replace
 
 import spec
 from spec import HostTier, cached_prefix_blocks, cached_prefix_tokens
-from spec.allocator import host_prefix_hits
 from spec.api import OPERATIONS
+from spec.caching import host_prefix_hits
 
 PROMPT = (1, 2, 3, 4, 9)
 
 
 def _one_group_with_a_cached_prefix() -> spec.AllocatorState:
     """Block size 2; "a" holds blocks 0 (1..2, cached), 1 (1..4, cached) and 2."""
-    state, _ = OPERATIONS["allocate_prompt"](spec.init(4, 2), "a", PROMPT)
+    state, _ = OPERATIONS["allocate"].transition(spec.init(4, 2), "a", PROMPT)
     return state
 
 
@@ -31,11 +31,13 @@ def test_a_state_built_without_host_caches_has_no_host_hits() -> None:
     assert host_prefix_hits(state, PROMPT) == ()
 
 
-def test_the_step_api_appends_one_token_and_snapshots_group_0_by_default() -> None:
-    state, _ = OPERATIONS["allocate"](spec.init(4, 2), "a", 2)
-    state, table = OPERATIONS["append_tokens"](state, "a")
-    assert table == spec.RequestBlockTable("a", (0, 1), 3)
-    assert OPERATIONS["snapshot_request"](state, "a")[1] == table
+def test_an_append_gives_every_groups_table_and_the_new_tokens_slots() -> None:
+    state, _ = OPERATIONS["allocate"].transition(spec.init(4, 2, (None, 2)), "a", 2)
+    state, appended = OPERATIONS["append"].transition(state, "a", 1)
+    assert appended.table() == spec.RequestBlockTable("a", (0, 2), 3)
+    assert appended.table(1) == spec.RequestBlockTable("a", (1, 3), 3)
+    assert appended.slots == ((4,), (6,))
+    assert OPERATIONS["tables"].transition(state, "a")[1] == (appended.table(), appended.table(1))
 
 
 def test_a_pool_has_no_host_tier_unless_asked() -> None:
@@ -44,12 +46,12 @@ def test_a_pool_has_no_host_tier_unless_asked() -> None:
 
 
 def test_a_hit_can_be_one_block_of_one_token() -> None:
-    state, _ = OPERATIONS["allocate_prompt"](spec.init(4, 1), "a", (5, 6))
+    state, _ = OPERATIONS["allocate"].transition(spec.init(4, 1), "a", (5, 6))
     assert cached_prefix_tokens(state, (5, 9)) == 1
 
 
 def test_a_release_forgets_the_requests_token_ids_and_salt() -> None:
-    state, _ = OPERATIONS["allocate_prompt"](spec.init(4, 2), "a", PROMPT, "s")
+    state, _ = OPERATIONS["allocate"].transition(spec.init(4, 2), "a", PROMPT, "s")
     assert ("a" in state.token_ids, "a" in state.cache_salts) == (True, True)
-    state, _ = OPERATIONS["release"](state, "a")
+    state, _ = OPERATIONS["release"].transition(state, "a")
     assert ("a" in state.token_ids, "a" in state.cache_salts) == (False, False)

@@ -3,15 +3,16 @@ the spec and on the impl alike."""
 
 import pytest
 
-from impl import KVBlockManager, PromptAllocation, RequestBlockTable
+from impl import KVCacheManager
 from impl.spec_backed import SpecBackedManager
-from spec import ReleasedBlocks
+from spec import ReleasedBlocks, RequestBlockTable
+from tests.support.reading import admitted, cached_free_ids, free_ids, table
 
-Manager = KVBlockManager | SpecBackedManager
+Manager = KVCacheManager | SpecBackedManager
 TEN = list(range(1, 11))  # a 10-token prompt: two full blocks of 4 and half a third
 
 
-@pytest.fixture(params=[SpecBackedManager, KVBlockManager], ids=["spec", "impl"])
+@pytest.fixture(params=[SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
 def make(request: pytest.FixtureRequest) -> type[Manager]:
     factory: type[Manager] = request.param
     return factory
@@ -20,22 +21,22 @@ def make(request: pytest.FixtureRequest) -> type[Manager]:
 def test_drafts_appended_across_a_boundary_roll_back_last_block_first(make: type[Manager]) -> None:
     pool = make(6, 4)
     pool.allocate("a", 3)  # block 0
-    assert pool.append_tokens("a", 6).block_ids == [0, 1, 2]  # 9 tokens: 6 drafts
-    assert pool.truncate("a", 3) == RequestBlockTable("a", [0], 3)
-    assert pool.free_block_ids == (3, 4, 5, 2, 1)
-    assert pool.append_slot("a") == 3  # the accepted token goes right after the kept ones
+    assert pool.append("a", 6).table().block_ids == (0, 1, 2)  # 9 tokens: 6 drafts
+    pool.truncate("a", 3)
+    assert table(pool, "a") == RequestBlockTable("a", (0,), 3)
+    assert free_ids(pool) == (3, 4, 5, 2, 1)
+    assert pool.append("a", 1).slots[0][0] == 3  # the accepted token goes right after the kept ones
     assert pool.usage().allocated_tokens == 4
 
 
 def test_a_cached_block_cut_in_the_middle_stops_being_a_prefix(make: type[Manager]) -> None:
     pool = make(8, 4)
-    pool.allocate_prompt("a", TEN)  # blocks 0 and 1 cached, block 2 half full
-    assert pool.truncate("a", 6) == RequestBlockTable("a", [0, 1], 6)
-    assert pool.free_block_ids == (3, 4, 5, 6, 7, 2)
+    pool.allocate("a", TEN)  # blocks 0 and 1 cached, block 2 half full
+    pool.truncate("a", 6)
+    assert table(pool, "a") == RequestBlockTable("a", (0, 1), 6)
+    assert free_ids(pool) == (3, 4, 5, 6, 7, 2)
     # Block 1 will be written again from slot 2: a second prompt may reuse block 0 only.
-    assert pool.allocate_prompt("b", TEN) == PromptAllocation(
-        RequestBlockTable("b", [0, 3, 4], 10), cached_tokens=4
-    )
+    assert admitted(pool.allocate("b", TEN)) == (RequestBlockTable("b", (0, 3, 4), 10), 4)
     assert pool.usage().cached_blocks == 2  # block 0, and b's own block 3 (tokens 1..8)
 
 
@@ -43,12 +44,13 @@ def test_cut_blocks_that_hold_a_cached_prefix_wait_in_the_cached_free_queue(
     make: type[Manager],
 ) -> None:
     pool = make(8, 4)
-    pool.allocate_prompt("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])  # blocks 0, 1 cached; block 2
-    assert pool.truncate("a", 4) == RequestBlockTable("a", [0], 4)
-    assert pool.free_block_ids == (3, 4, 5, 6, 7, 2)
-    assert pool.cached_free_block_ids == (1,)
-    hit = pool.allocate_prompt("b", [1, 2, 3, 4, 5, 6, 7, 8, 0])
-    assert hit == PromptAllocation(RequestBlockTable("b", [0, 1, 3], 9), cached_tokens=8)
+    pool.allocate("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])  # blocks 0, 1 cached; block 2
+    pool.truncate("a", 4)
+    assert table(pool, "a") == RequestBlockTable("a", (0,), 4)
+    assert free_ids(pool) == (3, 4, 5, 6, 7, 2)
+    assert cached_free_ids(pool) == (1,)
+    hit = pool.allocate("b", [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    assert admitted(hit) == (RequestBlockTable("b", (0, 1, 3), 9), 8)
 
 
 def test_a_shared_block_left_partly_filled_is_copied_by_the_next_append(
@@ -57,23 +59,25 @@ def test_a_shared_block_left_partly_filled_is_copied_by_the_next_append(
     pool = make(6, 4)
     pool.allocate("p", 8)  # blocks 0 and 1, both full
     pool.fork("p", "c")
-    assert pool.truncate("c", 6) == RequestBlockTable("c", [0, 1], 6)
-    assert pool.append_tokens("c", 1) == RequestBlockTable("c", [0, 2], 7)
-    assert pool.take_copies() == [(1, 2)]
-    assert pool.snapshot_request("p") == RequestBlockTable("p", [0, 1], 8)
+    pool.truncate("c", 6)
+    assert table(pool, "c") == RequestBlockTable("c", (0, 1), 6)
+    assert pool.append("c", 1).table() == RequestBlockTable("c", (0, 2), 7)
+    assert pool.take_transfers().copies == ((1, 2),)
+    assert table(pool, "p") == RequestBlockTable("p", (0, 1), 8)
 
 
 def test_a_tracked_request_forgets_the_cut_tokens(make: type[Manager]) -> None:
     pool = make(4, 4)
-    pool.allocate_prompt("a", [1, 2, 3])
-    pool.append_token_ids("a", [4, 5, 6])  # block 0 full and cached, block 1 holds 5, 6
-    assert pool.truncate("a", 4) == RequestBlockTable("a", [0], 4)
-    assert pool.free_block_ids == (2, 3, 1)
-    assert pool.append_token_ids("a", [9]) == RequestBlockTable("a", [0, 2], 5)
+    pool.allocate("a", [1, 2, 3])
+    pool.append("a", [4, 5, 6])  # block 0 full and cached, block 1 holds 5, 6
+    pool.truncate("a", 4)
+    assert table(pool, "a") == RequestBlockTable("a", (0,), 4)
+    assert free_ids(pool) == (2, 3, 1)
+    assert pool.append("a", [9]).table() == RequestBlockTable("a", (0, 2), 5)
     # The cut tokens 5, 6 are forgotten: the block the next four fill holds 9s, and a
     # prompt continuing with 5, 6, 7, 8 finds only block 0.
-    pool.append_token_ids("a", [9, 9, 9])
-    hit = pool.allocate_prompt("b", [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    pool.append("a", [9, 9, 9])
+    hit = pool.allocate("b", [1, 2, 3, 4, 5, 6, 7, 8, 0])
     assert hit.cached_tokens == 4
 
 
@@ -91,20 +95,20 @@ def test_a_refused_truncate_changes_nothing(
 ) -> None:
     pool = make(4, 4)
     pool.allocate("a", 5)
-    before = (pool.free_block_ids, pool.snapshot_request("a"), pool.usage())
+    before = (free_ids(pool), table(pool, "a"), pool.usage())
     with pytest.raises(error) as refused:
         pool.truncate(request_id, token_count)
     assert message in str(refused.value)
-    assert (pool.free_block_ids, pool.snapshot_request("a"), pool.usage()) == before
+    assert (free_ids(pool), table(pool, "a"), pool.usage()) == before
 
 
 def test_a_rollback_in_two_groups_reports_both_groups_blocks_and_stale_slots(
     make: type[Manager],
 ) -> None:
     pool = make(8, 2, group_windows=(None, None))
-    pool.allocate_prompt("p", [1, 2, 3, 4, 5])  # group 0: 0, 1, 2; group 1: 3, 4, 5
-    released = pool.truncate_blocks("p", 1)
+    pool.allocate("p", [1, 2, 3, 4, 5])  # group 0: 0, 1, 2; group 1: 3, 4, 5
+    released = pool.truncate("p", 1)
     # Per group, last first: 2 free, 1 cached free (1..4); 5 free, 4 cached free. Blocks 0
     # and 3 are cut into: uncached, token 1's rows (1 and 7) stale.
     assert released == ReleasedBlocks((1, 2, 4, 5), (2, 5), (1, 4), ((1,), (7,)))
-    assert (pool.free_block_ids, pool.cached_free_block_ids) == ((6, 7, 2, 5), (1, 4))
+    assert (free_ids(pool), cached_free_ids(pool)) == ((6, 7, 2, 5), (1, 4))

@@ -9,23 +9,18 @@ from typing import Any
 
 from harness.conformance.targets.pagedkv import PagedKVAdapter
 from harness.conformance.targets.transformers_cb import TransformersAdapter
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec import ReleasedBlocks
 
 
-class FreesTheLastBlockTwice(KVBlockManager):
+class FreesTheLastBlockTwice(KVCacheManager):
     """A double free: release puts the request's last block on the free queue twice."""
 
-    __slots__ = ()
-
-    def release_blocks(self, request_id: str) -> ReleasedBlocks:
-        released = super().release_blocks(request_id)
+    def release(self, request_id: str) -> ReleasedBlocks:
+        released = super().release(request_id)
         if released.freed_block_ids:
             self._pool.free.append(released.freed_block_ids[0])
         return released
-
-    def release(self, request_id: str) -> list[int]:
-        return list(self.release_blocks(request_id).block_ids)
 
 
 class ReportsAHitOneBlockLong(PagedKVAdapter):

@@ -152,5 +152,5 @@ def test_vllm_takes_an_empty_cache_salt_for_none_where_the_spec_keeps_it_apart()
         for salt in ("", "a")
     }
     assert hits == {"": 8, "a": 0}
-    state = spec.allocate_prompt(spec.init(12, 4), "r0", tuple(prompt))
+    state = spec.allocate(spec.init(12, 4), "r0", tuple(prompt))
     assert spec.cached_prefix_tokens(state, tuple(prompt), "") == 0

@@ -5,9 +5,10 @@ from collections.abc import Callable
 
 from hypothesis import strategies as st
 
-from spec import BlockAllocationError, allocator
-from spec.allocator import AllocatorState
+import spec
+from spec import BlockAllocationError
 from spec.event_stream import BlockKeys, EventBatch, translate_events
+from spec.state import AllocatorState
 
 Op = Callable[[AllocatorState], AllocatorState]
 
@@ -18,14 +19,14 @@ Published = list[list[EventBatch]]
 def run(ops: list[Op], total_blocks: int = 6) -> tuple[list[AllocatorState], Published]:
     """Apply ``ops`` to an empty pool, a refused one changing nothing; the states (each
     before ``take_events``) and what a publisher of ``translate_events`` sent each step."""
-    state = allocator.init(total_blocks, BLOCK_SIZE)
+    state = spec.init(total_blocks, BLOCK_SIZE)
     states, published = [state], []
     blocks, seq = BlockKeys(BLOCK_SIZE), 0
     for op in ops:
         try:
-            state = op(allocator.take_events(state))
+            state = op(spec.take_events(state))
         except (BlockAllocationError, KeyError, ValueError):
-            state = allocator.take_events(state)
+            state = spec.take_events(state)
         blocks, events = translate_events(blocks, state.events)
         batches = [EventBatch(seq, events)] if events else []
         seq += len(batches)
@@ -35,19 +36,19 @@ def run(ops: list[Op], total_blocks: int = 6) -> tuple[list[AllocatorState], Pub
 
 
 def admit(request_id: str, tokens: tuple[int, ...], salt: str | None = None) -> Op:
-    return lambda s: allocator.allocate_prompt(s, request_id, tokens, salt)
+    return lambda s: spec.allocate(s, request_id, tokens, salt)
 
 
 def extend(request_id: str, tokens: tuple[int, ...]) -> Op:
-    return lambda s: allocator.append_token_ids(s, request_id, tokens)
+    return lambda s: spec.append(s, request_id, tokens)
 
 
 def finish(request_id: str) -> Op:
-    return lambda s: allocator.release(s, request_id)
+    return lambda s: spec.release(s, request_id)
 
 
 def reset(state: AllocatorState) -> AllocatorState:
-    return allocator.reset_prefix_cache(state)
+    return spec.reset_prefix_cache(state)
 
 
 def numbered(published: Published) -> Published:

@@ -12,7 +12,7 @@ import pytest
 from harness.cli.main import main
 from harness.kv_publisher import KVEventStream, ZmqEventPublisher
 from harness.kv_wire import WireEncoder
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec.event_consumers import (
     compute_prefix_score,
 )
@@ -42,12 +42,12 @@ def indexer(tmp_path: Path) -> Iterator[Indexer]:
     running.close()
 
 
-def stream_keys(manager: KVBlockManager) -> frozenset[StreamKey]:
+def stream_keys(manager: KVCacheManager) -> frozenset[StreamKey]:
     """What a router should hold of ``manager``'s caches: the spec's present keys."""
     return frozenset(compute_stream_key(p, BLOCK_SIZE) for p in get_present_keys(manager.to_spec()))
 
 
-def held_by(indexer: Indexer, manager: KVBlockManager, what: str) -> set[int]:
+def held_by(indexer: Indexer, manager: KVCacheManager, what: str) -> set[int]:
     """Wait until the indexer holds exactly ``manager``'s keys; they."""
     expected = {key.block_hash for key in stream_keys(manager)}
     return wait_for(indexer.device_hashes, lambda held: held == expected, what)
@@ -116,7 +116,7 @@ class LossyPublisher(ZmqEventPublisher):
         super().send(seq, payload)
 
 
-def publish(port: int) -> tuple[LossyPublisher, KVEventStream, KVBlockManager]:
+def publish(port: int) -> tuple[LossyPublisher, KVEventStream, KVCacheManager]:
     """A publisher bound at ``port`` (once a subscriber came) and a manager feeding it."""
     encoder = WireEncoder(BLOCK_SIZE, (None,), "vllm")
     publisher = LossyPublisher(
@@ -124,7 +124,7 @@ def publish(port: int) -> tuple[LossyPublisher, KVEventStream, KVBlockManager]:
     )
     assert publisher.subscribed
     stream = KVEventStream(publisher)
-    return publisher, stream, KVBlockManager(16, BLOCK_SIZE, event_sink=stream.record)
+    return publisher, stream, KVCacheManager(16, BLOCK_SIZE, event_sink=stream.record)
 
 
 def test_a_reset_a_lost_batch_and_a_restart_leave_the_indexer_with_the_spec_s_keys(
@@ -134,25 +134,25 @@ def test_a_reset_a_lost_batch_and_a_restart_leave_the_indexer_with_the_spec_s_ke
     indexer.register(WORKER, port)
     publisher, stream, manager = publish(port)
     system = list(range(100, 108))
-    manager.allocate_prompt("a", [*system, 1, 2, 3, 4, 5])
+    manager.allocate("a", [*system, 1, 2, 3, 4, 5])
     stream.flush()
     held_by(indexer, manager, "the first prompt's three blocks")
     assert indexer.score([*system, 1, 2, 3, 4, 9], WORKER) == 12
 
     # A lost batch: the next one shows the gap, and the indexer replays it from the buffer.
     publisher.losses = 1
-    manager.allocate_prompt("b", [*system, 6, 7, 8, 9, 10])
+    manager.allocate("b", [*system, 6, 7, 8, 9, 10])
     stream.flush()
-    manager.allocate_prompt("c", [*system, 11, 12, 13, 14, 15])
+    manager.allocate("c", [*system, 11, 12, 13, 14, 15])
     stream.flush()
     held_by(indexer, manager, "the lost batch's keys, replayed")
 
     # Lost and gone from the buffer too: replay cannot help; a resync does.
     publisher.losses, publisher.forget = 1, True
-    manager.allocate_prompt("d", [*system, 16, 17, 18, 19, 20])
+    manager.allocate("d", [*system, 16, 17, 18, 19, 20])
     stream.flush()
     manager.release("a")
-    manager.allocate_prompt("e", [21, 22, 23, 24, 25])
+    manager.allocate("e", [21, 22, 23, 24, 25])
     stream.flush()
     time.sleep(1)  # the indexer has the next batch, the gap, and an empty replay by now
     lost = PresentKey(0, MEDIUM_GPU, CacheKey(None, (*system, 16, 17, 18, 19)))
@@ -172,11 +172,11 @@ def test_a_reset_a_lost_batch_and_a_restart_leave_the_indexer_with_the_spec_s_ke
 
     # A restart: a new producer on the same port; its opening clear drops what the
     # indexer knew of the old one.
-    manager.allocate_prompt("f", [*system, 1])
+    manager.allocate("f", [*system, 1])
     stream.close()
     held_before = wait_for(indexer.device_hashes, lambda held: len(held) == 2, "f's blocks")
     _, restarted, fresh = publish(port)
-    fresh.allocate_prompt("g", [7, 7, 7, 7, 7])
+    fresh.allocate("g", [7, 7, 7, 7, 7])
     restarted.flush()
     assert not held_before & held_by(indexer, fresh, "only the new producer's key")
     restarted.close()

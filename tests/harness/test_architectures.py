@@ -25,14 +25,13 @@ from harness.oracle.checks import TokenTrace, check_alone
 from harness.oracle.dense import generate_dense
 from harness.oracle.device_cases import paged_cache_generate_failures
 from harness.oracle.equivalence import PoolConfig, run_equivalence
-from harness.runtime.allocation import NO_PREFIX_CACHING
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool, new_manager
 from harness.runtime.paged_attention import sliding_window_mask, visible_start
 from harness.runtime.paged_cache import PagedCache
 from harness.runtime.requests import Request
 from harness.tiny_models import tiny_model
-from impl import KVBlockManager
+from impl import KVCacheManager
 from tests.support.harness_cases import ReportsAHeldBlockAsSkipped, save_model_directory
 
 ARCHITECTURES = ["qwen2", "qwen3", "phi3", "mistral", "gemma2", "gemma3"]
@@ -172,9 +171,9 @@ def _alone_check(store_type: type[PagedKVPool]) -> tuple[bool, bool]:
     layout = kv_layout(loaded)
     manager = ReportsAHeldBlockAsSkipped(16, 4, group_windows=layout.group_windows)
     # Without prefix caching: a cached block a window skips keeps its K/V for later hits
-    # and is never poisoned; an uncached one is handed over by take_skipped_blocks.
+    # and is never poisoned; an uncached one is handed over by take_transfers.
     engine = BatchInvariantEngine(
-        loaded.model, manager, store_type(layout, 16, 4), None, NO_PREFIX_CACHING
+        loaded.model, manager, store_type(layout, 16, 4), None, prefix_caching=False
     )
     output = engine.run([request]).outputs["r0"]
     check = check_alone(
@@ -243,8 +242,8 @@ def test_the_engine_and_paged_cache_refuse_a_manager_without_the_models_groups()
     with pytest.raises(
         ValueError, match=r"group_windows \(None,\) are not the model's KV cache groups \(None, 8\)"
     ):
-        Engine(loaded.model, KVBlockManager(30, 4), pool, None)
+        Engine(loaded.model, KVCacheManager(30, 4), pool, None)
     with pytest.raises(
         ValueError, match=r"group_windows \(None,\) are not the pool's KV cache groups \(None, 8\)"
     ):
-        PagedCache(KVBlockManager(30, 4), pool, 1)
+        PagedCache(KVCacheManager(30, 4), pool, 1)

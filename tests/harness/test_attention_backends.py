@@ -29,7 +29,7 @@ from harness.runtime.attention_backends import (
 )
 from harness.runtime.contiguous_kv import ContiguousKVBuffers
 from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
-from impl import KVBlockManager
+from impl import KVCacheManager
 from tests.support.harness_cases import (
     EarlyReleaseEngine,
     SwappedBlockManager,
@@ -46,7 +46,7 @@ CPU = torch.device("cpu")
 
 
 def _gate_failures(
-    attention: AttentionBackend, manager_type: type[KVBlockManager] = KVBlockManager
+    attention: AttentionBackend, manager_type: type[KVCacheManager] = KVCacheManager
 ) -> list[str]:
     requests = make_requests(4, max_new_tokens=8, arrival_gap=1)
     paged, contiguous = paged_and_contiguous(
@@ -73,12 +73,12 @@ def test_the_emulator_gate_catches_a_corrupted_block_table() -> None:
 
 def test_the_emulator_emits_gathers_tokens_and_reports_its_agreement_per_layer() -> None:
     requests = make_requests(5, max_new_tokens=8, arrival_gap=1)
-    gathered = run(requests, PagedKVPool(pool_layout(), 48, 4), KVBlockManager(48, 4))
+    gathered = run(requests, PagedKVPool(pool_layout(), 48, 4), KVCacheManager(48, 4))
     agreement = LayerAgreement()
     emulated = run(
         requests,
         PagedKVPool(pool_layout(), 48, 4),
-        KVBlockManager(48, 4),
+        KVCacheManager(48, 4),
         attention=replace(VARLEN_EMULATED, agreement=agreement),
     )
     for request in requests:
@@ -95,7 +95,7 @@ def test_the_emulator_still_shows_a_use_after_free_on_a_poisoned_pool() -> None:
     block_size = 64  # one block per request: the stale table always covers the next token
     buggy = EarlyReleaseEngine(
         tiny_model().model,
-        KVBlockManager(64, block_size),
+        KVCacheManager(64, block_size),
         PoisonedKVPool(pool_layout(), 64, block_size),
         None,
         attention=VARLEN_EMULATED,
@@ -103,7 +103,7 @@ def test_the_emulator_still_shows_a_use_after_free_on_a_poisoned_pool() -> None:
     correct = run(
         requests,
         ContiguousKVBuffers(pool_layout(), 64, block_size),
-        KVBlockManager(64, block_size),
+        KVCacheManager(64, block_size),
         attention=VARLEN_EMULATED,
     )
     ruined = [

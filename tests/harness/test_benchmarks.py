@@ -80,10 +80,12 @@ def test_the_allocator_benchmark_prints_its_table(capsys: pytest.CaptureFixture[
     argv = ["--requests", "50", "--spec-requests", "10", "--runs", "1", "--prefix-requests", "0"]
     assert bench_allocator.main([*argv, "--window-requests", "0"]) == 0
     out = capsys.readouterr().out
-    assert "| impl append_slot, 8,192 blocks | 50 |" in out
-    assert "| impl append_tokens, 8,192 blocks | 50 |" in out
+    assert "| impl append, 8,192 blocks | 50 |" in out
+    assert "| impl article layer append_slot, 8,192 blocks | 50 |" in out
+    assert "| impl article layer append_tokens, 8,192 blocks | 50 |" in out
     assert "| article-style append_tokens, 8,192 blocks | 50 |" in out
-    assert "| spec append_slot, 1,024 blocks | 10 |" in out
+    assert "| spec append, 1,024 blocks | 10 |" in out
+    assert "impl append, tight loop" in out
     assert "impl append_slot, tight loop" in out
 
 

@@ -10,7 +10,7 @@ import harness.oracle.equivalence
 from harness.check import CheckSettingsError, prompt_ids
 from harness.cli.parsing import UsageError
 from harness.kv_layout import KVLayout
-from impl import KVBlockManager
+from impl import KVCacheManager
 from impl.prefix_cache import EventSink
 from tests.support.harness_cases import SwappedBlockManager, save_model_directory, tiny_model
 
@@ -57,7 +57,7 @@ def test_a_corrupted_block_table_fails_with_one_line_per_failed_check(
         *,
         event_sink: EventSink | None = None,
         **host_tier: object,
-    ) -> KVBlockManager:
+    ) -> KVCacheManager:
         return SwappedBlockManager(total_blocks, block_size, event_sink=event_sink)
 
     monkeypatch.setattr(harness.oracle.equivalence, "new_manager", swapped)

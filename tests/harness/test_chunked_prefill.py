@@ -13,14 +13,13 @@ import pytest
 import torch
 
 from harness.oracle.checks import TokenTrace, check_batch, check_gate, tie_rule
-from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.contiguous_kv import ContiguousKVBuffers
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.events import PoolEvent
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.results import EngineResult
 from harness.runtime.scheduler import Scheduler, Scheduling
-from impl import AppendedSlots, KVBlockManager, PromptAllocation
+from impl import AppendedSlots, KVCacheManager
 from tests.support.harness_cases import (
     dense,
     dense_trace,
@@ -35,26 +34,26 @@ TIE_RULE = tie_rule(torch.float32)
 MAX_STEPS = 400  # far more than any run here takes; a planted bug may never finish
 
 
-class ChunkRecorder(KVBlockManager):
+class ChunkRecorder(KVCacheManager):
     """A correct manager that records each request's token count after every prompt
     allocation and every append (the chunk boundaries, and decode tokens past the prompt)."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def __init__(self, total_blocks: int, block_size: int = 16) -> None:
+        super().__init__(total_blocks, block_size)
         self.boundaries: dict[str, list[int]] = {}
         self.hits: dict[str, list[int]] = {}
 
-    def allocate_prompt(
-        self, request_id: str, token_ids: Sequence[int], cache_salt: str | None = None
-    ) -> PromptAllocation:
-        allocation = super().allocate_prompt(request_id, token_ids, cache_salt)
-        self.boundaries.setdefault(request_id, []).append(allocation.table.token_count)
+    def allocate(
+        self, request_id: str, tokens: int | Sequence[int], cache_salt: str | None = None
+    ) -> AppendedSlots:
+        allocation = super().allocate(request_id, tokens, cache_salt)
+        self.boundaries.setdefault(request_id, []).append(allocation.token_count)
         self.hits.setdefault(request_id, []).append(allocation.cached_tokens)
         return allocation
 
-    def append_token_id_slots(self, request_id: str, token_ids: Sequence[int]) -> AppendedSlots:
-        step = super().append_token_id_slots(request_id, token_ids)
-        self.boundaries.setdefault(request_id, []).append(step.tables[0].token_count)
+    def append(self, request_id: str, tokens: int | Sequence[int] = 1) -> AppendedSlots:
+        step = super().append(request_id, tokens)
+        self.boundaries.setdefault(request_id, []).append(step.token_count)
         return step
 
 
@@ -80,7 +79,7 @@ class BudgetRecorder(Engine):
         return super()._forward(group, grown)
 
 
-def stop_runaway(event: PoolEvent, manager: KVBlockManager) -> None:
+def stop_runaway(event: PoolEvent, manager: KVCacheManager) -> None:
     """An observer that ends a run stuck in a loop (as a planted bug may leave it)."""
     if event.step > MAX_STEPS:
         raise RuntimeError(f"still running after {MAX_STEPS} steps")
@@ -107,7 +106,8 @@ def run_chunked(
     total_blocks: int,
     budget: int | None,
     engine_type: type[Engine] = Engine,
-    allocation: Allocation = PREFIX_CACHING,
+    *,
+    prefix_caching: bool = True,
 ) -> tuple[EngineResult, ChunkRecorder]:
     manager = ChunkRecorder(total_blocks, BLOCK_SIZE)
     engine = engine_type(
@@ -115,7 +115,7 @@ def run_chunked(
         manager,
         poisoned_pool(total_blocks, BLOCK_SIZE),
         None,
-        allocation,
+        prefix_caching=prefix_caching,
         observer=stop_runaway,
         scheduling=Scheduling(max_batch_tokens=budget),
     )
@@ -203,13 +203,13 @@ def test_the_gate_stays_bitwise_with_chunked_prefill() -> None:
     requests = long_prompt_requests(4, seed=5)
     tight = max(r.blocks_needed(BLOCK_SIZE) for r in requests) + 2
     scheduling = Scheduling(max_batch_tokens=7)
-    paged, _ = run_chunked(requests, tight, budget=7, allocation=NO_PREFIX_CACHING)
+    paged, _ = run_chunked(requests, tight, budget=7, prefix_caching=False)
     contiguous = Engine(
         tiny_model().model,
-        KVBlockManager(tight, BLOCK_SIZE),
+        KVCacheManager(tight, BLOCK_SIZE),
         ContiguousKVBuffers(pool_layout(), max(r.max_tokens for r in requests)),
         None,
-        NO_PREFIX_CACHING,
+        prefix_caching=False,
         scheduling=scheduling,
     ).run(requests)
     assert paged.schedule == contiguous.schedule
@@ -226,9 +226,9 @@ class RecountsHitScheduler(Scheduler):
     """Planted bug: a prefix hit is counted as computed twice, so the chunk after the
     first starts past tokens nobody fed."""
 
-    def admit(self, waiting: RunningRequest, budget: int) -> bool:
+    def admit(self, waiting: RunningRequest, budget: int) -> AppendedSlots | None:
         admitted = super().admit(waiting, budget)
-        if admitted:
+        if admitted is not None:
             waiting.computed *= 2
         return admitted
 
@@ -249,7 +249,7 @@ class SkipsAChunkEngine(Engine):
         skipped = min(len(running.pending_ids), len(running.prefill_ids) - start - 1)
         if running.output.prefill_chunks == 1 and skipped > 0:
             chunk = running.prefill_ids[start : start + skipped]
-            self.allocation.append(self.manager, running.request.request_id, chunk)
+            self.manager.append(running.request.request_id, chunk)
             running.computed += skipped
 
 

@@ -15,6 +15,7 @@ from harness.kv_layout import KVLayout
 from harness.oracle.device_cases import paged_cache_generate_failures, paged_equals_dense_failures
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PagedKVPool
+from impl import Transfers
 
 pytestmark = [
     pytest.mark.cuda,
@@ -52,7 +53,7 @@ def test_the_host_tier_is_pinned_and_a_round_trip_through_it_keeps_every_bit() -
     for tensor in pool.keys + pool.values:
         tensor.copy_(torch.randn(tensor.shape, device=CUDA).to(torch.bfloat16))
     before = [tensor[[1, 4]].clone() for tensor in pool.keys + pool.values]
-    pool.swap([(1, 0), (4, 3)], [])
-    pool.swap([], [(0, 2), (3, 5)])
+    pool.transfer(Transfers(device_to_host=((1, 0), (4, 3)), host_to_device=()))
+    pool.transfer(Transfers(device_to_host=(), host_to_device=((0, 2), (3, 5))))
     after = [tensor[[2, 5]] for tensor in pool.keys + pool.values]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

@@ -11,7 +11,7 @@ from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 from harness.runtime.kv_store import KVPlan
 from harness.runtime.requests import Request, SamplingParams
 from harness.runtime.sampling import logits_to_host
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec import blocks_for_tokens
 from tests.support.harness_cases import (
     EarlyReleaseEngine,
@@ -30,7 +30,7 @@ from tests.support.harness_cases import (
 @pytest.mark.parametrize("block_size", [1, 8, 16, 32])
 def test_one_request_on_scattered_blocks_is_bit_identical_to_generate(block_size: int) -> None:
     (request,) = make_requests(1, max_new_tokens=12, arrival_gap=0, seed=block_size)
-    manager = KVBlockManager(64, block_size)
+    manager = KVCacheManager(64, block_size)
     # Blocks 0..2 go to a request that never runs, so ours start at block 3.
     manager.allocate("filler", 3 * block_size)
     pool = PagedKVPool(pool_layout(), 64, block_size)
@@ -46,7 +46,7 @@ def test_one_request_on_scattered_blocks_is_bit_identical_to_generate(block_size
 def test_a_static_batch_is_bit_identical_to_contiguous_buffers_and_emits_generates_tokens() -> None:
     requests = make_requests(4, max_new_tokens=10, arrival_gap=0)
     paged, contiguous = paged_and_contiguous(
-        requests, manager_type=KVBlockManager, total_blocks=64, block_size=8
+        requests, manager_type=KVCacheManager, total_blocks=64, block_size=8
     )
     assert paged.schedule == contiguous.schedule
     assert paged.schedule[0] == ("r0", "r1", "r2", "r3")  # one packed forward, all four
@@ -103,11 +103,11 @@ def test_blocks_are_handed_to_a_second_request_after_release() -> None:
 
 def test_release_on_finish_returns_every_block() -> None:
     requests = make_requests(5, max_new_tokens=6, arrival_gap=1)
-    manager = KVBlockManager(20, 4)
+    manager = KVCacheManager(20, 4)
     result = run(requests, PagedKVPool(pool_layout(), 20, 4), manager)
     assert all(len(output.token_ids) == 6 for output in result.outputs.values())
-    assert manager.free_blocks == 20
-    assert manager.request_tables == {}
+    assert manager.usage().free_blocks == 20
+    assert not manager.to_spec().tables
     manager.check_invariants()
 
 
@@ -121,14 +121,14 @@ def test_an_exception_mid_run_still_releases_the_running_requests() -> None:
                 raise RuntimeError("device lost")
             return super().read(layer_idx, plan)
 
-    manager = KVBlockManager(20, 4)
+    manager = KVCacheManager(20, 4)
     with pytest.raises(RuntimeError, match="device lost"):
         run(
             make_requests(3, max_new_tokens=20, arrival_gap=0),
             FailingPool(pool_layout(), 20, 4),
             manager,
         )
-    assert manager.free_blocks == 20
+    assert manager.usage().free_blocks == 20
     manager.check_invariants()
 
 
@@ -157,11 +157,11 @@ def _early_release_runs(
     buggy = run(
         requests,
         pool_type(pool_layout(), total_blocks, block_size),
-        KVBlockManager(total_blocks, block_size),
+        KVCacheManager(total_blocks, block_size),
         EarlyReleaseEngine,
     )
     correct = run(
-        requests, ContiguousKVBuffers(pool_layout(), 64), KVBlockManager(total_blocks, block_size)
+        requests, ContiguousKVBuffers(pool_layout(), 64), KVCacheManager(total_blocks, block_size)
     )
     return (
         requests,
@@ -187,7 +187,7 @@ def test_batch_invariant_mode_makes_continuous_batching_bit_identical_to_generat
     requests = make_requests(5, max_new_tokens=8, arrival_gap=1)
     # Room for all five at once: a preempted request's recompute is a partial prefill,
     # which is not bitwise (see tests/harness/test_sharing.py for preemption).
-    manager = KVBlockManager(40, 4)
+    manager = KVCacheManager(40, 4)
     result = run(requests, PoisonedKVPool(pool_layout(), 40, 4), manager, BatchInvariantEngine)
     assert all(len(group) == 1 for group in result.schedule)
     assert result.preemptions == 0
@@ -205,15 +205,15 @@ def test_seeded_sampling_is_reproducible_and_paging_does_not_change_it() -> None
         for r in make_requests(3, max_new_tokens=10, arrival_gap=1)
     ]
     paged, contiguous = paged_and_contiguous(
-        requests, manager_type=KVBlockManager, total_blocks=40, block_size=4
+        requests, manager_type=KVCacheManager, total_blocks=40, block_size=4
     )
     again, _ = paged_and_contiguous(
-        requests, manager_type=KVBlockManager, total_blocks=40, block_size=4
+        requests, manager_type=KVCacheManager, total_blocks=40, block_size=4
     )
     greedy = run(
         make_requests(3, max_new_tokens=10, arrival_gap=1),
         PagedKVPool(pool_layout(), 40, 4),
-        KVBlockManager(40, 4),
+        KVCacheManager(40, 4),
     )
     tokens = {k: v.token_ids for k, v in paged.outputs.items()}
     assert tokens == {k: v.token_ids for k, v in contiguous.outputs.items()}
@@ -223,10 +223,10 @@ def test_seeded_sampling_is_reproducible_and_paging_does_not_change_it() -> None
 
 def test_a_request_larger_than_the_pool_is_refused_before_anything_runs() -> None:
     (request,) = make_requests(1, max_new_tokens=30, arrival_gap=0)
-    manager = KVBlockManager(2, 4)
+    manager = KVCacheManager(2, 4)
     with pytest.raises(ValueError, match="needs up to"):
         run([request], PagedKVPool(pool_layout(), 2, 4), manager)
-    assert manager.free_blocks == 2
+    assert manager.usage().free_blocks == 2
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5])
@@ -235,10 +235,10 @@ def test_a_pool_of_exactly_the_largest_request_serves_everyone_without_running_d
 ) -> None:
     requests = make_requests(6, max_new_tokens=7, arrival_gap=0, seed=block_size)
     largest = max(blocks_for_tokens(block_size, request.max_tokens) for request in requests)
-    manager = KVBlockManager(largest, block_size)
+    manager = KVCacheManager(largest, block_size)
     result = run(requests, PoisonedKVPool(pool_layout(), largest, block_size), manager)
     assert [len(result.outputs[r.request_id].token_ids) for r in requests] == [7] * 6
-    assert manager.free_blocks == largest
+    assert manager.usage().free_blocks == largest
 
 
 @pytest.mark.parametrize("engine_type", [Engine, BatchInvariantEngine])
@@ -254,7 +254,7 @@ def test_the_engine_copies_logits_to_the_host_once_per_step_however_many_forward
     # The engine calls the name it imported: count the calls there.
     monkeypatch.setattr(engine_module, "logits_to_host", counting)
     requests = make_requests(3, max_new_tokens=5, arrival_gap=0)
-    result = run(requests, PagedKVPool(pool_layout(), 32, 4), KVBlockManager(32, 4), engine_type)
+    result = run(requests, PagedKVPool(pool_layout(), 32, 4), KVCacheManager(32, 4), engine_type)
     assert len(copies) == len(result.usage)  # one per engine step
     assert max(copies) == (3 if engine_type is BatchInvariantEngine else 1)
     assert all(

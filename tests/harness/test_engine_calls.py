@@ -1,35 +1,44 @@
-"""The engine asks the manager once per request per decode step, in every KV cache group.
+"""The engine's conversation with the manager, counted: a decode step of N running requests
+makes N + 2 manager calls (one ``append`` each, one ``take_transfers``, one ``usage``), and
+no part the engine uses calls back into it.
 
-A decode step's one call (``append_token_id_slots`` or ``append_slots``) gives every group's
-table and the new tokens' slots; the step computes no allocator arithmetic and asks for no
-snapshot, ref count or second group afterwards.
+The calls are recorded by a manager that logs every public call, with each step's end
+(the observer's ``step`` event) marking the log; a step whose segment admits, releases,
+preempts or forks nothing is a decode step. The running requests at each step are read off
+the same log (allocated and not yet released).
 """
 
+import ast
 import random
+import sys
 from collections.abc import Callable
-from types import MethodType
+from pathlib import Path
+from types import FrameType, MethodType
 from typing import Any
 
 import pytest
 
+import harness.runtime
 from harness.models import kv_layout
-from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.engine import Engine
+from harness.runtime.events import PoolEvent
 from harness.runtime.kv_pool import PagedKVPool
-from harness.runtime.requests import Request
+from harness.runtime.requests import Request, RunningRequest
+from harness.runtime.scheduler import Scheduler
 from harness.tiny_models import tiny_model
-from impl import KVBlockManager
+from impl import AppendedSlots, KVCacheManager
 
 BLOCK_SIZE = 4
 TOTAL_BLOCKS = 64
+STEP = "<step>"
 
 
-class CountingManager(KVBlockManager):
-    """A correct manager that records the public calls naming a request id, in order."""
+class CountingManager(KVCacheManager):
+    """A correct manager that logs every public call: its name and first argument."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.calls: list[tuple[str, str]] = []
+    def __init__(self, total_blocks: int, block_size: int = 16, **kwargs: Any) -> None:
+        super().__init__(total_blocks, block_size, **kwargs)
+        self.calls: list[tuple[str, object]] = []
 
     def __getattribute__(self, name: str) -> Any:  # Any: whatever the attribute is
         attribute = super().__getattribute__(name)
@@ -38,88 +47,162 @@ class CountingManager(KVBlockManager):
             return attribute
 
         def counted(*args: object, **kwargs: object) -> object:
-            if args and isinstance(args[0], str):
-                calls.append((name, args[0]))
+            calls.append((name, args[0] if args else None))
             return attribute(*args, **kwargs)
 
         return counted
 
 
-def calls_per_request(
-    architecture: str, allocation: Allocation, engine_type: type[Engine] = Engine
-) -> tuple[dict[str, list[str]], dict[str, int], int]:
-    """Three requests at once on a roomy pool: the calls naming each, its tokens, and the
-    model's KV cache group count."""
+def run_logged(
+    architecture: str, engine_type: type[Engine] = Engine, *, prefix_caching: bool = True
+) -> list[tuple[str, object]]:
+    """Three requests of different lengths on a roomy pool; the manager's call log."""
     loaded = tiny_model(architecture, seed=0)
     layout = kv_layout(loaded)
     rng = random.Random(5)
     requests = [
-        Request(f"r{n}", tuple(rng.randrange(256) for _ in range(9 + 5 * n)), 7) for n in range(3)
+        Request(f"r{n}", tuple(rng.randrange(256) for _ in range(9 + 5 * n)), 4 + 3 * n)
+        for n in range(3)
     ]
     manager = CountingManager(TOTAL_BLOCKS, BLOCK_SIZE, group_windows=layout.group_windows)
+
+    def mark_steps(event: PoolEvent, _: KVCacheManager) -> None:
+        if event.kind == "step":
+            manager.calls.append((STEP, event.step))
+
     pool = PagedKVPool(layout, TOTAL_BLOCKS, BLOCK_SIZE)
-    result = engine_type(loaded.model, manager, pool, None, allocation).run(requests)
-    calls: dict[str, list[str]] = {r.request_id: [] for r in requests}
-    for name, request_id in manager.calls:
-        calls[request_id].append(name)
-    tokens = {r.request_id: len(result.outputs[r.request_id].token_ids) for r in requests}
-    return calls, tokens, len(layout.group_windows)
+    engine_type(
+        loaded.model, manager, pool, None, prefix_caching=prefix_caching, observer=mark_steps
+    ).run(requests)
+    return manager.calls
 
 
-def assert_one_call_per_decode_step(
-    architecture: str,
-    allocation: Allocation,
-    append: str,
-    admit: str,
-    engine_type: type[Engine] = Engine,
-) -> None:
-    """Each request's calls: admission, the prefill's slots, one ``append`` per decode step
-    (the first token comes from the prefill), the release, and nothing else but the usage
-    sample's one read-only ``snapshot_groups`` per step with several groups."""
-    calls, tokens, groups = calls_per_request(architecture, allocation, engine_type)
-    for request_id, names in calls.items():
-        sampled = [name for name in names if name == "snapshot_groups"]
-        allocating = [name for name in names if name != "snapshot_groups"]
-        decode_steps = tokens[request_id] - 1
-        assert allocating == [admit, "new_token_slots", *[append] * decode_steps, "release_blocks"]
-        assert len(sampled) == (decode_steps + 1 if groups > 1 else 0)
+# The calls that admit, end or share a request: a step with one of them is no decode step.
+LIFECYCLE = {"allocate", "cached_prefix_tokens", "release", "preempt", "fork", "swap_out"}
 
 
-APPENDS = [
-    (PREFIX_CACHING, "append_token_id_slots", "allocate_prompt"),
-    (NO_PREFIX_CACHING, "append_slots", "allocate"),
-]
-
-
-@pytest.mark.parametrize("architecture", ["llama", "mistral", "gemma2"])
-@pytest.mark.parametrize(("allocation", "append", "admit"), APPENDS)
-def test_each_decode_step_asks_the_manager_once_per_request(
-    architecture: str, allocation: Allocation, append: str, admit: str
-) -> None:
-    assert_one_call_per_decode_step(architecture, allocation, append, admit)
-
-
-class SnapshotsEveryGroupEngine(Engine):
-    """Planted: the step asks for each group's table again after the append."""
-
-    def _grow(self, running: Any) -> Any:  # Any: the engine's own records
-        step = super()._grow(running)
-        for group in range(len(self.manager.group_windows)):
-            self.manager.snapshot_request(running.request.request_id, group)
-        return step
+def decode_steps(calls: list[tuple[str, object]]) -> list[tuple[int, list[str]]]:
+    """Each decode step's running request count and its calls, in order."""
+    steps: list[tuple[int, list[str]]] = []
+    running: set[object] = set()
+    segment: list[tuple[str, object]] = []
+    for name, argument in calls:
+        if name != STEP:
+            segment.append((name, argument))
+            continue
+        names = [call for call, _ in segment]
+        if not LIFECYCLE & set(names):
+            steps.append((len(running), names))
+        for call, request_id in segment:
+            if call == "allocate":
+                running.add(request_id)
+            elif call == "release":
+                running.discard(request_id)
+        segment = []
+    return steps
 
 
 @pytest.mark.parametrize("architecture", ["llama", "gemma2"])
-def test_a_step_that_asks_for_its_tables_again_is_caught(architecture: str) -> None:
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_a_decode_step_of_n_requests_makes_n_plus_two_manager_calls(
+    architecture: str, prefix_caching: bool
+) -> None:
+    steps = decode_steps(run_logged(architecture, prefix_caching=prefix_caching))
+    assert {count for count, _ in steps} >= {1, 2, 3}  # steps with each number running
+    for count, names in steps:
+        assert names == ["append"] * count + ["take_transfers", "usage"]
+
+
+class AsksForTablesAgainEngine(Engine):
+    """Planted: the step asks for each request's tables again after its append."""
+
+    def _forward(self, group: list[RunningRequest], grown: dict[str, AppendedSlots]) -> Any:
+        for running in group:
+            self.manager.tables(running.request.request_id)
+        return super()._forward(group, grown)
+
+
+def test_a_step_that_asks_for_its_tables_again_is_caught() -> None:
+    steps = decode_steps(run_logged("llama", AsksForTablesAgainEngine))
     with pytest.raises(AssertionError):
-        assert_one_call_per_decode_step(
-            architecture, *APPENDS[0], engine_type=SnapshotsEveryGroupEngine
-        )
+        for count, names in steps:
+            assert names == ["append"] * count + ["take_transfers", "usage"]
 
 
 def test_the_counter_sees_calls_made_through_bound_methods() -> None:
     manager = CountingManager(8, BLOCK_SIZE)
     allocate: Callable[[str, int], object] = manager.allocate
     allocate("a", 3)
-    manager.append_slots("a", 2)
-    assert manager.calls == [("allocate", "a"), ("append_slots", "a")]
+    manager.append("a", 2)
+    assert manager.calls == [("allocate", "a"), ("append", "a")]
+
+
+# -- nothing the engine uses calls back into it --------------------------------------------
+
+RUNTIME = Path(harness.runtime.__file__).parent
+
+
+def test_no_module_of_the_runtime_but_the_engine_imports_the_engine() -> None:
+    importers = []
+    for path in RUNTIME.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "harness.runtime.engine":
+                importers.append(path.name)
+    assert importers == []
+
+
+def engine_calls_from_helpers(engine_type: type[Engine]) -> list[str]:
+    """Run the tiny model through ``engine_type``; every call of an ``Engine`` method made
+    from outside the engine (a helper calling back into it), but its making and ``run``."""
+    engine_file = str(RUNTIME / "engine.py")
+    methods = {
+        function.__code__
+        for klass in engine_type.__mro__
+        for function in vars(klass).values()
+        if callable(function) and hasattr(function, "__code__")
+    }
+    found: list[str] = []
+
+    def profile(frame: FrameType, event: str, _: object) -> None:
+        entry = frame.f_code.co_name in {"run", "__init__"}  # the caller builds it, runs it
+        if event != "call" or frame.f_code not in methods or entry:
+            return
+        caller = frame.f_back
+        if caller is None or caller.f_code in methods:
+            return
+        if caller.f_code.co_filename != engine_file:
+            found.append(f"{caller.f_code.co_qualname} -> {frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        run_logged("llama", engine_type)
+    finally:
+        sys.setprofile(None)
+    return found
+
+
+def test_no_helper_calls_a_method_of_the_engine() -> None:
+    assert engine_calls_from_helpers(Engine) == []
+
+
+class _CallsBackScheduler(Scheduler):
+    engine: Engine
+
+    def append(self, running: RunningRequest) -> AppendedSlots:
+        self.engine._notify("step")  # a helper reaching back into the engine
+        return super().append(running)
+
+
+class CalledBackEngine(Engine):
+    """Planted: the scheduler holds the engine and calls one of its methods."""
+
+    scheduler_type = _CallsBackScheduler
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        assert isinstance(self.scheduler, _CallsBackScheduler)
+        self.scheduler.engine = self
+
+
+def test_a_helper_that_calls_back_into_the_engine_is_caught() -> None:
+    assert any("-> _notify" in call for call in engine_calls_from_helpers(CalledBackEngine))

@@ -1,6 +1,7 @@
 """The host tier through the harness: preemption by swap and host prefix hits happen on a
 tight pool, and the three checks still pass bitwise with poisoned freed blocks."""
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 import harness
 from harness.oracle.equivalence import EquivalenceReport
 from harness.runtime.kv_pool import PoisonedKVPool
+from impl import Transfers
 from tests.support.harness_cases import make_requests, tiny_model
 
 # Eight staggered prompts of 3..40 tokens, 12 new tokens each, on 4-token blocks: the
@@ -105,17 +107,13 @@ def test_poisoning_a_swapped_out_block_before_its_copy_out_is_caught(
 ) -> None:
     # Planted bug: the freed device blocks are poisoned before their copy out is made (the
     # host tier keeps NaN, and the swapped-in request reads it).
-    swap = PoisonedKVPool.swap
+    transfer = PoisonedKVPool.transfer
 
-    def poison_first(
-        self: PoisonedKVPool,
-        device_to_host: Sequence[tuple[int, int]],
-        host_to_device: Sequence[tuple[int, int]],
-    ) -> None:
-        self.poison([device for device, _ in device_to_host])
-        swap(self, device_to_host, host_to_device)
+    def poison_first(self: PoisonedKVPool, transfers: Transfers) -> None:
+        self.poison([device for device, _ in transfers.device_to_host])
+        transfer(self, transfers)
 
-    monkeypatch.setattr(PoisonedKVPool, "swap", poison_first)
+    monkeypatch.setattr(PoisonedKVPool, "transfer", poison_first)
     report = _swap_run()
     assert report.host.swaps_out > 0
     assert not report.passed
@@ -124,16 +122,12 @@ def test_poisoning_a_swapped_out_block_before_its_copy_out_is_caught(
 
 def _drop_copies_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planted bug: the pool never makes a host -> device copy."""
-    swap = PoisonedKVPool.swap
+    transfer = PoisonedKVPool.transfer
 
-    def no_copy_in(
-        self: PoisonedKVPool,
-        device_to_host: Sequence[tuple[int, int]],
-        host_to_device: Sequence[tuple[int, int]],
-    ) -> None:
-        swap(self, device_to_host, [])
+    def no_copy_in(self: PoisonedKVPool, transfers: Transfers) -> None:
+        transfer(self, dataclasses.replace(transfers, host_to_device=()))
 
-    monkeypatch.setattr(PoisonedKVPool, "swap", no_copy_in)
+    monkeypatch.setattr(PoisonedKVPool, "transfer", no_copy_in)
 
 
 def test_a_swap_in_whose_copies_are_never_made_is_caught(

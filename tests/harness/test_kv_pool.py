@@ -6,7 +6,8 @@ from harness.kv_layout import KVLayout, kv_cache_groups
 from harness.runtime.contiguous_kv import ContiguousKVBuffers
 from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 from harness.runtime.kv_store import KVPlan, KVStore
-from impl import RequestBlockTable
+from impl import AppendedSlots
+from spec import RequestBlockTable
 
 LAYOUT = KVLayout(
     num_layers=2, num_kv_heads=2, head_dim=3, dtype=torch.float32, device=torch.device("cpu")
@@ -21,7 +22,14 @@ def _rows(count: int, start: float) -> torch.Tensor:
 def _plan(
     store: KVStore, request_id: str, block_ids: tuple[int, ...], token_count: int, slots: list[int]
 ) -> KVPlan:
-    return store.plan([RequestBlockTable(request_id, list(block_ids), token_count)], [slots])
+    return store.plan([_step(request_id, block_ids, token_count, slots)])
+
+
+def _step(
+    request_id: str, block_ids: tuple[int, ...], token_count: int, slots: list[int]
+) -> AppendedSlots:
+    """What an append of one group gives: the table and the new tokens' slots."""
+    return AppendedSlots(request_id, token_count, (block_ids,), (0,), (tuple(slots),))
 
 
 def _rows_of(sdpa_layout: torch.Tensor) -> torch.Tensor:
@@ -55,9 +63,8 @@ def test_a_token_lands_in_its_block_at_its_offset() -> None:
 def test_one_step_writes_and_reads_every_request_through_its_own_table() -> None:
     pool = PagedKVPool(LAYOUT, total_blocks=4, block_size=2)
     # "a" holds block 2 then 0 (3 tokens, its last one new); "b" holds block 3 (2 new tokens).
-    tables = [RequestBlockTable("a", [2, 0], 3), RequestBlockTable("b", [3], 2)]
     pool.write(0, _plan(pool, "a", (2,), 2, [4, 5]), _rows(2, 1.0), _rows(2, 5.0))
-    plan = pool.plan(tables, [[0], [6, 7]])
+    plan = pool.plan([_step("a", (2, 0), 3, [0]), _step("b", (3,), 2, [6, 7])])
     assert plan.write_index.tolist() == [0, 6, 7]
     assert plan.read_index.tolist() == [2, 0, 3]
     assert plan.read_starts == (0, 4)
@@ -133,14 +140,14 @@ def test_contiguous_buffers_read_as_pages_give_each_request_a_run_of_its_own_pag
     for request_id, start in (("a", 10.0), ("b", 20.0), ("c", 30.0)):  # the rows grow 1, 2, 4
         plan = _plan(buffers, request_id, (), 5, [0, 0, 0, 0, 0])
         buffers.write(1, plan, _rows(5, start), _rows(5, start))
-    tables = {r: RequestBlockTable(r, [], 5) for r in "abc"}
+    tables = {r: RequestBlockTable(r, (), 5) for r in "abc"}
     assert [buffers.block_ids_of(tables[r]) for r in "abc"] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     keys, _ = buffers.pages(1)  # [4 rows * 3 pages, 2, 2, 3]
     assert keys.shape == (12, 2, 2, 3)
     assert keys[3:6].flatten(0, 1)[:5, 0, 0].tolist() == [20.0, 21.0, 22.0, 23.0, 24.0]
     buffers.release("a", [])
     plan = _plan(buffers, "d", (), 1, [0])  # takes a's row back, zeroed
-    assert buffers.block_ids_of(RequestBlockTable("d", [], 1)) == [0]
+    assert buffers.block_ids_of(RequestBlockTable("d", (), 1)) == [0]
     assert not buffers.pages(1)[0][0:3].any()
 
 
@@ -179,9 +186,9 @@ def test_each_layer_writes_and_reads_through_its_groups_table() -> None:
     pool = PagedKVPool(GROUPED, total_blocks=6, block_size=2)
     # Five tokens; the full group (layer 1) holds blocks (0, 1, 2); the windowed group
     # (layer 0) skipped its first block and holds (4, 5): positions 2 .. 4.
-    full = RequestBlockTable("a", [0, 1, 2], 5)
-    windowed = RequestBlockTable("a", [4, 5], 5, skipped_blocks=1)
-    plan = pool.plan([full], [[4]], [[windowed]])
+    # Position 4: block 2, offset 0 in the full group; block 5, offset 0 in the windowed.
+    step = AppendedSlots("a", 5, ((0, 1, 2), (4, 5)), (0, 1), ((4,), (10,)))
+    plan = pool.plan([step])
     assert plan.groups[0].write_index.tolist() == [4]  # block 2, offset 0
     assert plan.groups[1].write_index.tolist() == [10]  # position 4: block 5, offset 0
     assert (pool.first_positions(1, plan), pool.first_positions(0, plan)) == ((0,), (2,))
@@ -197,5 +204,5 @@ def test_each_layer_writes_and_reads_through_its_groups_table() -> None:
 
 def test_a_poisoned_pool_poisons_blocks_a_window_released() -> None:
     pool = PoisonedKVPool(GROUPED, total_blocks=4, block_size=2)
-    pool.release_out_of_window([3])
+    pool.release_skipped([3])
     assert pool.keys[0][3].isnan().all() and not pool.keys[0][2].isnan().any()

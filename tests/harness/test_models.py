@@ -10,7 +10,7 @@ from harness.cli.main import main
 from harness.models import find_bundled_gguf, get_cache_dir, kv_layout, load_model, publish_cache
 from harness.prompts import render_prompt
 from harness.runtime.paged_cache import PagedCache
-from impl import KVBlockManager
+from impl import KVCacheManager
 from tests.support.harness_cases import poisoned_pool
 
 pytestmark = pytest.mark.model
@@ -164,7 +164,7 @@ def test_generate_on_a_paged_cache_is_bit_identical_on_smollm2() -> None:
         "output_logits": True,
         "return_dict_in_generate": True,
     }
-    with torch.no_grad(), PagedCache(KVBlockManager(16, 8), pool, 2) as cache:
+    with torch.no_grad(), PagedCache(KVCacheManager(16, 8), pool, 2) as cache:
         paged = loaded.model.generate(input_ids, past_key_values=cache, **kwargs)
         dense = loaded.model.generate(input_ids, **kwargs)
     assert torch.equal(paged.sequences, dense.sequences)

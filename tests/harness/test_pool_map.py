@@ -14,7 +14,7 @@ from harness.runtime.events import PoolEvent, PoolObserver
 from harness.runtime.kv_pool import PoisonedKVPool
 from harness.runtime.requests import Request
 from harness.runtime.results import EngineResult
-from impl import KVBlockManager
+from impl import KVCacheManager
 from impl.block_map import LEGEND
 from tests.support.harness_cases import poisoned_pool, pool_layout, tiny_model
 
@@ -44,7 +44,7 @@ def fork_and_preempt(observer: PoolObserver) -> EngineResult:
     parent = Request("p", tuple(rng.randrange(vocab) for _ in range(6)), 4, num_continuations=2)
     other = Request("x", tuple(rng.randrange(vocab) for _ in range(8)), 4)
     engine = Engine(
-        tiny_model().model, KVBlockManager(5, 4), poisoned_pool(5, 4), None, observer=observer
+        tiny_model().model, KVCacheManager(5, 4), poisoned_pool(5, 4), None, observer=observer
     )
     return engine.run([parent, other])
 
@@ -52,7 +52,7 @@ def fork_and_preempt(observer: PoolObserver) -> EngineResult:
 def test_the_engine_tells_its_observer_of_each_step_fork_preemption_and_release() -> None:
     events: list[tuple[str, int, tuple[str, ...]]] = []
 
-    def record(event: PoolEvent, manager: KVBlockManager) -> None:
+    def record(event: PoolEvent, manager: KVCacheManager) -> None:
         events.append((event.kind, event.step, event.request_ids))
 
     result = fork_and_preempt(record)
@@ -168,7 +168,7 @@ def test_the_map_shows_the_host_tier_with_the_swapped_out_request() -> None:
     pool.poison(list(range(5)))
     engine = Engine(
         tiny_model().model,
-        KVBlockManager(5, 4, host_blocks=6),
+        KVCacheManager(5, 4, host_blocks=6),
         pool,
         None,
         observer=printer,

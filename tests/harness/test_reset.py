@@ -4,10 +4,9 @@ same prompt hits nothing after it, and its tokens still pass the dense and gate 
 import torch
 
 from harness.oracle.checks import check_batch, check_gate, tie_rule
-from harness.runtime.allocation import PREFIX_CACHING
 from harness.runtime.engine import Engine
 from harness.runtime.requests import Request
-from impl import KVBlockManager
+from impl import KVCacheManager
 from tests.support.harness_cases import (
     dense,
     dense_trace,
@@ -22,8 +21,8 @@ PROMPT = (5, 9, 13, 2, 7, 30, 31, 8, 11, 12, 14, 15, 40, 41, 42)
 
 
 def test_after_a_reset_the_same_prompt_hits_nothing_and_still_passes() -> None:
-    manager = KVBlockManager(24, 4)
-    engine = Engine(tiny_model().model, manager, poisoned_pool(24, 4), None, PREFIX_CACHING)
+    manager = KVCacheManager(24, 4)
+    engine = Engine(tiny_model().model, manager, poisoned_pool(24, 4), None, prefix_caching=True)
     hits = {}
     for request_id in ("first", "again"):
         hits[request_id] = engine.run([Request(request_id, PROMPT, 5)]).prefix_hit_tokens
@@ -36,7 +35,7 @@ def test_after_a_reset_the_same_prompt_hits_nothing_and_still_passes() -> None:
     paged = trace(after, "reset")
     assert check_batch("reset", paged, dense_trace(dense(request)), tie_rule(torch.float32)).passed
     gate_paged, contiguous = paged_and_contiguous(
-        [request], manager_type=KVBlockManager, total_blocks=24, block_size=4
+        [request], manager_type=KVCacheManager, total_blocks=24, block_size=4
     )
     assert check_gate("reset", paged, trace(contiguous, "reset")).passed
     assert check_gate("reset", trace(gate_paged, "reset"), trace(contiguous, "reset")).passed

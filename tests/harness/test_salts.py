@@ -7,8 +7,7 @@ import pytest
 
 import harness
 from harness.oracle.equivalence import EquivalenceReport
-from harness.runtime.allocation import Allocation
-from impl import KVBlockManager
+from impl import AppendedSlots, KVCacheManager
 from tests.support.harness_cases import tiny_model
 
 # A 12-token "system prompt" (three blocks of 4) every prompt starts with, then its own tail.
@@ -62,25 +61,21 @@ def test_a_salt_that_never_reaches_the_manager_shows_hits_across_salts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The planted bug of SGLang #23300: the request has a salt, the allocator never sees it.
-    allocate, cached_tokens = Allocation.allocate, Allocation.cached_tokens
+    allocate, cached_prefix_tokens = KVCacheManager.allocate, KVCacheManager.cached_prefix_tokens
 
     def allocate_unsalted(
-        self: Allocation,
-        manager: KVBlockManager,
+        self: KVCacheManager,
         request_id: str,
-        token_ids: tuple[int, ...],
+        tokens: int | Sequence[int],
         cache_salt: str | None = None,
-    ) -> int:
-        return allocate(self, manager, request_id, token_ids)
+    ) -> AppendedSlots:
+        return allocate(self, request_id, tokens)
 
-    def cached_tokens_unsalted(
-        self: Allocation,
-        manager: KVBlockManager,
-        token_ids: Sequence[int],
-        cache_salt: str | None = None,
+    def cached_prefix_tokens_unsalted(
+        self: KVCacheManager, token_ids: Sequence[int], cache_salt: str | None = None
     ) -> int:
-        return cached_tokens(self, manager, tuple(token_ids))
+        return cached_prefix_tokens(self, token_ids)
 
-    monkeypatch.setattr(Allocation, "allocate", allocate_unsalted)
-    monkeypatch.setattr(Allocation, "cached_tokens", cached_tokens_unsalted)
+    monkeypatch.setattr(KVCacheManager, "allocate", allocate_unsalted)
+    monkeypatch.setattr(KVCacheManager, "cached_prefix_tokens", cached_prefix_tokens_unsalted)
     assert _first_hits_per_salt(_check(salts=2))["tenant1"] == 12

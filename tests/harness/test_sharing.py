@@ -5,6 +5,7 @@ before it is written, of a freed block, or of a copy that never happened ruins t
 """
 
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -18,14 +19,13 @@ from harness.oracle.checks import (
     tie_rule,
 )
 from harness.oracle.dense import generate_dense_continuation
-from harness.runtime.allocation import NO_PREFIX_CACHING
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool
 from harness.runtime.requests import Request, RunningRequest, SamplingParams
 from harness.runtime.results import EngineResult
 from harness.runtime.sampling import continuation_first_tokens
 from harness.runtime.step_batch import partial_prefill_mask
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec import blocks_for_tokens
 from tests.support.harness_cases import (
     dense,
@@ -76,10 +76,8 @@ def test_a_partial_prefill_mask_is_causal_aligned_to_the_bottom_right() -> None:
 
 def test_requests_sharing_a_prefix_compute_fewer_prefill_tokens_and_emit_generates_tokens() -> None:
     requests = shared_prefix_requests(4, arrival_gap=2)
-    cached = run(requests, poisoned_pool(40, 4), KVBlockManager(40, 4))
-    uncached = run(
-        requests, poisoned_pool(40, 4), KVBlockManager(40, 4), allocation=NO_PREFIX_CACHING
-    )
+    cached = run(requests, poisoned_pool(40, 4), KVCacheManager(40, 4))
+    uncached = run(requests, poisoned_pool(40, 4), KVCacheManager(40, 4), prefix_caching=False)
     # Each later request reuses the 5 full prefix blocks (20 tokens) the first one cached.
     assert cached.prefix_hit_tokens == 3 * 20
     assert cached.prefill_tokens == uncached.prefill_tokens - 3 * 20
@@ -101,7 +99,7 @@ def test_a_prefix_hit_in_the_step_its_blocks_are_written_reads_them_after_the_wr
     # packing order does not matter; separate forwards run in admission order.
     requests = shared_prefix_requests(2, arrival_gap=0)
     for engine_type in (Engine, BatchInvariantEngine, ReversedPackingEngine):
-        result = run(requests, poisoned_pool(20, 4), KVBlockManager(20, 4), engine_type)
+        result = run(requests, poisoned_pool(20, 4), KVCacheManager(20, 4), engine_type)
         assert result.schedule[0] in (("r0", "r1"), ("r1", "r0"), ("r0",))
         assert result.prefix_hit_tokens == 20
         for outcome in batched_checks(result, requests):
@@ -135,8 +133,8 @@ def continuation_references(request: Request) -> dict[str, TokenTrace]:
 def test_three_continuations_fork_copy_on_write_and_each_matches_forced_generate() -> None:
     request = fork_request(3)
     references = continuation_references(request)
-    packed = run([request], poisoned_pool(12, 4), KVBlockManager(12, 4))
-    alone = run([request], poisoned_pool(12, 4), KVBlockManager(12, 4), BatchInvariantEngine)
+    packed = run([request], poisoned_pool(12, 4), KVCacheManager(12, 4))
+    alone = run([request], poisoned_pool(12, 4), KVCacheManager(12, 4), BatchInvariantEngine)
     first_tokens = [packed.outputs[s].token_ids[0] for s in request.sequence_ids]
     assert len(set(first_tokens)) == 3
     assert first_tokens == continuation_first_tokens(packed.outputs["p"].logits[0], 3)
@@ -157,7 +155,7 @@ class NoCopyPool(PoisonedKVPool):
 
     __slots__ = ()
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         pass
 
 
@@ -165,7 +163,7 @@ def test_without_the_copy_on_write_copy_a_continuation_is_ruined() -> None:
     request = fork_request(3)
     pool = NoCopyPool(pool_layout(), 12, 4)
     pool.poison(list(range(12)))
-    result = run([request], pool, KVBlockManager(12, 4))
+    result = run([request], pool, KVCacheManager(12, 4))
     references = continuation_references(request)
     failed = [
         sequence_id
@@ -180,7 +178,7 @@ def test_a_pool_too_small_for_the_batch_preempts_and_every_request_still_matches
     requests = make_requests(6, max_new_tokens=10, arrival_gap=0, seed=3)
     block_size = 4
     largest = max(blocks_for_tokens(block_size, r.max_tokens) for r in requests)
-    result = run(requests, poisoned_pool(largest + 2, block_size), KVBlockManager(largest + 2, 4))
+    result = run(requests, poisoned_pool(largest + 2, block_size), KVCacheManager(largest + 2, 4))
     assert result.preemptions > 0
     assert all(len(result.outputs[r.request_id].token_ids) == 10 for r in requests)
     for outcome in batched_checks(result, requests):
@@ -192,7 +190,7 @@ def test_the_gate_stays_bitwise_through_preemption_and_fork() -> None:
     largest = max(blocks_for_tokens(4, r.max_tokens) for r in requests)
     paged, contiguous = paged_and_contiguous(
         requests,
-        manager_type=KVBlockManager,
+        manager_type=KVCacheManager,
         total_blocks=largest + 2,
         block_size=4,
         pool_type=PoisonedKVPool,
@@ -214,8 +212,8 @@ def test_a_preempted_sampled_request_continues_its_random_stream() -> None:
         for request in make_requests(5, max_new_tokens=10, arrival_gap=0, seed=3)
     ]
     largest = max(blocks_for_tokens(4, r.max_tokens) for r in requests)
-    tight = run(requests, poisoned_pool(largest + 2, 4), KVBlockManager(largest + 2, 4))
-    roomy = run(requests, poisoned_pool(64, 4), KVBlockManager(64, 4))
+    tight = run(requests, poisoned_pool(largest + 2, 4), KVCacheManager(largest + 2, 4))
+    roomy = run(requests, poisoned_pool(64, 4), KVCacheManager(64, 4))
     assert tight.preemptions > 0 and roomy.preemptions == 0
     # Same draws from the same generator: a preempted request does not restart its stream.
     for request in requests:
@@ -233,7 +231,7 @@ def test_a_copy_is_made_before_a_victim_in_the_same_step_frees_its_source() -> N
     vocab = tiny_model().model.config.vocab_size
     parent = Request("p", tuple(rng.randrange(vocab) for _ in range(6)), 4, num_continuations=2)
     other = Request("x", tuple(rng.randrange(vocab) for _ in range(8)), 4)
-    result = run([parent, other], poisoned_pool(5, 4), KVBlockManager(5, 4))
+    result = run([parent, other], poisoned_pool(5, 4), KVCacheManager(5, 4))
     assert result.schedule[:2] == [("p", "x"), ("p", "x")]
     assert result.cow_copies >= 1 and result.preemptions >= 1
     reference = continuation_references(parent)["p"]

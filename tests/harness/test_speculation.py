@@ -13,14 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.contiguous_kv import ContiguousKVBuffers
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.requests import Request, RunningRequest, SamplingParams
 from harness.runtime.results import EngineResult
 from harness.runtime.scheduler import Scheduler, Scheduling
 from harness.runtime.speculation import MAX_NGRAM, accepted_tokens, propose_drafts
-from impl import KVBlockManager
+from impl import KVCacheManager
 from spec import blocks_for_tokens
 from tests.support.harness_cases import (
     poisoned_pool,
@@ -137,17 +136,17 @@ def run_engine(
     total_blocks: int,
     scheduling: Scheduling,
     engine_type: type[Engine] = Engine,
-    allocation: Allocation = PREFIX_CACHING,
+    prefix_caching: bool = True,
     eos_token_id: int | None = None,
 ) -> EngineResult:
     """``requests`` on a poisoned pool of ``total_blocks`` blocks of 4 tokens."""
-    manager = KVBlockManager(total_blocks, 4)
+    manager = KVCacheManager(total_blocks, 4)
     engine = engine_type(
         tiny_model().model,
         manager,
         poisoned_pool(total_blocks, 4),
         eos_token_id,
-        allocation,
+        prefix_caching=prefix_caching,
         scheduling=scheduling,
     )
     return engine.run(requests)
@@ -166,7 +165,7 @@ def plain_run(engine_type: type[Engine]) -> EngineResult:
     return _PLAIN_RUNS[engine_type]
 
 
-def guessed_run(engine_type: type[Engine], allocation: Allocation) -> EngineResult:
+def guessed_run(engine_type: type[Engine], prefix_caching: bool) -> EngineResult:
     """``plain_run``'s requests with up to 4 drafts a decode, on the same pool."""
     requests = repeating_requests(4, 16)
     return run_engine(
@@ -174,7 +173,7 @@ def guessed_run(engine_type: type[Engine], allocation: Allocation) -> EngineResu
         total_blocks=roomy(requests),
         scheduling=Scheduling(speculate=4),
         engine_type=engine_type,
-        allocation=allocation,
+        prefix_caching=prefix_caching,
     )
 
 
@@ -187,14 +186,14 @@ def roomy(requests: Sequence[Request]) -> int:
 
 
 @pytest.mark.parametrize(
-    ("engine_type", "allocation"),
-    [(Engine, PREFIX_CACHING), (Engine, NO_PREFIX_CACHING), (BatchInvariantEngine, PREFIX_CACHING)],
+    ("engine_type", "prefix_caching"),
+    [(Engine, True), (Engine, False), (BatchInvariantEngine, True)],
 )
 def test_speculative_decoding_emits_the_tokens_of_one_token_decoding(
-    engine_type: type[Engine], allocation: Allocation
+    engine_type: type[Engine], prefix_caching: bool
 ) -> None:
     plain = plain_run(engine_type)
-    speculative = guessed_run(guessing(engine_type, plain), allocation)
+    speculative = guessed_run(guessing(engine_type, plain), prefix_caching)
     counts = speculative.speculation
     assert 0 < counts.accepted_drafts < counts.proposed_drafts  # accepted and rejected
     assert counts.tokens_per_forward > 1.0
@@ -260,14 +259,14 @@ def test_the_gate_stays_bitwise_with_speculation() -> None:
         total_blocks=tight,
         scheduling=scheduling,
         engine_type=engine_type,
-        allocation=NO_PREFIX_CACHING,
+        prefix_caching=False,
     )
     contiguous_engine = engine_type(
         tiny_model().model,
-        KVBlockManager(tight, 4),
+        KVCacheManager(tight, 4),
         ContiguousKVBuffers(pool_layout(), max(r.max_tokens for r in requests)),
         None,
-        NO_PREFIX_CACHING,
+        prefix_caching=False,
         scheduling=scheduling,
     )
     contiguous = contiguous_engine.run(requests)
@@ -317,5 +316,5 @@ class RollsBackOneShortEngine(Engine):
 @pytest.mark.parametrize("bug", [NoRollbackEngine, RollsBackOneShortEngine])
 def test_a_broken_rollback_changes_the_tokens(bug: type[Engine]) -> None:
     plain = plain_run(Engine)
-    broken = guessed_run(guessing(bug, plain), PREFIX_CACHING)
+    broken = guessed_run(guessing(bug, plain), prefix_caching=True)
     assert token_ids(broken) != token_ids(plain)

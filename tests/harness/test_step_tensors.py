@@ -1,6 +1,6 @@
 """The kernels' step metadata against the spec's slot of every token, on tables impl made.
 
-Tables come from ``impl.KVBlockManager`` driven through prompts with shared prefixes
+Tables come from ``impl.KVCacheManager`` driven through prompts with shared prefixes
 (prefix hits), forks and decode appends into shared blocks (copy-on-write). The property:
 ``block_table`` addresses, for every key below ``seqused_k``, the slot
 ``spec.slot_index`` gives; ``seqused_k`` is every token held; padding entries are
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from harness.runtime import step_tensors
 from harness.runtime.step_tensors import PAD_BLOCK_ID, StepTensors, build_step_tensors
-from impl import BlockAllocationError, KVBlockManager, RequestBlockTable
-from spec import blocks_for_tokens, slot_index
+from impl import BlockAllocationError, KVCacheManager
+from spec import RequestBlockTable, blocks_for_tokens, slot_index
 
 CPU = torch.device("cpu")
 
@@ -28,7 +28,7 @@ def assert_matches_tables(
     tensors: StepTensors,
     tables: Sequence[RequestBlockTable],
     new_token_counts: Sequence[int],
-    manager: KVBlockManager,
+    manager: KVCacheManager,
 ) -> None:
     """The property: ``tensors`` say exactly what the manager's ``tables`` say."""
     block_size = manager.block_size
@@ -82,21 +82,21 @@ OPERATIONS = st.lists(
 )
 
 
-def drive(operations: Sequence[Operation], block_size: int) -> KVBlockManager:
+def drive(operations: Sequence[Operation], block_size: int) -> KVCacheManager:
     """A manager after ``operations``: prompts sharing a prefix (so prefix hits), forks,
     decode appends (into shared blocks after a fork: copy-on-write) and releases. An
     operation the pool cannot serve is skipped."""
-    manager = KVBlockManager(24, block_size)
+    manager = KVCacheManager(24, block_size)
     common = tuple(range(100, 100 + 3 * block_size))  # a shared system-prompt prefix
     live: list[str] = []
     for number, (kind, index, size) in enumerate(operations):
         request_id = f"r{number}"
         try:
             if kind == "prompt" or not live:
-                manager.allocate_prompt(request_id, common[: size % len(common)] + (number,) * size)
+                manager.allocate(request_id, common[: size % len(common)] + (number,) * size)
                 live.append(request_id)
             elif kind == "append":
-                manager.append_token_slot(live[index % len(live)], number)
+                manager.append(live[index % len(live)], (number,))
             elif kind == "fork":
                 manager.fork(live[index % len(live)], request_id)
                 live.append(request_id)
@@ -104,7 +104,7 @@ def drive(operations: Sequence[Operation], block_size: int) -> KVBlockManager:
                 manager.release(live.pop(index % len(live)))
         except BlockAllocationError:
             continue
-        manager.take_copies()
+        manager.take_transfers()
     return manager
 
 
@@ -118,7 +118,7 @@ def test_every_key_below_seqused_k_is_addressed_at_the_managers_slot(
     operations: list[Operation], block_size: int, data: st.DataObject
 ) -> None:
     manager = drive(operations, block_size)
-    tables = list(manager.request_tables.values())
+    tables = list(manager.to_spec().tables.values())
     if not tables:
         return
     new_token_counts = [data.draw(st.integers(1, table.token_count)) for table in tables]
@@ -127,17 +127,17 @@ def test_every_key_below_seqused_k_is_addressed_at_the_managers_slot(
     )
 
 
-def scenario() -> tuple[list[RequestBlockTable], list[int], KVBlockManager]:
+def scenario() -> tuple[list[RequestBlockTable], list[int], KVCacheManager]:
     """Literal tables: a prefix hit, a fork and a copy-on-write, block size 4."""
-    manager = KVBlockManager(12, 4)
-    manager.allocate_prompt("a", tuple(range(10)))  # 10 tokens: blocks 0, 1, 2
-    manager.allocate_prompt("b", (*range(8), 50))  # hits a's two full blocks, 9 tokens
+    manager = KVCacheManager(12, 4)
+    manager.allocate("a", tuple(range(10)))  # 10 tokens: blocks 0, 1, 2
+    manager.allocate("b", (*range(8), 50))  # hits a's two full blocks, 9 tokens
     manager.fork("a", "c")
-    manager.append_token_slot("c", 7)  # c's copy of a's shared partly filled last block
-    copies = manager.take_copies()
-    tables = [manager.snapshot_request(r) for r in ("a", "b", "c")]
-    assert [table.block_ids for table in tables] == [[0, 1, 2], [0, 1, 3], [0, 1, 4]]
-    assert copies == [(2, 4)]
+    manager.append("c", [7])  # c's copy of a's shared partly filled last block
+    copies = manager.take_transfers().copies
+    tables = [manager.tables(r)[0] for r in ("a", "b", "c")]
+    assert [table.block_ids for table in tables] == [(0, 1, 2), (0, 1, 3), (0, 1, 4)]
+    assert copies == ((2, 4),)
     return tables, [1, 1, 2], manager
 
 
@@ -152,10 +152,10 @@ def test_the_scenario_tables_become_literal_tensors() -> None:
 
 
 def test_short_tables_are_padded_with_the_pad_block_id() -> None:
-    manager = KVBlockManager(8, 4)
+    manager = KVCacheManager(8, 4)
     manager.allocate("long", 9)
     manager.allocate("short", 2)
-    tables = [manager.snapshot_request("long"), manager.snapshot_request("short")]
+    tables = [manager.tables("long")[0], manager.tables("short")[0]]
     tensors = build(tables, [9, 2], 4)
     assert tensors.block_table.tolist() == [[0, 1, 2], [3, PAD_BLOCK_ID, PAD_BLOCK_ID]]
     assert_matches_tables(tensors, tables, [9, 2], manager)

@@ -37,7 +37,7 @@ from harness.runtime.kv_pool import PagedKVPool, new_manager
 from harness.runtime.paged_attention import check_attention_kwargs
 from harness.runtime.requests import Request
 from harness.tiny_models import tiny_llama
-from impl import KVBlockManager
+from impl import KVCacheManager
 from tests.support.harness_cases import save_model_directory, tiny_model
 
 # Any: the keyword arguments of several transformers config classes.
@@ -184,7 +184,7 @@ def test_load_model_loads_gemma2_with_eager_attention(tmp_path: Path) -> None:
 def test_the_engine_refuses_an_unsupported_model() -> None:
     layout = KVLayout(2, 2, 8, torch.float32, torch.device("cpu"))
     with pytest.raises(UnsupportedModelError, match="attention sinks"):
-        Engine(_gpt_oss(), KVBlockManager(8, 4), PagedKVPool(layout, 8, 4), None)
+        Engine(_gpt_oss(), KVCacheManager(8, 4), PagedKVPool(layout, 8, 4), None)
 
 
 # -- the hook's own refusals, with check_supported bypassed ----------------------------

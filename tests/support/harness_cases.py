@@ -4,7 +4,9 @@ Not a conftest: the tests import what they use. The planted bugs are deliberatel
 collaborators; each harness test that guards against one shows it catches it.
 """
 
+import dataclasses
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,6 @@ from harness.oracle.checks import TokenTrace
 from harness.oracle.dense import DenseOutput, generate_dense
 from harness.oracle.device_cases import poisoned_pool as layout_poisoned_pool
 from harness.oracle.device_cases import staggered_requests
-from harness.runtime.allocation import NO_PREFIX_CACHING, PREFIX_CACHING, Allocation
 from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.contiguous_kv import ContiguousKVBuffers
 from harness.runtime.engine import Engine
@@ -28,10 +29,11 @@ from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool, new_manager
 from harness.runtime.kv_store import KVStore
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.results import EngineResult
+from harness.runtime.scheduler import Scheduler
 from harness.tiny_models import tiny_llama
-from impl import AppendedSlots, KVBlockManager, ReleasedBlocks, RequestBlockTable
+from impl import AppendedSlots, KVCacheManager, ReleasedBlocks, Transfers
 from impl.prefix_cache import EventSink
-from spec import slot_index
+from spec import RequestBlockTable, slot_index
 
 
 @functools.cache
@@ -51,21 +53,28 @@ def make_requests(
 def run(
     requests: list[Request],
     store: KVStore,
-    manager: KVBlockManager,
+    manager: KVCacheManager,
     engine_type: type[Engine] = Engine,
-    allocation: Allocation = PREFIX_CACHING,
     *,
+    prefix_caching: bool = True,
     attention: AttentionBackend = GATHER,
 ) -> EngineResult:
     """Run ``requests`` through ``engine_type`` on the tiny model."""
-    engine = engine_type(tiny_model().model, manager, store, None, allocation, attention=attention)
+    engine = engine_type(
+        tiny_model().model,
+        manager,
+        store,
+        None,
+        prefix_caching=prefix_caching,
+        attention=attention,
+    )
     return engine.run(requests)
 
 
 def paged_and_contiguous(
     requests: list[Request],
     *,
-    manager_type: type[KVBlockManager],
+    manager_type: type[KVCacheManager],
     total_blocks: int,
     block_size: int,
     pool_type: type[PagedKVPool] = PagedKVPool,
@@ -83,16 +92,16 @@ def paged_and_contiguous(
         pool_type(layout, total_blocks, block_size),
         manager_type(total_blocks, block_size),
         engine_type,
-        NO_PREFIX_CACHING,
+        prefix_caching=False,
         attention=attention,
     )
     max_tokens = max(request.max_tokens for request in requests)
     contiguous = run(
         requests,
         ContiguousKVBuffers(layout, max_tokens, block_size),
-        KVBlockManager(total_blocks, block_size),
+        KVCacheManager(total_blocks, block_size),
         engine_type,
-        NO_PREFIX_CACHING,
+        prefix_caching=False,
         attention=attention,
     )
     return paged, contiguous
@@ -146,27 +155,25 @@ def dense_trace(output: DenseOutput) -> TokenTrace:
 # -- planted bugs ----------------------------------------------------------------------
 
 
-class SwappedBlockManager(KVBlockManager):
+class SwappedBlockManager(KVCacheManager):
     """A corrupted block table: every decode token's slot points into the next block id."""
 
-    __slots__ = ()
-
-    def append_slots(self, request_id: str, token_count: int) -> AppendedSlots:
-        step = super().append_slots(request_id, token_count)
+    def append(self, request_id: str, tokens: int | Sequence[int] = 1) -> AppendedSlots:
+        step = super().append(request_id, tokens)
         pool_slots = self.total_blocks * self.block_size
         shifted = tuple((slot + self.block_size) % pool_slots for slot in step.slots[0])
-        return AppendedSlots(step.tables, (shifted, *step.slots[1:]))
+        return step._replace(slots=(shifted, *step.slots[1:]))
 
 
-class RecordingManager(KVBlockManager):
+class RecordingManager(KVCacheManager):
     """A correct manager that remembers which requests each block id was handed to."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def __init__(self, total_blocks: int, block_size: int = 16, **kwargs: Any) -> None:
+        super().__init__(total_blocks, block_size, **kwargs)
         self.holders: dict[int, list[str]] = {}
 
-    def release_blocks(self, request_id: str) -> ReleasedBlocks:
-        released = super().release_blocks(request_id)
+    def release(self, request_id: str) -> ReleasedBlocks:
+        released = super().release(request_id)
         for block_id in released.block_ids:
             self.holders.setdefault(block_id, []).append(request_id)
         return released
@@ -183,60 +190,85 @@ class EarlyReleaseEngine(Engine):
     def __init__(
         self,
         model: object,
-        manager: KVBlockManager,
+        manager: KVCacheManager,
         store: KVStore,
         eos_token_id: int | None,
-        allocation: Allocation = PREFIX_CACHING,
         *,
+        prefix_caching: bool = True,
         attention: AttentionBackend = GATHER,
     ) -> None:
-        super().__init__(model, manager, store, eos_token_id, allocation, attention=attention)
+        super().__init__(
+            model,
+            manager,
+            store,
+            eos_token_id,
+            prefix_caching=prefix_caching,
+            attention=attention,
+        )
+        self._early = _EarlyReleaseScheduler(self)
+        self.scheduler = self._early
+
+    def _release(self, running: RunningRequest) -> None:
+        if not self._early.is_stale(running.request.request_id):
+            super()._release(running)
+
+
+class _EarlyReleaseScheduler(Scheduler):
+    """``EarlyReleaseEngine``'s scheduler: its appends, stale two tokens before the end."""
+
+    def __init__(self, engine: Engine) -> None:
+        scheduler = engine.scheduler
+        super().__init__(
+            scheduler.manager, scheduler.scheduling, prefix_caching=scheduler.prefix_caching
+        )
+        self.engine = engine
         self._stale: dict[str, RequestBlockTable] = {}
 
-    def _grow(self, running: RunningRequest) -> AppendedSlots:
+    def append(self, running: RunningRequest) -> AppendedSlots:
         request_id = running.request.request_id
         stale = self._stale.get(request_id)
         if stale is not None:
             grown = RequestBlockTable(request_id, stale.block_ids, stale.token_count + 1)
             self._stale[request_id] = grown
             slot = slot_index(self.manager.block_size, grown.block_ids, stale.token_count)
-            return AppendedSlots((grown,), ((slot,),))
-        step = super()._grow(running)
+            blocks = (grown.block_ids,)
+            return AppendedSlots(request_id, grown.token_count, blocks, (0,), ((slot,),))
+        step = super().append(running)
         if running.request.max_new_tokens - len(running.output.token_ids) == 2:
-            self._stale[request_id] = step.tables[0]
-            self.store.release(request_id, self.manager.release(request_id))
+            self._stale[request_id] = step.table()
+            released = self.manager.release(request_id)
+            self.engine.store.release(request_id, list(released.block_ids))
         return step
 
-    def _release(self, running: RunningRequest) -> None:
-        if running.request.request_id not in self._stale:
-            super()._release(running)
+    def is_stale(self, request_id: str) -> bool:
+        return request_id in self._stale
 
 
-class ReportsAHeldBlockAsSkipped(KVBlockManager):
+class ReportsAHeldBlockAsSkipped(KVCacheManager):
     """A window released one block early: whenever a window slides, the block each windowed
     table holds first (still inside its window, still read) is reported free as well.
 
-    The table keeps the block, so nothing is reused; only a pool that poisons what
-    ``take_skipped_blocks`` hands over turns the still-needed block into NaN.
+    The table keeps the block, so nothing is reused; only a pool that poisons the skipped
+    blocks ``take_transfers`` hands over turns the still-needed block into NaN.
     """
 
-    def take_skipped_blocks(self) -> list[int]:
-        skipped = super().take_skipped_blocks()
-        if not skipped:
-            return skipped
-        for request_id in self.request_tables:
-            for group, window in enumerate(self.group_windows):
-                table = self.snapshot_request(request_id, group)
+    def take_transfers(self) -> Transfers:
+        transfers = super().take_transfers()
+        if not transfers.skipped_block_ids:
+            return transfers
+        skipped = list(transfers.skipped_block_ids)
+        for request_id in self.to_spec().tables:
+            for window, table in zip(self.group_windows, self.tables(request_id), strict=True):
                 if window is not None and table.skipped_blocks and table.block_ids:
                     skipped.append(table.block_ids[0])
-        return skipped
+        return dataclasses.replace(transfers, skipped_block_ids=tuple(skipped))
 
 
-def keep_event_managers(monkeypatch: pytest.MonkeyPatch) -> list[KVBlockManager]:
+def keep_event_managers(monkeypatch: pytest.MonkeyPatch) -> list[KVCacheManager]:
     """Make the equivalence runs keep each manager given an event sink (the
     continuous-batching run's, check 3) in the list returned, so that a test of the main
     command can read the cache its events describe."""
-    managers: list[KVBlockManager] = []
+    managers: list[KVCacheManager] = []
 
     def keeping(
         layout: KVLayout,
@@ -246,7 +278,7 @@ def keep_event_managers(monkeypatch: pytest.MonkeyPatch) -> list[KVBlockManager]
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,
-    ) -> KVBlockManager:
+    ) -> KVCacheManager:
         manager = new_manager(
             layout,
             total_blocks,

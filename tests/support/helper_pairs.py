@@ -2,7 +2,8 @@
 
 Each ``spec_*`` / ``impl_*`` pair computes one thing both ways: the blocks a token count
 needs, the slot of a request's next token, whether that token opens a block. The impl side
-goes through ``KVBlockManager`` itself, since its arithmetic lives inside its methods.
+goes through ``KVCacheManager`` and the article's ``KVBlockManager`` over it, since its
+arithmetic lives inside their methods.
 The wrappers bound their inputs (and raise the same error outside the bounds) so that a
 symbolic search is finite.
 
@@ -12,7 +13,7 @@ refuses to load modules whose imports have side effects (Hypothesis' do).
 """
 
 import spec
-from impl import KVBlockManager
+from impl import KVBlockManager, KVCacheManager
 
 # Slots and block openings: every pool shape up to these bounds.
 MAX_BLOCK_SIZE = 4
@@ -45,7 +46,7 @@ def spec_blocks_for_tokens(block_size: int, token_count: int) -> int:
 
 def impl_blocks_for_tokens(block_size: int, token_count: int) -> int:
     _check_count_domain(block_size, token_count)
-    return KVBlockManager(1, block_size)._blocks_for(token_count)
+    return KVCacheManager(1, block_size)._blocks_for(token_count)
 
 
 def _spec_state_before_the_token(
@@ -75,7 +76,7 @@ def _impl_pool_before_the_token(
 def spec_slot_of_next_token(block_size: int, position: int, reused_blocks: int) -> int:
     _check_domain(block_size, position, reused_blocks)
     state = _spec_state_before_the_token(block_size, position, reused_blocks)
-    grown = spec.append_tokens(state, "r", 1)
+    grown = spec.append(state, "r", 1)
     return spec.slot_index(block_size, spec.snapshot_request(grown, "r").block_ids, position)
 
 

@@ -1,15 +1,13 @@
 """The lockstep state machine with a host tier: every rule of ``tests.support.lockstep``
-plus swap-out, swap-in and the copies between the tiers, on pools of 0 to 6 host blocks,
-with and without the host prefix cache (cached blocks demoted when freed, revived by
-later prompts).
+(the swap operations among them) on pools of 0 to 6 host blocks, with and without the host
+prefix cache (cached blocks demoted when freed, copied back by later prompts' hits), and
+the engine's sequences of swaps.
 
 ``HostTierMachine`` drives spec and impl as ``AllocatorMachine`` does (the same ``_step``,
 the same whole-state comparison after every step, refused ones included); its rules
 swap running and unknown requests out and in at any time, so swaps meet forks, prefix
 hits, copy-on-write, rollbacks and releases of swapped requests with copies still
-pending. ``WindowedHostTierMachine`` is the same on pools with sliding windows. The
-teardown releases the swapped requests too and takes the copies (a release demotes),
-then asserts the pool and the host tier are free again.
+pending. ``WindowedHostTierMachine`` is the same on pools with sliding windows.
 """
 
 from hypothesis import strategies as st
@@ -18,7 +16,6 @@ from hypothesis.stateful import initialize, precondition, rule
 import spec
 from tests.support.lockstep import (
     GROUP_WINDOWS,
-    NEW_REQUEST_IDS,
     PROMPTS,
     REQUEST_IDS,
     SALTS,
@@ -50,53 +47,28 @@ class HostTierMachine(AllocatorMachine):
             host_prefix_cache=host_prefix_cache,
         )
 
-    @rule(request_id=NEW_REQUEST_IDS)
-    def swap_out(self, request_id: str) -> None:
-        self._step("swap_out", request_id)
-
-    @rule(request_id=NEW_REQUEST_IDS)
-    def swap_in(self, request_id: str) -> None:
-        self._step("swap_in", request_id)
-
-    @rule()
-    def take_swap_copies(self) -> None:
-        self._step("take_swap_copies")
-
-    @rule(request_id=NEW_REQUEST_IDS)
-    def is_swapped(self, request_id: str) -> None:
-        self._step("is_swapped", request_id)
-
-    @rule(request_id=NEW_REQUEST_IDS)
-    def can_swap_in(self, request_id: str) -> None:
-        self._step("can_swap_in", request_id)
-
     @precondition(lambda self: len(self.model.tables) > 0)
     @rule(data=st.data())
     def preempt_by_swap_and_resume(self, data: st.DataObject) -> None:
         """The engine's preemption by swap: take the step's copies, swap the request out,
         let the others run a token, take the copies, swap it back in when it fits."""
         request_id = data.draw(st.sampled_from(sorted(self.model.tables)))
-        self._step("take_copies")
-        self._step("take_swap_copies")
+        self._step("take_transfers")
         if self._step("swap_out", request_id) is None:
             return
         for other in sorted(self.model.tables):
-            if other in self.model.token_ids:
-                self.append_token_slot(other, data.draw(st.integers(0, 3)))
-            else:
-                self.append_slot(other)
-        self._step("take_swap_copies")
-        if self._step("can_swap_in", request_id):
-            self._step("swap_in", request_id)
+            self._add_tokens(other, 1, data)
+        self._step("take_transfers")
+        self._step("swap_in", request_id)
 
     @precondition(lambda self: len(self.model.host.swapped) > 0)
     @rule(data=st.data(), then_take=st.booleans())
     def release_a_swapped_request(self, data: st.DataObject, then_take: bool) -> None:
         """A swapped request finished or cancelled, its copies out taken or still pending."""
         request_id = data.draw(st.sampled_from(sorted(self.model.host.swapped)))
-        self._step(data.draw(st.sampled_from(["release", "release_blocks", "preempt"])), request_id)
+        self._step(data.draw(st.sampled_from(["release", "preempt"])), request_id)
         if then_take:
-            self._step("take_swap_copies")
+            self._step("take_transfers")
 
     @rule(request_id=REQUEST_IDS)
     def swap_out_and_straight_back_in(self, request_id: str) -> None:
@@ -112,29 +84,17 @@ class HostTierMachine(AllocatorMachine):
         """The host prefix cache's round trip: a prompt's blocks cached, freed (demoted),
         evicted from the device by a count allocation of every free block, then the same
         prompt again under the same salt: its hit comes back from the host."""
-        if self._step("allocate_prompt", request_id, token_ids, cache_salt) is None:
+        if self._step("allocate", request_id, token_ids, cache_salt) is None:
             return
         self._step("release", request_id)
-        self._step("take_swap_copies")
+        self._step("take_transfers")
         filler = (
             self.model.block_size * spec.free_blocks(self.model) // len(self.model.group_windows)
         )
         if self._step("allocate", request_id, filler) is not None:
             self._step("release", request_id)
-        self._step("take_swap_copies")
-        self._step("allocate_prompt", request_id, token_ids, cache_salt)
-
-    def teardown(self) -> None:
-        for request_id in sorted(self.model.host.swapped) + sorted(self.model.tables):
-            self.release(request_id)
-        # Releasing demotes cached blocks: they are in flight until the copies are taken.
-        self._step("take_swap_copies")
-        assert self.target.free_blocks == self.target.total_blocks, "a block leaked"
-        free = self.target.free_block_ids + self.target.cached_free_block_ids
-        assert sorted(free) == list(range(self.target.total_blocks))
-        usage = self.target.usage()
-        assert usage.host_free_blocks == usage.host_blocks, "a host block leaked"
-        assert self.target.to_spec() == self.model
+        self._step("take_transfers")
+        self._step("allocate", request_id, token_ids, cache_salt)
 
 
 class WindowedHostTierMachine(HostTierMachine, WindowedAllocatorMachine):

@@ -1,23 +1,25 @@
 """Deliberately broken allocators: each must make the state machine fail.
 
-They prove the checks can fail. Each is the smallest change to ``KVBlockManager`` that
+They prove the checks can fail. Each is the smallest change to ``KVCacheManager`` that
 plants one kind of bug met in real allocators.
 """
 
+import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+import spec
 from impl import (
+    AppendedSlots,
     BlockAllocationError,
-    KVBlockManager,
+    KVCacheManager,
     ReleasedBlocks,
-    RequestBlockTable,
-    SwappedOut,
 )
 from impl.block_pool import BlockPool
 from impl.groups import KVCacheGroups, SlidingWindowGroup
-from impl.host_pool import HostPool
+from impl.host_tier import GroupBlock, HostTier
 from impl.prefix_cache import BlockKey, EventSink, PrefixCache
-from impl.records import AppendedSlots
+from impl.prefix_hits import PrefixHits
 from impl.tables import Table
 from spec import (
     AllBlocksCleared,
@@ -28,26 +30,21 @@ from spec import (
 )
 
 
-class ReleasesInTableOrder(KVBlockManager):
+class ReleasesInTableOrder(KVCacheManager):
     """(a) Frees blocks first-block-first, against the specified last-block-first order."""
 
-    __slots__ = ()
-
-    def release(self, request_id: str) -> list[int]:
+    def release(self, request_id: str) -> ReleasedBlocks:
         if request_id not in self._tables:
             return super().release(request_id)
-        block_ids = self._tables[request_id].group_block_ids[0]
-        block_ids.reverse()
-        super().release(request_id)
-        return block_ids[::-1]
+        self._tables[request_id].group_block_ids[0].reverse()
+        released = super().release(request_id)
+        return dataclasses.replace(released, block_ids=released.block_ids[::-1])
 
 
-class LeaksOneBlockOnRelease(KVBlockManager):
+class LeaksOneBlockOnRelease(KVCacheManager):
     """(b) Forgets to return a request's last block to the free queue."""
 
-    __slots__ = ()
-
-    def release(self, request_id: str) -> list[int]:
+    def release(self, request_id: str) -> ReleasedBlocks:
         if request_id not in self._tables:
             return super().release(request_id)
         block_ids = list(self._tables[request_id].group_block_ids[0])
@@ -59,46 +56,47 @@ class LeaksOneBlockOnRelease(KVBlockManager):
         return released
 
 
-class RefusedAllocateTakesBlocks(KVBlockManager):
+class RefusedAllocateTakesBlocks(KVCacheManager):
     """(c) Takes blocks before checking there are enough, and keeps them when it refuses."""
 
-    __slots__ = ()
+    def allocate(
+        self, request_id: str, tokens: int | Sequence[int], cache_salt: str | None = None
+    ) -> AppendedSlots:
+        if type(tokens) is int and tokens >= 0:
+            needed = self._blocks_for(tokens) * len(self.group_windows)
+            check_request_id(request_id)
+            if request_id in self._tables:
+                duplicate_request(request_id)
+            free = self._pool.free_blocks
+            if needed > free:
+                taken = self._pool.take(free, 0)  # held by no table: leaked
+                raise BlockAllocationError.out_of_blocks(request_id, needed, len(taken))
+        return super().allocate(request_id, tokens, cache_salt)
 
-    def allocate(self, request_id: str, token_count: int) -> RequestBlockTable:
-        needed = self._blocks_for(token_count) * len(self.group_windows)
-        check_request_id(request_id)
-        if request_id in self._tables:
-            duplicate_request(request_id)
-        if needed > self.free_blocks:
-            taken = self._pool.take(self.free_blocks, 0)  # held by no table: leaked
-            raise BlockAllocationError.out_of_blocks(request_id, needed, len(taken))
-        return super().allocate(request_id, token_count)
 
-
-class OffByOneAtBlockBoundary(KVBlockManager):
+class OffByOneAtBlockBoundary(KVCacheManager):
     """(d) Sizes tables as token_count // block_size + 1: one block too many on a boundary."""
-
-    __slots__ = ()
 
     def _blocks_for(self, token_count: int) -> int:
         super()._blocks_for(token_count)  # the argument checks
         return token_count // self.block_size + 1
 
 
-class DecodeSlotFromStaleBlock(KVBlockManager):
-    """(e) The hot decode path computes the slot from the block it had before opening a new one."""
+class DecodeSlotFromStaleBlock(KVCacheManager):
+    """(e) The decode append computes the slot from the block it had before opening a new one."""
 
-    __slots__ = ()
-
-    def append_slot(self, request_id: str) -> int:
-        if request_id not in self._tables:
-            return super().append_slot(request_id)
+    def append(self, request_id: str, tokens: int | Sequence[int] = 1) -> AppendedSlots:
+        if request_id not in self._tables or tokens != 1:
+            return super().append(request_id, tokens)
         table = self._tables[request_id]
         offset = table.token_count % self.block_size
         block_ids = table.group_block_ids[0]
-        stale = block_ids[-1] * self.block_size + offset if block_ids else None
-        slot = super().append_slot(request_id)
-        return slot if stale is None else stale
+        last = block_ids[-1] if block_ids else None
+        appended = super().append(request_id, tokens)
+        if last is None:
+            return appended
+        stale = ((last * self.block_size + offset,), *appended.slots[1:])
+        return appended._replace(slots=stale)
 
 
 def weak_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
@@ -106,10 +104,8 @@ def weak_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
     return (parent_hash + sum(token_ids)) % 3
 
 
-class WeakHashOnly(KVBlockManager):
+class WeakHashOnly(KVCacheManager):
     """Not a bug: the real allocator under the weak hash must still agree with the spec."""
-
-    __slots__ = ()
 
     def __init__(
         self,
@@ -118,6 +114,8 @@ class WeakHashOnly(KVBlockManager):
         *,
         group_windows: tuple[int | None, ...] = (None,),
         event_sink: EventSink | None = None,
+        host_blocks: int = 0,
+        host_prefix_cache: bool = False,
     ) -> None:
         super().__init__(
             total_blocks,
@@ -125,6 +123,8 @@ class WeakHashOnly(KVBlockManager):
             block_hash=weak_block_hash,
             group_windows=group_windows,
             event_sink=event_sink,
+            host_blocks=host_blocks,
+            host_prefix_cache=host_prefix_cache,
         )
 
 
@@ -149,17 +149,15 @@ class TrustsHashOnWeakHash(WeakHashOnly):
     prefix_cache_class = _TrustingPrefixCache
 
 
-class SkipsSharedDecrement(KVBlockManager):
+class SkipsSharedDecrement(KVCacheManager):
     """(g) Release forgets to drop the reference of a block another table still shares."""
 
-    __slots__ = ()
-
-    def release_blocks(self, request_id: str) -> ReleasedBlocks:
+    def release(self, request_id: str) -> ReleasedBlocks:
         if request_id not in self._tables:
-            return super().release_blocks(request_id)
+            return super().release(request_id)
         ref_counts = self._pool.ref_counts
         shared = [b for b in self._tables[request_id].group_block_ids[0] if ref_counts[b] > 1]
-        released = super().release_blocks(request_id)
+        released = super().release(request_id)
         for block_id in shared:
             ref_counts[block_id] += 1
         return released
@@ -183,7 +181,7 @@ class _GrowsWithoutCopying(KVCacheGroups):
             ref_counts[last] = shared_count
 
 
-class SkipsCopyOnWrite(KVBlockManager):
+class SkipsCopyOnWrite(KVCacheManager):
     """(h) Appends into a shared, partly filled last block in place, without copying it."""
 
     groups_class = _GrowsWithoutCopying
@@ -196,7 +194,7 @@ class _ForgetfulPrefixCache(PrefixCache):
         self.cached_blocks -= 1  # counted as evicted, but the key and the bucket stay
 
 
-class EvictedBlockStaysFindable(KVBlockManager):
+class EvictedBlockStaysFindable(KVCacheManager):
     """(i) Reuses a cached free block without removing its prefix from the cache."""
 
     prefix_cache_class = _ForgetfulPrefixCache
@@ -212,13 +210,14 @@ class _KeepsTheCutBlocks(KVCacheGroups):
             self.pool.ref_counts[block_id] = 0  # unreferenced, but in no queue: leaked
         del block_ids[keep:]
         table.token_count = token_count
+        table.changed()
         if table.token_ids is not None and table.keys is not None:
             del table.token_ids[token_count:]
             del table.keys[token_count // self.block_size :]
         return ReleasedBlocks((), (), ())
 
 
-class TruncateKeepsTheCutBlocks(KVBlockManager):
+class TruncateKeepsTheCutBlocks(KVCacheManager):
     """(j) Rollback shortens the table but never gives the blocks past the new length back."""
 
     groups_class = _KeepsTheCutBlocks
@@ -237,7 +236,7 @@ class _TruncatesWithoutEvicting(KVCacheGroups):
     __slots__ = ()
 
     def truncate(self, table: Table, token_count: int) -> ReleasedBlocks:
-        caches = [cache for cache in self.caches if isinstance(cache, _EvictionRefusingPrefixCache)]
+        caches = [c for c in self.pool.caches if isinstance(c, _EvictionRefusingPrefixCache)]
         for cache in caches:
             cache.refusing = True
         try:
@@ -247,7 +246,7 @@ class _TruncatesWithoutEvicting(KVCacheGroups):
                 cache.refusing = False
 
 
-class TruncatedBlockStaysCached(KVBlockManager):
+class TruncatedBlockStaysCached(KVCacheManager):
     """(k) A cached full block that rollback leaves partly filled stays findable, so a
     later prompt would hit K/V about to be overwritten."""
 
@@ -255,14 +254,16 @@ class TruncatedBlockStaysCached(KVBlockManager):
     groups_class = _TruncatesWithoutEvicting
 
 
-class TruncateUnsharesTheLastBlock(KVBlockManager):
+class TruncateUnsharesTheLastBlock(KVCacheManager):
     """(l) Rollback marks the table as holding only its own blocks, so the next append
     writes into a block it still shares (a fork's) in place, without a copy."""
 
-    def truncate(self, request_id: str, token_count: int) -> RequestBlockTable:
-        table = super().truncate(request_id, token_count)
-        self._tables[request_id].exclusive = self._tables[request_id].token_ids is None
-        return table
+    def truncate(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        released = super().truncate(request_id, token_count)
+        table = self._tables[request_id]
+        # Room to its last block's end, whoever else holds it.
+        table.room = max(0, -token_count % self.block_size - (table.token_ids is not None))
+        return released
 
 
 class _SkipsEarlyWindow(SlidingWindowGroup):
@@ -280,7 +281,7 @@ class _SkipsEarly(KVCacheGroups):
     sliding_window_group = _SkipsEarlyWindow
 
 
-class SkipsABlockOneStepEarly(KVBlockManager):
+class SkipsABlockOneStepEarly(KVCacheManager):
     """(m) The window rule off by one: a block goes when (b + 1) * block_size <= L0 - W + 2,
     one token before the last query that reads it."""
 
@@ -299,7 +300,7 @@ class _NeverSkipping(KVCacheGroups):
     sliding_window_group = _NeverSkippingWindow
 
 
-class NeverSkips(KVBlockManager):
+class NeverSkips(KVCacheManager):
     """(n) A windowed group keeps every block, as an allocator without windows does."""
 
     groups_class = _NeverSkipping
@@ -309,10 +310,11 @@ class _SkipsButKeeps(KVCacheGroups):
     __slots__ = ()
 
     def skip(self, table: Table, group: int, drop: int) -> None:
-        self.pool.skip(table.group_block_ids[group][:drop], group)
+        freed, _ = self.give_back(table.group_block_ids[group][:drop], group, demote=False)
+        self.pool.add_skipped(freed)
 
 
-class FreesSkippedBlocksButKeepsThem(KVBlockManager):
+class FreesSkippedBlocksButKeepsThem(KVCacheManager):
     """(o) A hole read: the skipped blocks are freed, but ``skipped_blocks`` is not advanced
     and the table still names them, so the next request's K/V is read through it."""
 
@@ -334,7 +336,7 @@ class _ResetsFreeKeysOnly(BlockPool):
         return dropped
 
 
-class ResetKeepsTheKeysOfHeldBlocks(KVBlockManager):
+class ResetKeepsTheKeysOfHeldBlocks(KVCacheManager):
     """(p) ``reset_prefix_cache`` forgets only the cached free blocks: blocks in use keep
     their keys, so a later prompt still hits K/V computed before the reset."""
 
@@ -357,7 +359,7 @@ class _SaltBlindPrefixCache(PrefixCache):
         return super().lookup(parent, token_ids, hash_value, None)
 
 
-class IgnoresTheSaltOnLookup(KVBlockManager):
+class IgnoresTheSaltOnLookup(KVCacheManager):
     """(q) A prompt's lookup ignores its cache salt (as SGLang's salt that never reached
     the request, #23300): a salted tenant hits blocks cached with no salt."""
 
@@ -382,17 +384,17 @@ class _SaltsBlockZeroOnly(PrefixCache):
         return new_keys
 
 
-class SaltsOnlyTheFirstBlock(KVBlockManager):
+class SaltsOnlyTheFirstBlock(KVCacheManager):
     """(r) The salt keys a chain's first block but not the blocks after it, so a later
     block of one tenant's chain is cached where another tenant finds it."""
 
     prefix_cache_class = _SaltsBlockZeroOnly
 
 
-class _RevivesUnsalted(BlockPool):
+class _HoldsUnsalted(BlockPool):
     __slots__ = ()
 
-    def revive(self, block_ids: Iterable[int], group: int) -> None:
+    def hold(self, block_ids: Iterable[int], group: int) -> list[int]:
         block_ids = list(block_ids)
         cache = self.caches[group]
         for block_id in block_ids:
@@ -400,14 +402,14 @@ class _RevivesUnsalted(BlockPool):
             if self.ref_counts[block_id] == 0 and key is not None and key.cache_salt is not None:
                 cache.evict(block_id)  # re-cached under no salt: the salt is dropped
                 cache.insert(BlockKey(key.parent, key.token_ids, key.hash_value, None), block_id)
-        super().revive(block_ids, group)
+        return super().hold(block_ids, group)
 
 
-class ReviveDropsTheSalt(KVBlockManager):
-    """(s) Reviving a cached free block for a prefix hit re-caches it without its salt, so
-    an unsalted prompt would hit one tenant's K/V."""
+class ReviveDropsTheSalt(KVCacheManager):
+    """(s) Taking a cached free block back for a prefix hit re-caches it without its salt,
+    so an unsalted prompt would hit one tenant's K/V."""
 
-    block_pool_class = _RevivesUnsalted
+    block_pool_class = _HoldsUnsalted
 
 
 class _SilentEvictionPool(BlockPool):
@@ -422,7 +424,7 @@ class _SilentEvictionPool(BlockPool):
             cache.event_sink = sink
 
 
-class EvictsWithoutRemoval(KVBlockManager):
+class EvictsWithoutRemoval(KVCacheManager):
     """(t) Taking a cached free block drops its key but emits no ``BlockRemoved``: a router
     still sends prompts to a prefix the replica lost."""
 
@@ -439,7 +441,7 @@ class _StoresRefusedKeys(PrefixCache):
         super().insert(key, block_id)
 
 
-class StoresARefusedKey(KVBlockManager):
+class StoresARefusedKey(KVCacheManager):
     """(u) A full block whose key another block caches already is refused, but a
     ``BlockStored`` goes out for it anyway (vLLM #44451's kind: events that disagree with
     the cache)."""
@@ -464,7 +466,7 @@ class _ResetRemovesEachBlock(BlockPool):
             self.event_sink = sink
 
 
-class ResetRemovesEachBlock(KVBlockManager):
+class ResetRemovesEachBlock(KVCacheManager):
     """(v) ``reset_prefix_cache`` reports a ``BlockRemoved`` per cached block instead of
     the one ``AllBlocksCleared``: the router's view ends right, the stream is not the
     specified one."""
@@ -472,7 +474,7 @@ class ResetRemovesEachBlock(KVBlockManager):
     block_pool_class = _ResetRemovesEachBlock
 
 
-PLANTED_BUGS: list[type[KVBlockManager]] = [
+PLANTED_BUGS: list[type[KVCacheManager]] = [
     ReleasesInTableOrder,
     LeaksOneBlockOnRelease,
     RefusedAllocateTakesBlocks,
@@ -496,7 +498,7 @@ PLANTED_BUGS: list[type[KVBlockManager]] = [
 
 # The bugs of the window rule: they live where only a pool with a sliding window goes, so
 # the windowed state machine and the window walk of the bounded checker must catch them.
-WINDOW_PLANTED_BUGS: list[type[KVBlockManager]] = [
+WINDOW_PLANTED_BUGS: list[type[KVCacheManager]] = [
     SkipsABlockOneStepEarly,
     NeverSkips,
     FreesSkippedBlocksButKeepsThem,
@@ -507,23 +509,19 @@ WINDOW_PLANTED_BUGS: list[type[KVBlockManager]] = [
 # machine must catch them; the bounded checker walks the allocating operations only.
 
 
-class RollbackReportsCachedBlocksAsFreed(KVBlockManager):
-    """(m) ``truncate_blocks`` reports every dropped block as freed, cached ones too, so
-    the engine would poison K/V a later prefix hit revives."""
+class RollbackReportsCachedBlocksAsFreed(KVCacheManager):
+    """(m) ``truncate`` reports every dropped block as freed, cached ones too, so the engine
+    would poison K/V a later prefix hit takes back."""
 
-    __slots__ = ()
-
-    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
-        released = super().truncate_blocks(request_id, token_count)
+    def truncate(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        released = super().truncate(request_id, token_count)
         freed = released.freed_block_ids + released.cached_block_ids
-        return ReleasedBlocks(released.block_ids, freed, ())
+        return ReleasedBlocks(released.block_ids, freed, (), released.stale_slots)
 
 
-class PrefixQueryCoversTheLastToken(KVBlockManager):
+class PrefixQueryCoversTheLastToken(KVCacheManager):
     """(n) ``cached_prefix_tokens`` counts a cached block holding the prompt's last token,
     so a chunked prefill would feed nothing and sample from no logits."""
-
-    __slots__ = ()
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         hit = super().cached_prefix_tokens(token_ids, cache_salt)
@@ -531,13 +529,13 @@ class PrefixQueryCoversTheLastToken(KVBlockManager):
         whole = ids[: hit + self.block_size]
         if len(whole) == len(ids) and len(ids) % self.block_size == 0:
             for block_id in range(self.total_blocks):
-                key = self._groups.caches[0].block_keys[block_id]
+                key = self._pool.caches[0].block_keys[block_id]
                 if key is not None and key.prefix() == whole:
                     return len(ids)
         return hit
 
 
-QUERY_BUGS: list[type[KVBlockManager]] = [
+QUERY_BUGS: list[type[KVCacheManager]] = [
     RollbackReportsCachedBlocksAsFreed,
     PrefixQueryCoversTheLastToken,
 ]
@@ -547,34 +545,36 @@ QUERY_BUGS: list[type[KVBlockManager]] = [
 # (it has several groups, windows and forks).
 
 
-class StepSlotsIgnoreTheWindow(KVBlockManager):
-    """``append_slots`` and friends compute a windowed group's slots as if it skipped
+class StepSlotsIgnoreTheWindow(KVCacheManager):
+    """``allocate`` and ``append`` compute a windowed group's slots as if it skipped
     nothing, so a step would write K/V through the wrong block."""
 
-    def _appended_slots(self, request_id: str, table: Table, token_count: int) -> AppendedSlots:
-        step = super()._appended_slots(request_id, table, token_count)
+    def _appended(
+        self, request_id: str, table: Table, new_tokens: int, cached_tokens: int
+    ) -> AppendedSlots:
+        step = super()._appended(request_id, table, new_tokens, cached_tokens)
         end = table.token_count
         slots = tuple(
             tuple(
                 held[min(p // self.block_size, len(held) - 1)] * self.block_size
                 + p % self.block_size
-                for p in range(end - token_count, end)
+                for p in range(end - new_tokens, end)
             )
             for held in table.group_block_ids
         )
-        return AppendedSlots(step.tables, slots)
+        return step._replace(slots=slots)
 
 
-class RollbackCallsSharedSlotsStale(KVBlockManager):
-    """``truncate_blocks`` reports the rolled-back slots of a kept last block a fork still
-    holds, so the engine would poison K/V the other request reads."""
+class RollbackCallsSharedSlotsStale(KVCacheManager):
+    """``truncate`` reports the rolled-back slots of a kept last block a fork still holds,
+    so the engine would poison K/V the other request reads."""
 
-    def truncate_blocks(self, request_id: str, token_count: int) -> ReleasedBlocks:
-        before = self.snapshot_groups(request_id) if request_id in self._tables else ()
-        released = super().truncate_blocks(request_id, token_count)
+    def truncate(self, request_id: str, token_count: int) -> ReleasedBlocks:
+        before = self.tables(request_id) if request_id in self._tables else ()
+        released = super().truncate(request_id, token_count)
         stale = []
-        for group, (table, reported) in enumerate(zip(before, released.stale_slots, strict=True)):
-            kept = self.snapshot_request(request_id, group)
+        after = self.tables(request_id) if before else ()
+        for table, reported, kept in zip(before, released.stale_slots, after, strict=True):
             slots = reported
             if not slots and token_count % self.block_size and kept.block_ids:
                 end = min(
@@ -590,7 +590,7 @@ class RollbackCallsSharedSlotsStale(KVBlockManager):
         )
 
 
-STEP_API_BUGS: list[type[KVBlockManager]] = [
+STEP_API_BUGS: list[type[KVCacheManager]] = [
     StepSlotsIgnoreTheWindow,
     RollbackCallsSharedSlotsStale,
 ]
@@ -602,67 +602,55 @@ STEP_API_BUGS: list[type[KVBlockManager]] = [
 # test_bounded.py's HOST_SHORTEST_FAILURES).
 
 
-class _LeaksOnTakeHostPool(HostPool):
+class _LeaksOnTakeHostTier(HostTier):
     __slots__ = ()
 
-    def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        out, back = super().take_copies()
-        if back:
+    def take_copies(
+        self,
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[GroupBlock]]:
+        out, back, copied = super().take_copies()
+        if back and self.free:
             self.free.pop()  # the last host block a copy in read never comes back
-        return out, back
+        return out, back, copied
 
 
-class _LeaksOnTakePool(BlockPool):
-    __slots__ = ()
-    host_pool_class = _LeaksOnTakeHostPool
-
-
-class LeaksAHostBlockOnSwapIn(KVBlockManager):
+class LeaksAHostBlockOnSwapIn(KVCacheManager):
     """A host block a swap-in read is not freed when its copy is taken: the host tier
     shrinks by a block per swap-in."""
 
-    __slots__ = ()
-    block_pool_class = _LeaksOnTakePool
+    host_tier_class = _LeaksOnTakeHostTier
 
 
-class _ForgetsCopiesOutHostPool(HostPool):
+class _ForgetsCopiesOutHostTier(HostTier):
     __slots__ = ()
 
     def copy_out(self, device_ids: list[int], host_ids: list[int]) -> None:
         self.pending_out += zip(device_ids, host_ids, strict=True)  # no block marked read
 
 
-class _ForgetsCopiesOutPool(BlockPool):
-    __slots__ = ()
-    host_pool_class = _ForgetsCopiesOutHostPool
-
-
-class ReusesABlockBeforeItsCopyOut(KVBlockManager):
+class ReusesABlockBeforeItsCopyOut(KVCacheManager):
     """A swapped-out block goes straight to the free queue, so the next allocation may
     overwrite it before its copy to the host is made (vLLM #47653)."""
 
-    __slots__ = ()
-    block_pool_class = _ForgetsCopiesOutPool
+    host_tier_class = _ForgetsCopiesOutHostTier
 
 
-class SwapInForgetsTheOtherHolder(KVBlockManager):
+class SwapInForgetsTheOtherHolder(KVCacheManager):
     """A swap-in that restores sharing: a block whose original is still held by the
     request's fork sibling gets that original back, without a reference for the
     swapped-in request, so the sibling's release frees a block still in use."""
 
-    __slots__ = ("_origins",)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def __init__(self, total_blocks: int, block_size: int = 16, **kwargs: Any) -> None:
+        super().__init__(total_blocks, block_size, **kwargs)
         self._origins: dict[str, list[list[int]]] = {}
 
-    def swap_out(self, request_id: str) -> SwappedOut:
+    def swap_out(self, request_id: str) -> ReleasedBlocks:
         origins = [list(held) for held in self._table(request_id).group_block_ids]
         swapped = super().swap_out(request_id)
         self._origins[request_id] = origins
         return swapped
 
-    def swap_in(self, request_id: str) -> tuple[RequestBlockTable, ...]:
+    def swap_in(self, request_id: str) -> tuple[spec.RequestBlockTable, ...]:
         super().swap_in(request_id)
         origins = self._origins.pop(request_id)
         table = self._tables[request_id]
@@ -673,32 +661,32 @@ class SwapInForgetsTheOtherHolder(KVBlockManager):
                     held[index] = block_id  # shared again, but no reference added
                     pool.ref_counts[fresh] = 0
                     pool.free.appendleft(fresh)
-                    pool.counters.group_used_blocks[0] -= 1
-                    host = pool.host
+                    pool.group_used_blocks[0] -= 1
+                    host = self._host
                     host.free.extend(h for h, d in host.pending_in if d == fresh)
                     host.pending_in = [(h, d) for h, d in host.pending_in if d != fresh]
-        return self.snapshot_groups(request_id)
+        table.changed()
+        return self.tables(request_id)
 
 
-class _RevivesFromTheHostUnsalted(BlockPool):
+class _CopiesHostHitsInUnsalted(PrefixHits):
     __slots__ = ()
 
-    def revive_from_host(
+    def take_host_hits(
         self, group: int, host_hits: list[tuple[int, int]], keys: list[BlockKey]
     ) -> list[int]:
         unsalted = [BlockKey(k.parent, k.token_ids, k.hash_value, None) for k in keys]
-        return super().revive_from_host(group, host_hits, unsalted)
+        return super().take_host_hits(group, host_hits, unsalted)
 
 
-class RevivesADemotedPrefixUnsalted(KVBlockManager):
-    """A prefix hit on the host caches the revived device block under its tokens without
-    the salt: another tenant's prompt then hits it (the key revived wrong)."""
+class RevivesADemotedPrefixUnsalted(KVCacheManager):
+    """A prefix hit on the host caches the device block it copies the prefix back into
+    under its tokens without the salt: another tenant's prompt then hits it."""
 
-    __slots__ = ()
-    block_pool_class = _RevivesFromTheHostUnsalted
+    prefix_hits_class = _CopiesHostHitsInUnsalted
 
 
-HOST_TIER_BUGS: list[type[KVBlockManager]] = [
+HOST_TIER_BUGS: list[type[KVCacheManager]] = [
     LeaksAHostBlockOnSwapIn,
     ReusesABlockBeforeItsCopyOut,
     SwapInForgetsTheOtherHolder,

@@ -1,7 +1,7 @@
 """pagedkv's own allocator as a conformance target, in exact mode: its block order is the
 spec's, so the kit compares block ids and queue order, not only what any order must keep.
 
-``PagedKVAdapter`` wraps ``impl.KVBlockManager`` or any subclass of it (a user's extension,
+``PagedKVAdapter`` wraps ``impl.KVCacheManager`` or any subclass of it (a user's extension,
 or a planted bug in the tests).
 """
 
@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from harness.conformance.adapter import CACHE_SALT, OPERATION_NAMES, Observation, TargetTable
-from impl import KVBlockManager
+from impl import KVCacheManager
 
 
 class PagedKVAdapter:
-    """``KVBlockManager`` (or ``manager_class``) seen through the spec's operations."""
+    """``KVCacheManager`` (or ``manager_class``) seen through the spec's operations."""
 
     exact = True
     supports = frozenset({*OPERATION_NAMES, CACHE_SALT})
@@ -24,7 +24,7 @@ class PagedKVAdapter:
         total_blocks: int = 12,
         block_size: int = 4,
         group_windows: tuple[int | None, ...] = (None,),
-        manager_class: type[KVBlockManager] = KVBlockManager,
+        manager_class: type[KVCacheManager] = KVCacheManager,
     ) -> None:
         self.manager = manager_class(total_blocks, block_size, group_windows=group_windows)
         self.name = f"pagedkv {manager_class.__name__} windows={list(group_windows)}"
@@ -44,16 +44,16 @@ class PagedKVAdapter:
     def allocate_prompt(
         self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None = None
     ) -> int:
-        return self.manager.allocate_prompt(request_id, token_ids, cache_salt).cached_tokens
+        return self.manager.allocate(request_id, token_ids, cache_salt).cached_tokens
 
     def allocate(self, request_id: str, token_count: int) -> None:
         self.manager.allocate(request_id, token_count)
 
     def append_token_ids(self, request_id: str, token_ids: tuple[int, ...]) -> None:
-        self.manager.append_token_ids(request_id, token_ids)
+        self.manager.append(request_id, token_ids)
 
     def append_tokens(self, request_id: str, token_count: int) -> None:
-        self.manager.append_tokens(request_id, token_count)
+        self.manager.append(request_id, token_count)
 
     def fork(self, parent_id: str, child_id: str) -> None:
         self.manager.fork(parent_id, child_id)

@@ -1,0 +1,215 @@
+"""A prompt's prefix hit across the KV cache groups: finding it, holding its blocks, copying
+the host's back, and caching the blocks a prompt fills.
+
+``PrefixHits.match`` applies the hit rule of ``spec.caching`` to every group's prefix cache
+(``impl.prefix_cache``, one per group in the ``BlockPool``) and, with the host prefix
+cache, to the host tier's: the longest hit every group allows, a sliding-window group
+needing only the blocks its window reads. The admission (``KVCacheManager.allocate``) checks
+the blocks it needs, then holds the device hits (``hold_hits``), takes a device block for
+each host hit with its copy in (``held_with_host_hits``) and caches what the prompt fills
+(``cache_full_blocks``). It never checks arguments: the front has done that.
+"""
+
+from impl.block_pool import BlockPool
+from impl.groups import FullAttentionGroup
+from impl.host_tier import HostTier
+from impl.prefix_cache import BlockHash, BlockKey, default_block_hash
+from impl.tables import Table
+from spec import BlockAllocationError
+
+
+class PrefixHits:
+    """The prefix-cache operations of a prompt over the groups ``kinds`` (their windows),
+    the pool's caches and the host tier's."""
+
+    __slots__ = ("block_hash", "block_size", "groups", "host", "pool")
+
+    def __init__(
+        self,
+        block_size: int,
+        groups: list[FullAttentionGroup],
+        pool: BlockPool,
+        host: HostTier,
+        block_hash: BlockHash,
+    ) -> None:
+        self.block_size = block_size
+        self.groups = groups
+        self.pool = pool
+        self.host = host
+        self.block_hash = block_hash
+
+    def allocate(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None, blocks: int
+    ) -> tuple[Table, int]:
+        """A new table of ``token_ids`` (``blocks`` per group) holding the longest prefix
+        cached under ``cache_salt`` and fresh blocks past it, and how many tokens hit; its
+        skips and its cached blocks are the caller's. Refused (``BlockAllocationError``)
+        when the queues, less the cached free blocks the hit holds again, hold fewer blocks
+        than the blocks past the hit and the host hits need; every block is hashed before
+        anything changes, so a hash that raises changes nothing either."""
+        block_size = self.block_size
+        pool = self.pool
+        cached_tokens, group_hits, group_host_hits, keys = self.match(token_ids, cache_salt)
+        per_group = blocks - cached_tokens // block_size
+        needed = per_group * len(self.groups) + sum(map(len, group_host_hits))
+        cached_free = pool.cached_free  # an in-flight hit is unreferenced but not free
+        held_again = sum(1 for hits in group_hits for b in hits if b in cached_free)
+        available = pool.free_blocks - held_again
+        if needed > available:
+            raise BlockAllocationError.out_of_blocks(request_id, needed, available)
+        pool.caches[0].extend_keys(token_ids, keys, block_size, cache_salt)
+        self.hold_hits(group_hits)
+        if any(group_host_hits):
+            held = self.held_with_host_hits(
+                cached_tokens, group_hits, group_host_hits, keys, per_group
+            )
+        else:
+            held = [hits + pool.take(per_group, group) for group, hits in enumerate(group_hits)]
+        table = Table(held, len(token_ids), list(token_ids), keys, cache_salt=cache_salt)
+        return table, cached_tokens
+
+    def hold_hits(self, group_hits: list[list[int]]) -> None:
+        """Each group's device hits gain a reference (a cached free block leaves its queue,
+        an in-flight one stops being in flight)."""
+        for group, hits in enumerate(group_hits):
+            self.host.hold_again(self.pool.hold(hits, group))
+
+    def take_host_hits(
+        self, group: int, host_hits: list[tuple[int, int]], keys: list[BlockKey]
+    ) -> list[int]:
+        """A prefix hit on blocks ``group`` caches on the host only, (block index, host
+        block) each: take a device block for each, cache it on the device under its key
+        and queue the copy in. Returns the device blocks, in order."""
+        device_ids = self.pool.take(len(host_hits), group)
+        cache = self.pool.caches[group]
+        for (index, _), device_id in zip(host_hits, device_ids, strict=True):
+            cache.insert(keys[index], device_id)
+        self.host.copy_hits_in([host_id for _, host_id in host_hits], device_ids)
+        return device_ids
+
+    def held_with_host_hits(
+        self,
+        cached_tokens: int,
+        group_hits: list[list[int]],
+        group_host_hits: list[list[tuple[int, int]]],
+        keys: list[BlockKey],
+        per_group: int,
+    ) -> list[list[int]]:
+        """Each group's blocks of a prompt whose hit is partly on the host only, group by
+        group: the host hits take their device blocks (``take_host_hits``), then the blocks
+        past the hit are taken; held in block index order with the device hits (held
+        already)."""
+        held: list[list[int]] = []
+        for group, (hits, host_hits) in enumerate(zip(group_hits, group_host_hits, strict=True)):
+            copied_in = self.take_host_hits(group, host_hits, keys)
+            by_index = dict(zip((index for index, _ in host_hits), copied_in, strict=True))
+            first = self.groups[group].skip_target(self.block_size, cached_tokens)
+            device_hits = iter(hits)
+            row = [
+                by_index[index] if index in by_index else next(device_hits)
+                for index in range(first, cached_tokens // self.block_size)
+            ]
+            held.append(row + self.pool.take(per_group, group))
+        return held
+
+    def match(
+        self, token_ids: tuple[int, ...], cache_salt: str | None
+    ) -> tuple[int, list[list[int]], list[list[tuple[int, int]]], list[BlockKey]]:
+        """The hit rule of ``spec.allocator`` under ``cache_salt``: the cached tokens, each
+        group's hit blocks on the device (those not born skipped), each group's hits on the
+        host only ((block index, host block), with the host prefix cache) and the keys
+        made (one per block hashed).
+
+        Hashes every full block before the last token, but stops at the first block a full
+        group misses (no hit can pass it); O(blocks x groups), as vLLM's hybrid hit search.
+        """
+        block_size = self.block_size
+        caches = self.pool.caches
+        groups = self.groups
+        block_hash = self.block_hash
+        # NOTE: the default hash is inlined: a Python call per block is a sixth of a hit.
+        inline_hash = block_hash is default_block_hash
+        hit_limit = (len(token_ids) - 1) // block_size
+        keys: list[BlockKey] = []
+        # found[g][i]: group g's cached block for block index i, or None.
+        found: list[list[int | None]] = [[] for _ in caches]
+        # host_found[g][i]: the host block caching block index i where group g's device
+        # cache misses it (the host prefix cache; none without one).
+        host_caches = self.host.caches
+        host_found: list[dict[int, int]] = [{} for _ in caches]
+        parent: BlockKey | None = None
+        parent_hash = caches[0].root_hash(cache_salt)
+        longest = hit_limit
+        for index in range(hit_limit):
+            chunk = token_ids[index * block_size : (index + 1) * block_size]
+            if inline_hash:
+                hash_value = hash((parent_hash, chunk))
+            else:
+                hash_value = block_hash(parent_hash, chunk)
+            key: BlockKey | None = None
+            missed = False
+            for group, cache in enumerate(caches):
+                block_id = cache.lookup(parent, chunk, hash_value, cache_salt)
+                found[group].append(block_id)
+                if block_id is None and host_caches:
+                    host_cache = host_caches[group]
+                    host_id = host_cache.lookup(parent, chunk, hash_value, cache_salt)
+                    if host_id is not None:
+                        host_found[group][index] = host_id
+                        key = key or host_cache.block_keys[host_id]
+                        continue
+                if block_id is None:
+                    missed = missed or groups[group].window is None
+                elif key is None:
+                    # The cached key object itself, so later lookups meet the very parent.
+                    key = cache.block_keys[block_id]
+            keys.append(BlockKey(parent, chunk, hash_value, cache_salt) if key is None else key)
+            if missed:
+                longest = index
+                break
+            parent, parent_hash = keys[-1], hash_value
+        runs = [
+            _hit_runs([b if b is not None else on_host.get(i) for i, b in enumerate(group_found)])
+            for group_found, on_host in zip(found, host_found, strict=True)
+        ]
+        for hit_blocks in range(longest, 0, -1):
+            firsts = [group.skip_target(block_size, hit_blocks * block_size) for group in groups]
+            if all(
+                run[hit_blocks - 1] >= hit_blocks - first
+                for run, first in zip(runs, firsts, strict=True)
+            ):
+                # The run check made every one of these a hit: the filter only narrows type.
+                hits = [
+                    [b for b in group_found[first:hit_blocks] if b is not None]
+                    for group_found, first in zip(found, firsts, strict=True)
+                ]
+                host_hits = [
+                    [(i, on_host[i]) for i in range(first, hit_blocks) if group_found[i] is None]
+                    for group_found, on_host, first in zip(found, host_found, firsts, strict=True)
+                ]
+                return hit_blocks * block_size, hits, host_hits, keys
+        return 0, [[] for _ in caches], [[] for _ in caches], keys
+
+    def cache_full_blocks(self, table: Table, first_index: int) -> None:
+        """Cache every full block from ``first_index`` on, in every group, unless that
+        group caches its prefix already. The caller has keyed every full block: it hashes
+        before anything changes, so a hash that raises changes nothing."""
+        assert table.token_ids is not None and table.keys is not None, "only token tables cache"
+        keys = table.keys
+        full_blocks = len(table.token_ids) // self.block_size
+        assert len(keys) >= full_blocks, "every full block is keyed before it is cached"
+        for cache, held, skipped in zip(
+            self.pool.caches, table.group_block_ids, table.skipped_blocks, strict=True
+        ):
+            for index in range(max(first_index, skipped), full_blocks):
+                cache.insert(keys[index], held[index - skipped])
+
+
+def _hit_runs(found: list[int | None]) -> list[int]:
+    """For each block index, how many consecutive indices up to it are cached."""
+    runs: list[int] = []
+    run = 0
+    for block_id in found:
+        run = 0 if block_id is None else run + 1
+        runs.append(run)
+    return runs

@@ -1,0 +1,221 @@
+"""Where a block comes from and where it goes: the pool's rules every transition shares.
+
+- A block an operation needs comes from the head of the free queue, then from the head
+  of the cached free queue (least recently freed first), whose cached prefix is evicted
+  (a ``BlockRemoved`` of the group that cached it) (``take_blocks``).
+- A reference dropped (``release_in_order``, in the order given) leaves a block with one
+  fewer; a block left with none joins the tail of the cached free queue if a group caches
+  it, else of the free queue, unless a pending copy between the tiers reads or writes it:
+  then it is in flight (the pending-copy rule of ``spec.host_tier``) and joins a queue
+  when ``take_transfers`` hands that copy over. With the host prefix cache, a cached block
+  left with none gets a host copy (it is demoted: write-through at free time) and is in
+  flight too. A pending copy-on-write copy into a block that became free is moot and is
+  dropped, so a pending copy never writes into a block that is free or lent to another
+  request.
+- ``take_transfers`` hands over everything the KV pool must do with the pool's memory
+  before the next forward, and clears it: every (device -> host) copy, every
+  copy-on-write copy, every (host -> device) copy, in that order (a copy out reads a
+  block before anything may overwrite it; a copy-on-write source freed meanwhile may be
+  the destination of a copy in, so it is read before that copy writes it), then the
+  blocks windows made free (their K/V is dead).
+"""
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from spec.events import BlockRemoved
+from spec.frozen_map import FrozenMap
+from spec.host_tier import HostTier, copying_block_ids, host_free_blocks, take_host_blocks
+from spec.records import CacheKey, Transfers
+from spec.state import AllocatorState, emit
+
+
+def take_blocks(state: AllocatorState, count: int) -> tuple[AllocatorState, tuple[int, ...]]:
+    """Take ``count`` blocks (one reference each): the free queue first, then evict cached
+    ones (from whichever group's cache holds them). A taken block is no longer pending as
+    skipped: it is not free any more. The caller has checked there are enough."""
+    from_free = state.free_block_ids[:count]
+    evicted = state.cached_free_block_ids[: count - len(from_free)]
+    taken = from_free + evicted
+    removed = tuple(
+        BlockRemoved(block_id, group)
+        for block_id in evicted
+        for group, cache in enumerate(state.group_caches)
+        if block_id in cache.values()
+    )
+    state = emit(state, *removed)
+    return replace(
+        state,
+        free_block_ids=state.free_block_ids[len(from_free) :],
+        cached_free_block_ids=state.cached_free_block_ids[len(evicted) :],
+        group_caches=tuple(
+            FrozenMap({key: b for key, b in cache.items() if b not in evicted})
+            for cache in state.group_caches
+        ),
+        ref_counts=add_references(state.ref_counts, taken),
+        counters=replace(state.counters, evictions=state.counters.evictions + len(evicted)),
+        pending_skipped_block_ids=tuple(
+            block_id for block_id in state.pending_skipped_block_ids if block_id not in taken
+        ),
+    ), taken
+
+
+def add_references(
+    ref_counts: FrozenMap[int, int], block_ids: tuple[int, ...]
+) -> FrozenMap[int, int]:
+    """``ref_counts`` with one more reference to each of ``block_ids``."""
+    counts = dict(ref_counts)
+    for block_id in block_ids:
+        counts[block_id] = counts.get(block_id, 0) + 1
+    return FrozenMap(counts)
+
+
+def drop_references(state: AllocatorState, block_ids: tuple[int, ...]) -> AllocatorState:
+    """Drop one reference from each of a table's ``block_ids``, last first."""
+    return release_in_order(state, tuple(reversed(block_ids)))
+
+
+def release_in_order(
+    state: AllocatorState, block_ids: tuple[int, ...], *, demote: bool = True
+) -> AllocatorState:
+    """Drop one reference from each of ``block_ids`` in the order given (the module's
+    rule); ``demote`` off (a window's skips) never demotes."""
+    cached = {block_id for cache in state.group_caches for block_id in cache.values()}
+    copying = copying_block_ids(state.host)
+    ref_counts = dict(state.ref_counts)
+    freed: list[int] = []
+    freed_cached: list[int] = []
+    in_flight: list[int] = []
+    for block_id in block_ids:
+        ref_counts[block_id] -= 1
+        if ref_counts[block_id] == 0:
+            del ref_counts[block_id]
+            if block_id in copying:
+                in_flight.append(block_id)
+            elif block_id not in cached:
+                freed.append(block_id)
+            elif demote and state.host.host_prefix_cache and _can_demote(state, block_id):
+                state = _demote(state, block_id)
+                in_flight.append(block_id)
+            else:
+                freed_cached.append(block_id)
+    state = replace(
+        state,
+        free_block_ids=state.free_block_ids + tuple(freed),
+        cached_free_block_ids=state.cached_free_block_ids + tuple(freed_cached),
+        ref_counts=FrozenMap(ref_counts),
+        pending_copies=tuple(
+            (source, destination)
+            for source, destination in state.pending_copies
+            if destination in ref_counts
+        ),
+    )
+    if not in_flight:
+        return state
+    flying = state.host.in_flight_block_ids + tuple(in_flight)
+    return replace(state, host=replace(state.host, in_flight_block_ids=flying))
+
+
+def _cache_key_of(state: AllocatorState, block_id: int) -> tuple[int, CacheKey]:
+    """The group caching ``block_id`` and its key (the block is cached)."""
+    for group, cache in enumerate(state.group_caches):
+        for key, cached_block in cache.items():
+            if cached_block == block_id:
+                return group, key
+    raise AssertionError(f"block {block_id} is not cached")
+
+
+def _can_demote(state: AllocatorState, block_id: int) -> bool:
+    """Whether a cached block left unreferenced gets a host copy: its key is not on the host
+    yet and the host tier has a block for it (free, or an evictable host-cached one)."""
+    group, key = _cache_key_of(state, block_id)
+    return key not in state.host.host_caches[group] and host_free_blocks(state.host) > 0
+
+
+def _demote(state: AllocatorState, block_id: int) -> AllocatorState:
+    """Write-through at free time: a host block for the cached ``block_id`` (the host free
+    queue's head, else the least recently used evictable host-cached block), its key on
+    the host as the most recently used, and a (device -> host) copy, so the block goes in
+    flight until the copy is taken (its K/V is whole now; a copy taken at eviction could
+    not precede the evicting allocation's writes)."""
+    group, key = _cache_key_of(state, block_id)
+    host, (host_id,) = take_host_blocks(state.host, 1)
+    host = replace(
+        host,
+        host_caches=tuple(
+            cache.set(key, host_id) if g == group else cache
+            for g, cache in enumerate(host.host_caches)
+        ),
+        host_cached_block_ids=(*host.host_cached_block_ids, host_id),
+        pending_device_to_host=(*host.pending_device_to_host, (block_id, host_id)),
+    )
+    return replace(state, host=host)
+
+
+def queue_unreferenced(state: AllocatorState, block_ids: Sequence[int]) -> AllocatorState:
+    """Put unreferenced blocks no copy reads any more at the queues' tails, in order: the
+    cached free queue if a group caches them, else the free queue."""
+    cached = {block_id for cache in state.group_caches for block_id in cache.values()}
+    return replace(
+        state,
+        free_block_ids=state.free_block_ids + tuple(b for b in block_ids if b not in cached),
+        cached_free_block_ids=state.cached_free_block_ids
+        + tuple(b for b in block_ids if b in cached),
+    )
+
+
+def with_host(state: AllocatorState, host: HostTier) -> AllocatorState:
+    """``state`` with the host tier ``host``, which may have dropped pending copies out: an
+    in-flight block no copy reads any more joins a queue's tail as ``release`` sends a
+    block there, in the order it went in flight."""
+    copying = copying_block_ids(host)
+    copied = [b for b in host.in_flight_block_ids if b not in copying]
+    if copied:
+        flying = tuple(b for b in host.in_flight_block_ids if b in copying)
+        host = replace(host, in_flight_block_ids=flying)
+    return queue_unreferenced(replace(state, host=host), copied)
+
+
+def hold_in_flight(host: HostTier, block_ids: set[int]) -> HostTier:
+    """``host`` with these blocks (prefix hits, held again) no longer in flight: a hit may
+    take an in-flight cached block back, whose K/V a copy out only reads."""
+    if not block_ids & set(host.in_flight_block_ids):
+        return host
+    flying = tuple(b for b in host.in_flight_block_ids if b not in block_ids)
+    return replace(host, in_flight_block_ids=flying)
+
+
+def get_transfers(state: AllocatorState) -> Transfers:
+    """What ``take_transfers`` hands over in ``state``, in the order the KV pool does it."""
+    host = state.host
+    return Transfers(
+        host.pending_device_to_host,
+        state.pending_copies,
+        host.pending_host_to_device,
+        state.pending_skipped_block_ids,
+    )
+
+
+def take_transfers(state: AllocatorState) -> AllocatorState:
+    """Clear every pending copy and the skipped blocks once the KV pool has them (read
+    before, ``get_transfers``): in-flight device blocks join the device queues' tails in the
+    order they went in flight, the host blocks the (host -> device) copies read join the
+    host free queue's tail in copy order (unless the host prefix cache keeps them)."""
+    copied = state.host.in_flight_block_ids
+    host_cached = set(state.host.host_cached_block_ids)
+    freed_host = tuple(h for h, _ in state.host.pending_host_to_device if h not in host_cached)
+    host = replace(
+        state.host,
+        pending_device_to_host=(),
+        pending_host_to_device=(),
+        in_flight_block_ids=(),
+        free_host_block_ids=state.host.free_host_block_ids + freed_host,
+    )
+    state = replace(state, host=host, pending_copies=(), pending_skipped_block_ids=())
+    return queue_unreferenced(state, copied)
+
+
+def take_events(state: AllocatorState) -> AllocatorState:
+    """Clear ``events`` once they are delivered (read before). Not an operation of
+    ``spec.api``: impl hands each event to its sink as it happens and keeps none."""
+    return replace(state, events=())
