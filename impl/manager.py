@@ -66,7 +66,9 @@ class KVCacheManager:
     block's token ids; ``event_sink`` (e.g. a list's ``append``) is called with every KV
     cache event (``spec.events``) as the caches change, and with ``None`` no event is built;
     ``host_blocks`` sizes the host tier ``swap_out`` copies a request to (0: none) and
-    ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``).
+    ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``), whose host
+    prefix cache's events go to ``host_event_sink`` (their block ids are host block ids; a
+    reset's one ``AllBlocksCleared`` goes to ``event_sink``).
     """
 
     # The parts a subclass may swap for its own (the planted bugs of the tests do).
@@ -86,9 +88,12 @@ class KVCacheManager:
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,
+        host_event_sink: EventSink | None = None,
     ) -> None:
         errors.check_pool_shape(total_blocks, block_size)
         check_hooks(block_hash, event_sink)
+        if host_event_sink is not None and not callable(host_event_sink):
+            raise TypeError(f"host_event_sink must be callable or None, got {host_event_sink!r}")
         windows = errors.check_group_windows(group_windows)
         errors.check_host_tier(host_blocks, host_prefix_cache)
         self.total_blocks = total_blocks
@@ -103,8 +108,10 @@ class KVCacheManager:
             self.prefix_cache_class(total_blocks, block_hash, group=g, event_sink=event_sink)
             for g in groups
         ]
-        # No event sink on the host caches: host-tier events are not emitted yet.
-        host_caches = [self.prefix_cache_class(host_blocks, block_hash, group=g) for g in groups]
+        host_caches = [
+            self.prefix_cache_class(host_blocks, block_hash, group=g, event_sink=host_event_sink)
+            for g in groups
+        ]
         self._pool = self.block_pool_class(total_blocks, caches, event_sink)
         self._host = self.host_tier_class(host_blocks, host_caches if host_prefix_cache else ())
         self._groups = self.groups_class(block_size, windows, self._pool, self._host, block_hash)

@@ -26,9 +26,15 @@ What a consumer keeps, and when a stream is correct: ``spec.event_consumers``.
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
-from spec.block_hash import compute_external_hash, iter_block_hashes
+from spec.block_hash import (
+    compute_block_hash,
+    compute_external_hash,
+    compute_extra_keys,
+    iter_block_hashes,
+)
 from spec.events import AllBlocksCleared, CachedBlock, KVCacheEvent, replay_events
 from spec.records import CacheKey
 from spec.state import AllocatorState
@@ -98,37 +104,56 @@ class StreamError(ValueError):
 def get_present_keys(state: AllocatorState) -> frozenset[PresentKey]:
     """Every key present in ``state``: each group's device cache, and its host cache when
     the host tier keeps demoted prefixes."""
-    present = {
+    device = (
         PresentKey(group, MEDIUM_GPU, key)
         for group, cache in enumerate(state.group_caches)
         for key in cache
-    }
-    host = state.host
-    if host.host_prefix_cache:
-        present.update(
-            PresentKey(group, MEDIUM_CPU, key)
-            for group, cache in enumerate(host.host_caches)
-            for key in cache
-        )
-    return frozenset(present)
+    )
+    return frozenset(device) | get_host_keys(state)
 
 
+def get_host_keys(state: AllocatorState) -> frozenset[PresentKey]:
+    """The keys present on the host (medium ``"CPU"``): each group's host prefix cache."""
+    return frozenset(
+        PresentKey(group, MEDIUM_CPU, key)
+        for group, cache in enumerate(state.host.host_caches)
+        for key in cache
+    )
+
+
+@lru_cache(maxsize=1 << 16)
 def compute_key_stored(present: PresentKey, block_size: int) -> KeyStored:
-    """The ``KeyStored`` that says ``present`` became present."""
+    """The ``KeyStored`` that says ``present`` became present. O(prefix); cached, as the
+    checker names the same keys at every step."""
+    parent_hash = compute_parent_hash(present.key, block_size)
+    return compute_key_stored_after(present, parent_hash, block_size)[0]
+
+
+def compute_parent_hash(key: CacheKey, block_size: int) -> bytes | None:
+    """The hash of the prefix before ``key``'s last block (``None``: a first block)."""
+    parent = key.token_ids[:-block_size]
+    *_, last = (None, *iter_block_hashes(parent, block_size, key.cache_salt))
+    return last
+
+
+def compute_key_stored_after(
+    present: PresentKey, parent_hash: bytes | None, block_size: int
+) -> tuple[KeyStored, bytes]:
+    """``compute_key_stored`` given the hash of the key's parent prefix (``None``: a first
+    block), in O(block_size); and the key's own hash, the next block's parent hash."""
     key = present.key
-    hashes = [
-        compute_external_hash(h)
-        for h in iter_block_hashes(key.token_ids, block_size, key.cache_salt)
-    ]
-    first = len(hashes) == 1
-    return KeyStored(
+    index = len(key.token_ids) // block_size - 1
+    token_ids = key.token_ids[-block_size:]
+    own = compute_block_hash(parent_hash, token_ids, compute_extra_keys(index, key.cache_salt))
+    stored = KeyStored(
         group=present.group,
         medium=present.medium,
-        block_hash=hashes[-1],
-        parent_block_hash=None if first else hashes[-2],
-        token_ids=key.token_ids[-block_size:],
-        cache_salt=key.cache_salt if first else None,
+        block_hash=compute_external_hash(own),
+        parent_block_hash=None if parent_hash is None else compute_external_hash(parent_hash),
+        token_ids=token_ids,
+        cache_salt=key.cache_salt if parent_hash is None else None,
     )
+    return stored, own
 
 
 def compute_stream_key(present: PresentKey, block_size: int) -> StreamKey:
@@ -205,6 +230,21 @@ def translate_events(
             out.append(compute_key_stored(_device_key(entry), blocks.block_size))
         view = after
     return BlockKeys(blocks.block_size, view), tuple(out)
+
+
+def compute_state_events(
+    blocks: BlockKeys, host_before: frozenset[PresentKey], state: AllocatorState
+) -> tuple[BlockKeys, tuple[StreamEvent, ...]]:
+    """The stream of the step that left ``state`` (read before ``take_events``) from a
+    publisher that remembers ``blocks`` and the host keys ``host_before``: the step's
+    device events translated, then the host prefix cache's changes (medium ``"CPU"``; the
+    spec's host tier emits no events, so they are the difference of its keys, a reset's
+    ``AllBlocksCleared`` having cleared the old ones)."""
+    blocks, events = translate_events(blocks, state.events)
+    if any(isinstance(event, AllBlocksCleared) for event in events):
+        host_before = frozenset()
+    host = compute_step_events(host_before, get_host_keys(state), False, blocks.block_size)
+    return blocks, events + host
 
 
 def _device_key(entry: CachedBlock) -> PresentKey:
