@@ -189,8 +189,9 @@ def check_stream_step(
     """The view after ``batches``, the batches one step published; ``StreamError``
     (its message starting with ``where``) unless they are a correct stream of ``step``:
     batch numbers follow each other without a gap; a step that reset the cache published
-    an ``AllBlocksCleared``; every store names its key as the hash rule says; and after
-    them, the set model and the count model each hold exactly the step's keys."""
+    an ``AllBlocksCleared``; every store names its key as the hash rule says, and a key
+    not present at that point; and after them, the set model and the count model each
+    hold exactly the step's keys."""
     expected = _expected(step.keys, block_size)
     events = [event for batch in batches for event in batch.events]
     last_seq = view.last_seq
@@ -203,6 +204,7 @@ def check_stream_step(
     keys, counts = view.keys, view.counts
     for event in events:
         _check_named(event, expected, block_size, where)
+        _check_absent(event, keys, where)
         keys = apply_to_key_set(keys, event)
         try:
             counts = apply_to_key_counts(counts, event)
@@ -257,6 +259,16 @@ def _check_named(
     wanted = compute_key_stored(present, block_size)
     if event != wanted:
         raise StreamError(f"{where}: {event} names its key wrongly; the hash rule gives {wanted}")
+
+
+def _check_absent(event: StreamEvent, keys: frozenset[StreamKey], where: str) -> None:
+    """A store says a key became present: not one present already (a count consumer would
+    count it twice and keep it after its one remove)."""
+    if not isinstance(event, KeyStored):
+        return
+    stream_key = StreamKey(event.group, event.medium, event.block_hash)
+    if stream_key in keys:
+        raise StreamError(f"{where}: a store of {_describe(stream_key)}, present already")
 
 
 def _check_view(

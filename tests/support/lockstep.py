@@ -113,6 +113,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.emitted: list[tuple[bool, KVCacheEvent]] = []
         self.streams: tuple[EventPublisher, SpecPublisher, StreamChecker, StreamChecker] | None
         self.streams = None
+        self.streams_failed = False
         self.target: KVCacheManager = self.target_class(1, 1, event_sink=self.record)
 
     def record(self, event: KVCacheEvent) -> None:
@@ -157,7 +158,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         """Both streams of the step are correct (``_check_streams``), impl's events of the
         step are the spec's, and replaying every event so far gives the spec's caches; then
         the spec's are drained."""
-        self._check_streams(step)
+        if self._check_streams(step):
+            return
         assert self.events == list(self.model.events), (
             f"{step}: spec emitted events {list(self.model.events)}, impl {self.events}"
         )
@@ -172,9 +174,16 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.events.clear()
         self.model = spec.take_events(self.model)
 
-    def _check_streams(self, step: str) -> None:
+    def _check_streams(self, step: str) -> bool:
         """What a publisher sends of the spec's events and what impl's ``EventPublisher``
-        sends of impl's are correct streams of the step, under both consumer models."""
+        sends of impl's are correct streams of the step, under both consumer models. Once
+        a stream failed, the run is over: the teardown's steps check no events (returns
+        True, having drained them)."""
+        if self.streams_failed:
+            self.emitted.clear()
+            self.events.clear()
+            self.model = spec.take_events(self.model)
+            return True
         if self.streams is None:
             block_size = self.model.block_size
             self.streams = (
@@ -191,7 +200,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             spec_stream.check(self.model, spec_publisher.publish(self.model), f"{step}: spec")
             impl_stream.check(self.model, publisher.end_step(), f"{step}: impl")
         except (StreamError, spec.EventReplayError) as error:
+            self.streams_failed = True
             raise AssertionError(f"KV event stream: {error}") from None
+        return False
 
     def _add_tokens(self, request_id: str, count: int, data: st.DataObject) -> object:
         """``append`` of ``count`` tokens of the kind the request takes: token ids drawn
