@@ -16,11 +16,12 @@ vLLM's restart at 0 is ignored until it passes the old count), and the stream op
 ``AllBlocksCleared`` (``spec.event_stream``: a producer that starts resyncs), so a
 consumer that knew an earlier producer on the same endpoint drops what it knew.
 
-``KVEventStream`` is the manager's event sink that feeds it, and an engine observer: it
-gathers a step's events (``spec.events``, keyed by block), and when the engine tells it
-the step is over (after the forward wrote the step's K/V, as vLLM publishes) it turns
-them into the spec's stream (``spec.event_stream.translate_events``: keys by block hash)
-and publishes them as one batch, if there are any.
+``KVEventStream`` is the manager's event sinks that feed it (the device caches' and the
+host prefix cache's), and an engine observer: it turns each event (``spec.events``, keyed
+by block) into the spec's stream as it comes (``impl.event_publisher``: keys by block
+hash, medium ``"GPU"`` or ``"CPU"``), and when the engine tells it the step is over
+(after the forward wrote the step's K/V, as vLLM publishes) it publishes the step's as
+one batch, if there are any.
 """
 
 import queue
@@ -35,14 +36,9 @@ from harness.kv_events import KVEventLog
 from harness.kv_wire import WireEncoder
 from harness.runtime.events import PoolEvent
 from impl import KVCacheManager
-from spec.event_stream import (
-    BlockKeys,
-    EventBatch,
-    StreamEvent,
-    compute_resync_events,
-    get_block_keys,
-    translate_events,
-)
+from impl.event_publisher import EventPublisher
+from impl.prefix_cache import EventSink
+from spec.event_stream import EventBatch, StreamEvent, compute_resync_events
 from spec.events import KVCacheEvent
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -141,22 +137,26 @@ class ZmqEventPublisher:
 
 
 class KVEventStream(KVEventLog):
-    """A manager's event sink that also publishes: the events gathered since the last
+    """A manager's event sinks that also publish: the events gathered since the last
     batch, as one batch of the spec's stream, at the end of each engine step (as the
     engine's observer) and at ``flush`` and ``close``."""
 
-    __slots__ = ("_blocks", "_pending", "publisher")
+    __slots__ = ("_stream", "publisher")
 
     def __init__(self, publisher: ZmqEventPublisher) -> None:
         super().__init__()
         self.publisher = publisher
-        self._blocks = BlockKeys(publisher.encoder.block_size)
-        self._pending: list[KVCacheEvent] = []
+        self._stream = EventPublisher(publisher.encoder.block_size)
         publisher.publish(compute_resync_events(frozenset(), publisher.encoder.block_size))
 
     def record(self, event: KVCacheEvent) -> None:
         super().record(event)
-        self._pending.append(event)
+        self._stream.record(event)
+
+    @property
+    def host_sink(self) -> EventSink:
+        """The host prefix cache's events are published too, as medium ``"CPU"``."""
+        return self._stream.record_host
 
     def __call__(self, event: PoolEvent, manager: KVCacheManager) -> None:
         """The observer: a step is over, publish its events."""
@@ -165,17 +165,17 @@ class KVEventStream(KVEventLog):
 
     def flush(self) -> None:
         """Publish the events gathered so far as one batch (none if there are none)."""
-        self._blocks, events = translate_events(self._blocks, self._pending)
-        self._pending.clear()
-        if events:
-            self.publisher.publish(events)
+        self._publish(self._stream.end_step())
 
     def resync(self) -> None:
         """Publish ``AllBlocksCleared`` and a store of every present key: what a producer
         sends when its consumers may have lost track."""
-        self.flush()
-        keys = get_block_keys(self._blocks)
-        self.publisher.publish(compute_resync_events(keys, self._blocks.block_size))
+        self._publish(self._stream.resync())
+
+    def _publish(self, batches: tuple[EventBatch, ...]) -> None:
+        """Publish each batch's events under the publisher's own batch numbers."""
+        for batch in batches:
+            self.publisher.publish(batch.events)
 
     def close(self) -> None:
         """Publish the last step's events and close the publisher."""

@@ -66,9 +66,8 @@ class KVCacheManager:
     block's token ids; ``event_sink`` (e.g. a list's ``append``) is called with every KV
     cache event (``spec.events``) as the caches change, and with ``None`` no event is built;
     ``host_blocks`` sizes the host tier ``swap_out`` copies a request to (0: none) and
-    ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``), whose host
-    prefix cache's events go to ``host_event_sink`` (their block ids are host block ids; a
-    reset's one ``AllBlocksCleared`` goes to ``event_sink``).
+    ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``); the host
+    cache's events (of host block ids) go to ``host_event_sink``, a reset's to ``event_sink``.
     """
 
     # The parts a subclass may swap for its own (the planted bugs of the tests do).
@@ -91,9 +90,7 @@ class KVCacheManager:
         host_event_sink: EventSink | None = None,
     ) -> None:
         errors.check_pool_shape(total_blocks, block_size)
-        check_hooks(block_hash, event_sink)
-        if host_event_sink is not None and not callable(host_event_sink):
-            raise TypeError(f"host_event_sink must be callable or None, got {host_event_sink!r}")
+        check_hooks(block_hash, event_sink, host_event_sink)
         windows = errors.check_group_windows(group_windows)
         errors.check_host_tier(host_blocks, host_prefix_cache)
         self.total_blocks = total_blocks

@@ -8,9 +8,11 @@ from hypothesis.stateful import run_state_machine_as_test
 from impl import KVCacheManager
 from tests.allocator.test_allocator_state_machine import CATCHING
 from tests.support.bounded import Bounds, check
+from tests.support.host_lockstep import HostTierMachine
 from tests.support.lockstep import machine_for
 from tests.support.planted_stream_bugs import (
     ForgetsTheClearOnReset,
+    PublishesNoHostKeys,
     RemovesWhileACopyRemains,
     SkipsASequenceNumber,
     StoresBeforeTheWrite,
@@ -64,3 +66,11 @@ def test_the_bounded_walk_s_stream_check_catches_each_planted_producer_bug(
     assert violation.reason.startswith("impl's stream")
     assert MESSAGES[broken] in violation.reason
     assert [str(op) for op in violation.path] == path
+
+
+def test_the_host_machine_s_stream_check_catches_a_host_cache_that_publishes_nothing() -> None:
+    with pytest.raises(AssertionError, match=r"KV event stream: .*: impl: .* and lacks") as caught:
+        run_state_machine_as_test(
+            machine_for(PublishesNoHostKeys, HostTierMachine), settings=CATCHING
+        )
+    assert "CPU)" in str(caught.value)

@@ -278,6 +278,7 @@ def keep_event_managers(monkeypatch: pytest.MonkeyPatch) -> list[KVCacheManager]
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,
+        host_event_sink: EventSink | None = None,
     ) -> KVCacheManager:
         manager = new_manager(
             layout,
@@ -286,6 +287,7 @@ def keep_event_managers(monkeypatch: pytest.MonkeyPatch) -> list[KVCacheManager]
             event_sink=event_sink,
             host_blocks=host_blocks,
             host_prefix_cache=host_prefix_cache,
+            host_event_sink=host_event_sink,
         )
         if event_sink is not None:
             managers.append(manager)

@@ -6,6 +6,7 @@ which only lockstep sees: a bounded-walk transition publishes one batch at most.
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 from impl import AppendedSlots, KVCacheManager
 from impl.block_pool import BlockPool
@@ -78,3 +79,12 @@ STREAM_BUGS: list[type[KVCacheManager]] = [
     RemovesWhileACopyRemains,
     ForgetsTheClearOnReset,
 ]
+
+
+class PublishesNoHostKeys(KVCacheManager):
+    """A host prefix cache that tells no consumer what it holds: demoted prefixes a
+    router could send requests to (medium ``"CPU"``) never reach the stream."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # Any: the manager's own
+        kwargs.pop("host_event_sink", None)
+        super().__init__(*args, **kwargs)
