@@ -6,7 +6,9 @@ It is the manager's event sinks: ``record`` for the device caches' events (mediu
 ``host_event_sink``). A cache holds a key in one block, so each ``BlockStored`` or
 ``BlockRemoved`` is one key entering or leaving a (group, medium): one ``KeyStored`` or
 ``KeyRemoved``, made as it comes. ``end_step`` publishes what the step gathered as one
-``EventBatch`` numbered one past the last (none for a step without events). It
+``EventBatch`` numbered one past the last (none for a step without events), each run of
+stores in it parents first: a release demotes a request's blocks to the host last block
+first, and a radix-tree consumer drops a store whose parent it has not seen. It
 remembers each cached block's key and hash, so a store costs one block hash
 (O(block_size)) when its parent block is cached, O(prefix) for a first block or an
 orphan. Lockstep and the bounded walk check its batches against the spec at every step.
@@ -19,6 +21,7 @@ from spec.event_stream import (
     MEDIUM_GPU,
     EventBatch,
     KeyRemoved,
+    KeyStored,
     PresentKey,
     StreamEvent,
     compute_key_stored_after,
@@ -42,7 +45,8 @@ class EventPublisher:
         self.next_seq = first_seq
         # Each cached block's key and hash (the parent hash of its child's store).
         self._cached: dict[Place, tuple[CacheKey, bytes]] = {}
-        self._pending: list[StreamEvent] = []
+        # The step's events, each with the length of its key (0 but for a store).
+        self._pending: list[tuple[int, StreamEvent]] = []
 
     def record(self, event: KVCacheEvent) -> None:
         """The device caches' event sink."""
@@ -56,20 +60,21 @@ class EventPublisher:
         """``spec.EventReplayError`` for an event the blocks it remembers contradict."""
         if isinstance(event, AllBlocksCleared):
             self._cached.clear()
-            self._pending.append(event)
+            self._pending.append((0, event))
             return
         place = (medium, event.group, event.block_id)
         if isinstance(event, BlockRemoved):
             if place not in self._cached:
                 raise EventReplayError(f"{event} ({medium}): the block caches nothing")
             _, own = self._cached.pop(place)
-            self._pending.append(KeyRemoved(event.group, medium, compute_external_hash(own)))
+            removed = KeyRemoved(event.group, medium, compute_external_hash(own))
+            self._pending.append((0, removed))
             return
         key, parent_hash = self._key_of(medium, event)
         present = PresentKey(event.group, medium, key)
         stored, own = compute_key_stored_after(present, parent_hash, self.block_size)
         self._cached[place] = (key, own)
-        self._pending.append(stored)
+        self._pending.append((len(key.token_ids), stored))
 
     def _key_of(self, medium: str, event: BlockStored) -> tuple[CacheKey, bytes | None]:
         """The key ``event`` stores and its parent prefix's hash."""
@@ -86,10 +91,14 @@ class EventPublisher:
         """The step is over: its events as one batch, numbered next (none if none)."""
         if not self._pending:
             return ()
-        batch = EventBatch(self.next_seq, tuple(self._pending))
+        batch = EventBatch(self.next_seq, self._in_order(self._pending))
         self._pending.clear()
         self.next_seq += 1
         return (batch,)
+
+    def _in_order(self, pending: list[tuple[int, StreamEvent]]) -> tuple[StreamEvent, ...]:
+        """The order a step's events are published in: ``parents_first``."""
+        return parents_first(pending)
 
     def present_keys(self) -> frozenset[PresentKey]:
         """The keys the events so far leave present."""
@@ -102,5 +111,21 @@ class EventPublisher:
         a batch of their own: what a producer sends when its consumers may have lost
         track."""
         batches = self.end_step()
-        self._pending.extend(compute_resync_events(self.present_keys(), self.block_size))
+        resync = compute_resync_events(self.present_keys(), self.block_size)
+        self._pending.extend((0, event) for event in resync)  # in order already
         return batches + self.end_step()
+
+
+def parents_first(pending: list[tuple[int, StreamEvent]]) -> tuple[StreamEvent, ...]:
+    """The events in order, but each run of stores (each of a different key) sorted by key
+    length, parents first; the sort is stable, so a run in order stays as it is."""
+    out: list[StreamEvent] = []
+    run: list[tuple[int, StreamEvent]] = []
+    for length, event in [*pending, (0, AllBlocksCleared())]:
+        if isinstance(event, KeyStored):
+            run.append((length, event))
+            continue
+        out.extend(stored for _, stored in sorted(run, key=lambda item: item[0]))
+        run.clear()
+        out.append(event)
+    return tuple(out[:-1])

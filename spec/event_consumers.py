@@ -189,9 +189,10 @@ def check_stream_step(
     """The view after ``batches``, the batches one step published; ``StreamError``
     (its message starting with ``where``) unless they are a correct stream of ``step``:
     batch numbers follow each other without a gap; a step that reset the cache published
-    an ``AllBlocksCleared``; every store names its key as the hash rule says, and a key
-    not present at that point; and after them, the set model and the count model each
-    hold exactly the step's keys."""
+    an ``AllBlocksCleared``; every store names its key as the hash rule says, a key not
+    present at that point, and a parent present at that point unless the step leaves the
+    key without it; and after them, the set model and the count model each hold exactly
+    the step's keys."""
     expected = _expected(step.keys, block_size)
     events = [event for batch in batches for event in batch.events]
     last_seq = view.last_seq
@@ -205,6 +206,7 @@ def check_stream_step(
     for event in events:
         _check_named(event, expected, block_size, where)
         _check_absent(event, keys, where)
+        _check_parent(event, keys, expected, where)
         keys = apply_to_key_set(keys, event)
         try:
             counts = apply_to_key_counts(counts, event)
@@ -269,6 +271,28 @@ def _check_absent(event: StreamEvent, keys: frozenset[StreamKey], where: str) ->
     stream_key = StreamKey(event.group, event.medium, event.block_hash)
     if stream_key in keys:
         raise StreamError(f"{where}: a store of {_describe(stream_key)}, present already")
+
+
+def _check_parent(
+    event: StreamEvent,
+    keys: frozenset[StreamKey],
+    expected: dict[StreamKey, PresentKey],
+    where: str,
+) -> None:
+    """A store names a parent present at that point of the stream, unless the step leaves
+    the key without its parent in the caches (a reset with requests running, a sliding
+    window, a key refused as a duplicate: ``docs/design.md``). So a tree consumer, which
+    drops a store whose parent it lacks, loses only what the caches themselves hold
+    without its parent, never a key the stream sent out of order."""
+    if not isinstance(event, KeyStored) or event.parent_block_hash is None:
+        return
+    parent = StreamKey(event.group, event.medium, event.parent_block_hash)
+    if parent not in keys and parent in expected:
+        child = StreamKey(event.group, event.medium, event.block_hash)
+        raise StreamError(
+            f"{where}: a store of {_describe(child)} before its parent "
+            f"{_describe(parent)}, which the step leaves present"
+        )
 
 
 def _check_view(

@@ -16,6 +16,7 @@ from tests.support.planted_stream_bugs import (
     RemovesWhileACopyRemains,
     SkipsASequenceNumber,
     StoresBeforeTheWrite,
+    StoresInReleaseOrder,
 )
 
 MESSAGES: dict[type[KVCacheManager], str] = {
@@ -74,3 +75,9 @@ def test_the_host_machine_s_stream_check_catches_a_host_cache_that_publishes_not
             machine_for(PublishesNoHostKeys, HostTierMachine), settings=CATCHING
         )
     assert "CPU)" in str(caught.value)
+
+
+def test_the_host_machine_s_stream_check_catches_a_child_stored_before_its_parent() -> None:
+    machine = machine_for(KVCacheManager, HostTierMachine, publisher_class=StoresInReleaseOrder)
+    with pytest.raises(AssertionError, match=r": impl: a store of .* CPU\) before its parent"):
+        run_state_machine_as_test(machine, settings=CATCHING)
