@@ -69,7 +69,8 @@ def apply_to_key_counts(
     if isinstance(event, KeyStored):
         return counts.set(stream_key, count + 1)
     if count == 0:
-        raise StreamError(f"KeyRemoved of {_describe(stream_key)}, which has no store left")
+        message = f"KeyRemoved of {_describe(stream_key)}, which has no store left"
+        raise StreamError(message, "unstored")
     return counts.delete(stream_key) if count == 1 else counts.set(stream_key, count - 1)
 
 
@@ -198,10 +199,11 @@ def check_stream_step(
     last_seq = view.last_seq
     for batch in batches:
         if is_gap(last_seq, batch):
-            raise StreamError(f"{where}: batch {batch.seq} follows batch {last_seq}")
+            raise StreamError(f"{where}: batch {batch.seq} follows batch {last_seq}", "seq")
         last_seq = batch.seq
     if step.reset and not any(isinstance(event, AllBlocksCleared) for event in events):
-        raise StreamError(f"{where} reset the prefix cache but published no AllBlocksCleared")
+        message = f"{where} reset the prefix cache but published no AllBlocksCleared"
+        raise StreamError(message, "clear")
     keys, counts = view.keys, view.counts
     for event in events:
         _check_named(event, expected, block_size, where)
@@ -211,7 +213,7 @@ def check_stream_step(
         try:
             counts = apply_to_key_counts(counts, event)
         except StreamError as error:
-            raise StreamError(f"{where}: count model: {error}") from None
+            raise StreamError(f"{where}: count model: {error}", error.rule) from None
     _check_view("set model", keys, expected, where)
     _check_view("count model", get_counted_keys(counts), expected, where)
     return StreamView(keys, counts, last_seq)
@@ -260,7 +262,8 @@ def _check_named(
         return  # stored then removed within the step, or a stray the views will report
     wanted = compute_key_stored(present, block_size)
     if event != wanted:
-        raise StreamError(f"{where}: {event} names its key wrongly; the hash rule gives {wanted}")
+        message = f"{where}: {event} names its key wrongly; the hash rule gives {wanted}"
+        raise StreamError(message, "key")
 
 
 def _check_absent(event: StreamEvent, keys: frozenset[StreamKey], where: str) -> None:
@@ -270,7 +273,8 @@ def _check_absent(event: StreamEvent, keys: frozenset[StreamKey], where: str) ->
         return
     stream_key = StreamKey(event.group, event.medium, event.block_hash)
     if stream_key in keys:
-        raise StreamError(f"{where}: a store of {_describe(stream_key)}, present already")
+        message = f"{where}: a store of {_describe(stream_key)}, present already"
+        raise StreamError(message, "stored_twice")
 
 
 def _check_parent(
@@ -291,7 +295,8 @@ def _check_parent(
         child = StreamKey(event.group, event.medium, event.block_hash)
         raise StreamError(
             f"{where}: a store of {_describe(child)} before its parent "
-            f"{_describe(parent)}, which the step leaves present"
+            f"{_describe(parent)}, which the step leaves present",
+            "parent_order",
         )
 
 
@@ -304,5 +309,6 @@ def _check_view(
         raise StreamError(
             f"{where}: the {model} holds {len(extra)} key(s) the spec's caches do not "
             f"({', '.join(map(_describe, extra[:3])) or '-'}) and lacks {len(missing)} they "
-            f"hold ({', '.join(map(_describe, missing[:3])) or '-'})"
+            f"hold ({', '.join(map(_describe, missing[:3])) or '-'})",
+            "extra" if extra else "missing",
         )

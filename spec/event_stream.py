@@ -95,7 +95,16 @@ class EventBatch:
 
 
 class StreamError(ValueError):
-    """A stream that is not a correct stream of the steps it is checked against."""
+    """A stream that is not a correct stream of the steps it is checked against; ``rule``
+    names the rule it breaks: ``seq`` (a batch number skips or repeats), ``clear`` (a
+    reset without ``AllBlocksCleared``), ``key`` (a store names its key unlike the hash
+    rule), ``stored_twice`` (a store of a present key), ``parent_order`` (a store before
+    its parent), ``unstored`` (a remove with no store left), ``extra`` or ``missing`` (a
+    consumer holds a key the caches do not, or lacks one they hold)."""
+
+    def __init__(self, message: str, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 # -- the producer's side --------------------------------------------------------------------

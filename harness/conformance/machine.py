@@ -13,13 +13,14 @@ Not here: how many steps run, the seed, the report (``harness.conformance.run``)
 
 from collections import Counter
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import spec
-from harness.conformance.adapter import CACHE_SALT, Adapter, Observation
+from harness.conformance.adapter import CACHE_SALT, KV_EVENTS, Adapter, Observation
+from harness.conformance.events import EventJudge, EventSource
 from harness.conformance.properties import (
     Finding,
     Outcome,
@@ -75,6 +76,7 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.observation = self.adapter.observe()
         self.state = self._view(self.observation)
         self._judge([*state_findings(self.state, self._observes_ref_counts)], None)
+        self.events = EventJudge(self.adapter.block_size)
 
     # -- rules: one per operation the spec names ------------------------------------------
     # A step names a live request by its rank among the live ones (``pick``), and a new
@@ -170,6 +172,9 @@ class ConformanceMachine(RuleBasedStateMachine):
         )
         self.state = self._view(self.observation)
         findings = raised + state_findings(self.state, self._observes_ref_counts)
+        if KV_EVENTS in self.adapter.supports:
+            events = cast(EventSource, self.adapter).take_events()
+            findings += self.events.judge(events, self.state, f"{operation}{args}")
         duplicates = duplicate_cached_blocks(self.observation, self.contents)
         if duplicates:
             findings.append(

@@ -33,7 +33,8 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request
 
 import spec
-from harness.conformance.adapter import CACHE_SALT, Observation, TargetTable
+from harness.conformance.adapter import CACHE_SALT, KV_EVENTS, Observation, TargetTable
+from harness.conformance.events import TargetEvent, TargetRemoved, TargetStored
 
 _WHICH_COPY = (
     "with two cached blocks for a prefix, a hit takes the one cached first, evictable or "
@@ -47,6 +48,11 @@ FULL_DIFFERENCES: Mapping[str, str] = MappingProxyType(
         "prefix (BlockHashToBlockMap keeps several blocks per hash)",
         "refusal_justified/allocate_prompt": _WHICH_COPY,
         "capacity_respected/allocate_prompt": _WHICH_COPY,
+        # docs/findings/vllm-kv-events.md
+        "events_stored_twice": "each copy of a prefix (one_block_per_prefix) is stored, so "
+        "its hash is stored again while present",
+        "events_missing": "evicting one copy of a prefix removes its hash while another "
+        "copy stays cached (vLLM #55092's class): a set-of-keys consumer loses the prefix",
     }
 )
 HYBRID_DIFFERENCES: Mapping[str, str] = MappingProxyType(
@@ -65,7 +71,9 @@ class VLLMAdapter:
     """A real vLLM v1 ``KVCacheManager`` over ``total_blocks`` usable blocks (plus the null one)."""
 
     exact = False
-    supports = frozenset({"allocate_prompt", "append_token_ids", "release", "preempt", CACHE_SALT})
+    supports = frozenset(
+        {"allocate_prompt", "append_token_ids", "release", "preempt", CACHE_SALT, KV_EVENTS}
+    )
 
     def __init__(
         self, *, sliding_window: int | None = None, block_size: int = 4, total_blocks: int = 12
@@ -100,6 +108,7 @@ class VLLMAdapter:
             scheduler_block_size=block_size,
             hash_block_size=block_size,
             enable_caching=True,
+            enable_kv_cache_events=True,
         )
         self.hasher: Any = get_request_block_hasher(block_size, sha256)
         self.requests: dict[str, Any] = {}
@@ -159,6 +168,10 @@ class VLLMAdapter:
 
     # -- what it shows --------------------------------------------------------------------
 
+    def take_events(self) -> list[TargetEvent]:
+        """vLLM's ``take_events()`` (``vllm.distributed.kv_events`` records), neutral."""
+        return [_neutral(event) for event in self.manager.take_events()]
+
     def observe(self) -> Observation:
         pool = self.manager.block_pool
         free = pool.free_block_queue.get_all_free_blocks()
@@ -192,3 +205,22 @@ class VLLMAdapter:
             cached_block_ids=tuple(frozenset(ids) for ids in cached),
             ref_counts=ref_counts,
         )
+
+
+def _neutral(event: Any) -> TargetEvent:  # Any: a vllm.distributed.kv_events record
+    kind = type(event).__name__
+    if kind == "AllBlocksCleared":
+        return spec.AllBlocksCleared()
+    if kind == "BlockRemoved":
+        return TargetRemoved(tuple(event.block_hashes), event.group_idx, event.medium)
+    # The cache salt is the only extra key the kit's requests have (the first block's).
+    first_keys = event.extra_keys[0] if event.extra_keys else None
+    salt = first_keys[0] if first_keys and event.parent_block_hash is None else None
+    return TargetStored(
+        tuple(event.block_hashes),
+        event.parent_block_hash,
+        tuple(event.token_ids),
+        salt,
+        event.group_idx,
+        event.medium,
+    )
