@@ -1,40 +1,63 @@
 #!/usr/bin/env bash
 # Long fuzzing of the lockstep state machine on every core: the plain path, always there.
 #
-#   scripts/fuzz.sh [--target NAME] [SECONDS] [WORKERS]   (defaults: 3600 s, one worker per core)
+#   scripts/fuzz.sh [--target NAME] [--database URL] [SECONDS] [WORKERS]
+#                                             (defaults: 3600 s, one worker per core)
 #
 # With --target, the workers fuzz the conformance kit's machine on that target instead
 # (tests/conformance/fuzz_conformance.py; NAME as `python -m harness.conformance --help`).
+# With --database redis://HOST:PORT/N, failing cases are also saved to and replayed from
+# that Redis (Hypothesis' RedisExampleDatabase, the 'cluster' extra), so runs on other
+# machines pointing at it replay them; it must answer and hold this Hypothesis version's
+# examples, or the script refuses before starting. (`pagedkv fuzz --ray` runs the workers
+# on a Ray cluster instead, with a tally in Redis.)
 #
 # Each worker runs pytest on tests/support/fuzz_targets.py under the `fuzz` Hypothesis profile
-# (many cases, at most 100 steps each, no explain phase) with a fresh random seed, again
-# and again until the time is up. Failing cases land in the local example database
-# .hypothesis/fuzz-db, so the next plain `pytest` there replays them; paste each one into
-# tests/allocator/test_regressions.py, since saved cases do not survive a Hypothesis upgrade.
+# (many cases, at most 100 steps each, no explain phase), Hypothesis drawing a fresh random
+# seed each time, again and again until the time is up. Failing cases land in the local
+# example database .hypothesis/fuzz-db, so `pagedkv fuzz --replay` there replays them; paste
+# each one into tests/allocator/test_regressions.py, since saved cases do not survive a
+# Hypothesis upgrade.
 # Logs and tallies go to .hypothesis/fuzz-logs/. Exits 1 if any worker found a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .venv/bin/activate
 fuzz_file=tests/support/fuzz_targets.py
-if [ "${1:-}" = "--target" ]; then
-    . .venv/bin/activate
-    python -c 'import sys; from harness.conformance.targets import TARGETS; sys.exit(sys.argv[1] not in TARGETS)' "${2:-}" ||
-        { echo "fuzz: unknown conformance target '${2:-}'" >&2; exit 2; }
-    export PAGEDKV_CONFORMANCE_TARGET=$2
-    fuzz_file=tests/conformance/fuzz_conformance.py
-    shift 2
-fi
+target=allocator
+options=()  # as given, for the replay hint
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+    --target)
+        python -c 'import sys; from harness.conformance.targets import TARGETS; sys.exit(sys.argv[1] not in TARGETS)' "${2:-}" ||
+            { echo "fuzz: unknown conformance target '${2:-}'" >&2; exit 2; }
+        export PAGEDKV_CONFORMANCE_TARGET=$2
+        fuzz_file=tests/conformance/fuzz_conformance.py
+        target="conformance target $2"
+        options+=("$1" "$2")
+        shift 2
+        ;;
+    --database)
+        python -m harness.cluster.shared_database "${2:-}" || exit 2
+        export PAGEDKV_FUZZ_DATABASE=$2
+        options+=("$1" "$2")
+        shift 2
+        ;;
+    *) break ;;
+    esac
+done
 seconds=${1:-3600}
 workers=${2:-$(nproc)}
 logs=.hypothesis/fuzz-logs/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$logs/tally"
-. .venv/bin/activate
 
 fuzz_worker() {
-    local worker=$1 deadline=$(($(date +%s) + seconds)) left seed status
+    local worker=$1 deadline=$(($(date +%s) + seconds)) left status run=0
     while left=$((deadline - $(date +%s))); [ "$left" -gt 0 ]; do
-        seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
-        echo "== worker $worker seed $seed, ${left}s left" >>"$logs/worker-$worker.log"
+        run=$((run + 1))
+        echo "== worker $worker run $run, ${left}s left" >>"$logs/worker-$worker.log"
         status=0
+        # No --hypothesis-seed: Hypothesis draws a fresh seed for each process, and a
+        # forced seed would turn its example database off (no failure saved, none replayed).
         # SIGINT, not SIGTERM, at the deadline: pytest then stops cleanly and the tally
         # is written (fuzz_targets.py re-enables SIGINT, which a background job inherits
         # ignored). -k 60 is the last resort should a worker still hang. --foreground keeps
@@ -43,16 +66,16 @@ fuzz_worker() {
         PAGEDKV_FUZZ_TALLY="$logs/tally" HYPOTHESIS_PROFILE=fuzz \
             timeout --foreground -s INT -k 60 "$left" \
             python -m pytest -q -x -p no:cacheprovider "$fuzz_file" \
-            --hypothesis-seed="$seed" >>"$logs/worker-$worker.log" 2>&1 || status=$?
+            >>"$logs/worker-$worker.log" 2>&1 || status=$?
         # 0: a run finished. 124, or 137 once the hard kill came: the deadline.
         if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$status" -ne 137 ]; then
-            echo "worker $worker: FAILURE with seed $seed (see $logs/worker-$worker.log)" >&2
+            echo "worker $worker: FAILURE in run $run (see $logs/worker-$worker.log)" >&2
             return 1
         fi
     done
 }
 
-echo "fuzz: $workers worker(s) for ${seconds}s, logs in $logs" >&2
+echo "fuzz: $workers worker(s) for ${seconds}s on the $target, logs in $logs" >&2
 started=$(date +%s)
 pids=()
 for worker in $(seq 1 "$workers"); do
@@ -68,6 +91,6 @@ cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(dat
     END { printf "fuzz: %d worker(s), %d s, %d process(es), %d test cases, %d steps\n",
           workers, wall, runs, cases, steps }' | tee "$logs/summary.txt"
 if [ "$failed" -ne 0 ]; then
-    echo "fuzz: a failure was found; replay it with HYPOTHESIS_PROFILE=fuzz python -m pytest $fuzz_file (it is in .hypothesis/fuzz-db)" >&2
+    echo "fuzz: a failure was found; replay it with: pagedkv fuzz --replay ${options[*]} (it is in .hypothesis/fuzz-db)" >&2
     exit 1
 fi

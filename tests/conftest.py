@@ -9,7 +9,11 @@ Pick one with ``pytest --hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME`
   would only spend the mutant's time limit.
 - ``fuzz``: for long sessions; many examples, no deadline, at most 100 steps a case and
   no explain phase (longer cases made shrinking take minutes and still not minimal).
-  Examples that fail are kept in a local directory database (``.hypothesis/fuzz-db``).
+  Examples that fail are kept in a local directory database (``.hypothesis/fuzz-db``),
+  layered over a shared Redis one when a fuzz worker names it
+  (``harness.cluster.shared_database``).
+- ``fuzz-replay``: ``fuzz``'s saved failures only, no generation or shrinking, the shared
+  database read-only (``pagedkv fuzz --replay``).
 
 Our ``ci`` profile replaces Hypothesis' built-in one of the same name, which Hypothesis
 would otherwise load on its own when ``CI`` is set.
@@ -20,7 +24,8 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+
+from harness.cluster.shared_database import fuzz_database
 
 settings.register_profile(
     "ci",
@@ -51,10 +56,16 @@ settings.register_profile(
     stateful_step_count=100,
     deadline=None,
     print_blob=True,
-    database=DirectoryBasedExampleDatabase(".hypothesis/fuzz-db"),
+    database=fuzz_database(os.environ),
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     suppress_health_check=[HealthCheck.too_slow],
     verbosity=Verbosity.normal,
+)
+settings.register_profile(
+    "fuzz-replay",
+    settings.get_profile("fuzz"),
+    database=fuzz_database(os.environ, read_only=True),
+    phases=[Phase.explicit, Phase.reuse],
 )
 
 _default_profile = "ci" if os.environ.get("CI") else "dev"

@@ -21,6 +21,7 @@ BENCHMARKS = {
     "attention": ("harness.bench.attention", "ms per decode attention call, gather vs kernels"),
     "decode": ("harness.bench.decode", "decode tok/s and KV bytes, dense vs paged vs HF CB"),
     "fragmentation": ("harness.bench.fragmentation", "the article's fragmentation figures"),
+    "fuzz_cluster": ("harness.bench.fuzz_cluster", "fuzz steps/s/core, Ray + Redis vs fuzz.sh"),
     "host_prefix": ("harness.bench.host_prefix", "prefix hits a host tier adds (no torch)"),
     "plots": ("harness.bench.plots", "the figures of docs/results.md, as PNGs"),
     "preemption": ("harness.bench.preemption", "the cost of a preemption, swap vs recompute"),

@@ -1,0 +1,58 @@
+"""Replaying the saved failures of a fuzz target, without searching for new ones.
+
+pytest runs the target once under the ``fuzz-replay`` profile (``tests/conftest.py``): only
+the examples saved in the local database and, when one is named, the shared Redis database
+(read-only) run; nothing is generated and nothing shrunk, so a replay takes seconds and
+says exactly whether a saved failure still fails, with its steps.
+"""
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.cluster.failures import failed_tests, shrunk_steps
+from harness.cluster.shared_database import LOCAL_ENV, SHARED_ENV
+from harness.cluster.worker import PYTEST
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a replay found: pytest's exit status, the tests that failed, the steps of each
+    failing case, and pytest's whole output."""
+
+    status: int
+    failed: list[str]
+    steps: list[str]
+    output: str
+
+
+def replay(
+    source_root: Path,
+    test_file: str,
+    environment: Mapping[str, str],
+    database: str | None,
+    local_database: str,
+) -> Replay:
+    """Replay the failures saved for ``test_file`` (run from ``source_root``)."""
+    variables = {
+        **os.environ,
+        **environment,
+        "HYPOTHESIS_PROFILE": "fuzz-replay",
+        LOCAL_ENV: local_database,
+    }
+    variables.pop(SHARED_ENV, None)
+    if database:
+        variables[SHARED_ENV] = database
+    done = subprocess.run(
+        [sys.executable, *PYTEST, test_file],
+        cwd=source_root,
+        env=variables,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    return Replay(done.returncode, failed_tests(output), shrunk_steps(output), output)
