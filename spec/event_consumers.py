@@ -18,8 +18,9 @@ The consumer models the field uses, and what each requires of a producer:
 - **a radix tree** (``apply_to_key_tree``; Dynamo's indexer and ``RadixTree``): the set
   model, except that a store whose parent the tree lacks is dropped for good, and a
   remove takes the key's descendants along. It asks more of a producer than presence
-  (every store's parent held), and pagedkv's stream does not always give it
-  (``docs/design.md``), so it is stated, not demanded.
+  (every store's parent held), which no stream can give when the caches hold a key
+  without its parent (``docs/design.md``); what is demanded of a producer is that a store
+  never come before a parent the step leaves present.
 A stream of presence transitions (stored on 0 -> 1, removed on 1 -> 0) satisfies the
 first two: ``check_stream`` demands that, after every step, both models replayed over the
 stream hold exactly the keys of the spec's state (``check_stream_step`` for one step, as
