@@ -119,9 +119,18 @@ class LossyPublisher(ZmqEventPublisher):
 def publish(port: int) -> tuple[LossyPublisher, KVEventStream, KVCacheManager]:
     """A publisher bound at ``port`` (once a subscriber came) and a manager feeding it."""
     encoder = WireEncoder(BLOCK_SIZE, (None,), "vllm")
-    publisher = LossyPublisher(
-        f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", encoder, subscriber_wait_s=10
-    )
+    endpoints = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
+    # ZeroMQ closes a socket in its I/O thread: a restart in the same process may find the
+    # old publisher's port still bound for a moment.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            publisher = LossyPublisher(*endpoints, encoder, subscriber_wait_s=10)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     assert publisher.subscribed
     stream = KVEventStream(publisher)
     return publisher, stream, KVCacheManager(16, BLOCK_SIZE, event_sink=stream.record)
