@@ -7,6 +7,7 @@ wrapped so that one of their operations goes wrong the way their bug trackers de
 
 from typing import Any
 
+from harness.conformance.adapter import KV_EVENTS
 from harness.conformance.targets.pagedkv import PagedKVAdapter
 from harness.conformance.targets.transformers_cb import TransformersAdapter
 from impl import KVCacheManager
@@ -128,4 +129,7 @@ def vllm_drops_the_salt() -> Any:
         lambda request_id, token_ids, cache_salt=None: allocate_prompt(request_id, token_ids)
     )
     adapter.name += " (salt dropped)"
+    # Its events, judged, catch it first (tests/conformance/test_events.py); this is the
+    # hit_maximal property's catch.
+    adapter.supports = adapter.supports - {KV_EVENTS}
     return adapter

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from harness.conformance import check_target
+from harness.conformance.adapter import KV_EVENTS
 from harness.conformance.machine import Tally, machine_for
 from harness.conformance.targets import CONFIGURATIONS
+from tests.conformance import planted_targets as planted
 
 pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh installs it)")
 
@@ -48,6 +50,22 @@ def test_the_kit_catches_a_vllm_that_evicts_without_removing() -> None:
     assert "events_extra" in {finding.name for finding in found.bugs()}, found.describe()
     assert len(found.steps) <= 10, f"not shrunk: {found.describe()}"
     assert "property events_extra: BUG" in report.describe()
+
+
+def test_the_kit_catches_a_salt_that_never_reaches_vllm_by_its_events() -> None:
+    """The salt dropped on the way to vLLM (``planted_targets.vllm_drops_the_salt``): the
+    stores name unsalted prefixes where the spec caches salted ones, at the first step."""
+
+    def salt_dropped_events_judged() -> Any:
+        adapter = planted.vllm_drops_the_salt()
+        adapter.supports = adapter.supports | {KV_EVENTS}
+        return adapter
+
+    report = check_target(salt_dropped_events_judged, steps=4000, seed_value=0)
+    found = report.discrepancy
+    assert found is not None, f"not caught: {report.describe()}"
+    assert "events_extra" in {finding.name for finding in found.bugs()}, found.describe()
+    assert len(found.steps) == 1, f"not shrunk: {found.describe()}"
 
 
 def test_vllm_removes_a_hash_while_another_block_still_caches_it() -> None:
