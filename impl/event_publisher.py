@@ -6,9 +6,10 @@ It is the manager's event sinks: ``record`` for the device caches' events (mediu
 ``host_event_sink``). A cache holds a key in one block, so each ``BlockStored`` or
 ``BlockRemoved`` is one key entering or leaving a (group, medium): one ``KeyStored`` or
 ``KeyRemoved``, made as it comes. ``end_step`` publishes what the step gathered as one
-``EventBatch`` numbered one past the last (none for a step without events), each run of
-stores in it parents first: a release demotes a request's blocks to the host last block
-first, and a radix-tree consumer drops a store whose parent it has not seen. It
+``EventBatch`` numbered one past the last (none for a step without events), as the step's
+net changes: removes, then stores parents first (a release demotes a request's blocks to
+the host last block first, and a radix-tree consumer drops a store whose parent it has
+not seen). It
 remembers each cached block's key and hash, so a store costs one block hash
 (O(block_size)) when its parent block is cached, O(prefix) for a first block or an
 orphan. Lockstep and the bounded walk check its batches against the spec at every step.
@@ -117,15 +118,41 @@ class EventPublisher:
 
 
 def parents_first(pending: list[tuple[int, StreamEvent]]) -> tuple[StreamEvent, ...]:
-    """The events in order, but each run of stores (each of a different key) sorted by key
-    length, parents first; the sort is stable, so a run in order stays as it is."""
+    """A step's events as its net changes, between its ``AllBlocksCleared``s: the removes
+    of keys present before and gone after, in order, then the stores of keys absent before
+    and present after, by key length, parents first. A key stored and removed again
+    within the step (a demotion whose host block the next demotion takes) is left out."""
     out: list[StreamEvent] = []
-    run: list[tuple[int, StreamEvent]] = []
+    segment: list[tuple[int, StreamEvent]] = []
     for length, event in [*pending, (0, AllBlocksCleared())]:
-        if isinstance(event, KeyStored):
-            run.append((length, event))
+        if not isinstance(event, AllBlocksCleared):
+            segment.append((length, event))
             continue
-        out.extend(stored for _, stored in sorted(run, key=lambda item: item[0]))
-        run.clear()
+        out.extend(_net(segment))
         out.append(event)
+        segment.clear()
     return tuple(out[:-1])
+
+
+def _net(segment: list[tuple[int, StreamEvent]]) -> list[StreamEvent]:
+    """Removes then stores, of the keys whose presence ``segment`` changes (a key's events
+    alternate: its first says whether it was present, its last whether it is)."""
+    first: dict[tuple[int, str, int], StreamEvent] = {}
+    last: dict[tuple[int, str, int], tuple[int, StreamEvent]] = {}
+    for length, event in segment:
+        assert not isinstance(event, AllBlocksCleared)
+        place = (event.group, event.medium, event.block_hash)
+        first.setdefault(place, event)
+        last.pop(place, None)
+        last[place] = (length, event)
+    changed = [
+        (length, event)
+        for place, (length, event) in last.items()
+        if type(first[place]) is type(event)
+    ]
+    removes = [event for _, event in changed if isinstance(event, KeyRemoved)]
+    stores = sorted(
+        ((length, event) for length, event in changed if isinstance(event, KeyStored)),
+        key=lambda item: item[0],
+    )
+    return [*removes, *(event for _, event in stores)]
