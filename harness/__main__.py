@@ -1,4 +1,8 @@
-"""``python -m harness``: the equivalence harness (see ``harness.cli.main``)."""
+"""``python -m harness``: the equivalence harness (see ``harness.cli.main``).
+
+Ctrl-C while torch and transformers import is one line and exit 130 (``harness/__init__``
+set that up); ``main`` takes over from there.
+"""
 
 import sys
 

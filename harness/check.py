@@ -2,14 +2,19 @@
 
 The public call for users' own tests (and what the main command runs): the model as the
 user loaded it, on its device and in its dtype; prompts as text, chat messages or token
-ids; every other setting defaulted as the command line defaults it. It loads nothing and
-prints nothing (``progress`` gets the stage lines when given).
+ids; the settings (``CheckSettings``) defaulted as the command line defaults them. Every
+argument is checked before anything is generated: the settings when they are built, then
+the model, the tokenizer, the prompts and what the model and the machine can hold, each
+refusal a ``CheckSettingsError`` naming the keyword. It loads nothing and prints nothing
+(``progress`` gets the stage lines when given).
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import fields, replace
+from typing import Any, Unpack
 
 import torch
+from transformers import PreTrainedModel
 
 from harness.cli.limits import (
     available_bytes,
@@ -18,8 +23,8 @@ from harness.cli.limits import (
     check_memory,
     check_options,
     model_context,
+    model_vocab_size,
 )
-from harness.cli.parsing import UsageError
 from harness.kv_events import KVEventLog
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.equivalence import (
@@ -28,19 +33,14 @@ from harness.oracle.equivalence import (
     run_equivalence,
     tight_total_blocks,
 )
-from harness.prompts import render_prompt
+from harness.prompts import PromptTextError, check_prompt_text, render_prompt
 from harness.runtime.attention_backends import ATTENTION_BACKENDS
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.events import PoolObserver
 from harness.runtime.kv_pool import PagedKVPool
-from harness.runtime.preemption import PREEMPT_MODES
 from harness.runtime.requests import Request
 from harness.runtime.scheduler import Scheduling
-
-
-class CheckSettingsError(ValueError):
-    """A ``check_model`` setting or prompt no run can take; the message names it."""
-
+from harness.settings import CheckSettings, CheckSettingsError, CheckSettingsKeywords
 
 # A prompt: text (one user message), chat messages ({"role": ..., "content": ...}, rendered
 # with the tokenizer's chat template), or token ids as they are.
@@ -51,145 +51,253 @@ def check_model(
     model: torch.nn.Module,  # a transformers PreTrainedModel
     tokenizer: Any,  # Any: a transformers tokenizer (None when every prompt is token ids)
     prompts: Sequence[Prompt],
+    settings: CheckSettings | None = None,
     *,
-    max_new_tokens: int = 64,
-    block_size: int = 16,
-    total_blocks: int | None = None,
-    attention: str = "gather",
-    prefix_cache: bool = True,
-    poison_freed: bool = False,
-    n: int = 1,
-    arrival_gap: int = 2,
-    batch_invariant: bool = False,
-    speculate: int | None = None,
-    max_batch_tokens: int | None = None,
-    salts: int | None = None,
-    preempt: str = "recompute",
-    host_blocks: int | None = None,
     name: str | None = None,
     observer: PoolObserver | None = None,
     kv_events: KVEventLog | None = None,
     progress: Callable[[str], None] | None = None,
+    **keywords: Unpack[CheckSettingsKeywords],
 ) -> EquivalenceReport:
     """Generate every prompt with ``model`` (HF's dense cache) and through a paged KV pool,
     and run the three checks per request; ``report.passed`` says whether all passed.
 
-    ``total_blocks=None``: about a quarter of what all requests need at once (so blocks are
-    reused and requests preempted), at least one whole request. ``n``: continuations per
-    prompt (forked, sharing the prompt's blocks). ``salts=K``: K cache salts (``tenant0`` ..
-    ``tenant{K-1}``) assigned round-robin over the prompts, so a prompt hits only blocks of
-    its own tenant; ``None``: no salt. ``preempt``: how a request is preempted when the
-    pool is dry, ``"recompute"`` or ``"swap"`` (to a host tier, falling back to recompute
-    when it is full). ``host_blocks``: the host tier's blocks; given, it also keeps freed
-    cached prefixes (a later hit copies them back); ``None``: as many as the pool with
-    ``"swap"``, none otherwise. ``kv_events`` records the KV cache events of the
-    continuous-batching run (check 3), each with its engine step. Refuses bad settings
-    with ``CheckSettingsError`` (``UsageError`` for what the model cannot serve) before
-    any generation.
+    ``settings`` (``CheckSettings()`` when ``None``) with any setting given as a keyword
+    in its place (``check_model(model, None, prompts, max_new_tokens=8)``). ``name``
+    titles the report (default: the model's ``name_or_path``); ``observer`` watches the
+    pool during the continuous-batching run (check 3), ``kv_events`` records its KV cache
+    events, each with its engine step. Refuses a bad setting, model, tokenizer or prompt
+    with ``CheckSettingsError`` (``UnsupportedModelError`` or ``AttentionBackendError``
+    for what the paged hook or the attention backend cannot run) before any generation.
     """
-    if preempt not in PREEMPT_MODES:
-        raise CheckSettingsError(f"preempt {preempt!r} is not one of {list(PREEMPT_MODES)}")
-    if attention not in ATTENTION_BACKENDS:
-        known = sorted(ATTENTION_BACKENDS)
-        raise CheckSettingsError(f"attention {attention!r} is not one of {known}")
-    for setting, value, least in (
-        ("max_new_tokens", max_new_tokens, 1),
-        ("block_size", block_size, 1),
-        ("n", n, 1),
-        ("arrival_gap", arrival_gap, 0),
-        ("speculate", speculate, 1),
-        ("max_batch_tokens", max_batch_tokens, 1),
-        ("salts", salts, 1),
-        ("host_blocks", host_blocks, 1),
-    ):
-        if value is not None and value < least:
-            raise CheckSettingsError(f"{setting} must be >= {least}, got {value}")
-    if not prompts:
-        raise CheckSettingsError("no prompts to check")
+    chosen = _settings(settings, keywords)
+    _check_arguments(
+        model, tokenizer, name=name, observer=observer, kv_events=kv_events, progress=progress
+    )
+    vocab_size = model_vocab_size(model)
+    ids = [
+        prompt_ids(tokenizer, prompt, f"prompts[{number}]", vocab_size)
+        for number, prompt in enumerate(_prompt_list(prompts))
+    ]
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=name or _model_name(model))
     layout = kv_layout(loaded)  # refuses a model the paged hook cannot run exactly
-    check_options(model, block_size, max_new_tokens, n)
-    backend = ATTENTION_BACKENDS[attention]
-    backend.check(model, layout, block_size)
+    check_options(model, chosen.block_size, chosen.max_new_tokens, chosen.n)
+    backend = ATTENTION_BACKENDS[chosen.attention]
+    backend.check(model, layout, chosen.block_size)
     requests = [
         Request(
             f"r{number:02d}",
-            prompt_ids(tokenizer, prompt),
-            max_new_tokens,
-            arrival_step=number * arrival_gap,
-            num_continuations=n,
-            cache_salt=None if salts is None else f"tenant{number % salts}",
+            prompt,
+            chosen.max_new_tokens,
+            arrival_step=number * chosen.arrival_gap,
+            num_continuations=chosen.n,
+            cache_salt=None if chosen.salts is None else f"tenant{number % chosen.salts}",
         )
-        for number, prompt in enumerate(prompts)
+        for number, prompt in enumerate(ids)
     ]
     check_context(requests, model_context(model))
-    blocks = _total_blocks(requests, block_size, total_blocks, len(layout.group_windows))
+    blocks = _total_blocks(requests, chosen, len(layout.group_windows))
     # Before any pool (or the manager's free list) is built.
-    host = host_blocks if host_blocks is not None else blocks if preempt == "swap" else 0
+    host = _host_blocks(chosen, blocks)
     check_memory(
-        requests, blocks, block_size, layout, available_bytes(layout.device), host_blocks=host
+        requests,
+        blocks,
+        chosen.block_size,
+        layout,
+        available_bytes(layout.device),
+        host_blocks=host,
     )
-    check_host_memory(host, block_size, layout, available_bytes(torch.device("cpu")))
+    check_host_memory(host, chosen.block_size, layout, available_bytes(torch.device("cpu")))
     pool = PoolConfig(
         total_blocks=blocks,
-        block_size=block_size,
-        engine_type=BatchInvariantEngine if batch_invariant else Engine,
-        pool_type=backend.poisoned_pool_type if poison_freed else PagedKVPool,
-        prefix_caching=prefix_cache,
+        block_size=chosen.block_size,
+        engine_type=BatchInvariantEngine if chosen.batch_invariant else Engine,
+        pool_type=backend.poisoned_pool_type if chosen.poison_freed else PagedKVPool,
+        prefix_caching=chosen.prefix_cache,
         observer=observer,
         kv_events=kv_events,
-        scheduling=Scheduling(speculate or 0, max_batch_tokens),
+        scheduling=Scheduling(chosen.speculate or 0, chosen.max_batch_tokens),
         attention=backend,
-        preemption="swap" if preempt == "swap" else "recompute",
+        preemption=chosen.preempt,
         host_blocks=host,
-        host_prefix_cache=host_blocks is not None and prefix_cache,
+        host_prefix_cache=chosen.host_blocks is not None and chosen.prefix_cache,
     )
     return run_equivalence(loaded, requests, pool, progress or _quiet)
 
 
 def prompt_ids(
     tokenizer: Any,  # Any: a transformers tokenizer, or None for token-id prompts
-    prompt: Prompt,
+    prompt: object,
+    where: str = "prompt",
+    vocab_size: int | None = None,
 ) -> tuple[int, ...]:
-    """``prompt``'s token ids: text and chat messages through the chat template, ids as given."""
-    if isinstance(prompt, str):
-        messages: Sequence[Mapping[str, str]] | None = [{"role": "user", "content": prompt}]
-    elif all(isinstance(item, int) for item in prompt):
-        messages = None
-    elif all(isinstance(item, Mapping) for item in prompt):
-        messages = [item for item in prompt if isinstance(item, Mapping)]
-    else:
-        raise CheckSettingsError(
-            "a prompt is a string, a list of chat messages or a list of token ids"
-        )
+    """``prompt``'s token ids: text and chat messages through the chat template, ids as
+    given; ``CheckSettingsError`` (naming ``where``) for anything else, an id that is not
+    an ``int`` or, given ``vocab_size``, an id outside the vocabulary."""
+    messages = _messages(prompt, where)
     if messages is None:
-        ids = tuple(int(item) for item in prompt if isinstance(item, int))
+        assert isinstance(prompt, Sequence)  # _messages said it is token ids
+        ids: Sequence[object] = prompt
         if not ids:
-            raise CheckSettingsError("a token-id prompt needs at least one token")
-        return ids
-    if tokenizer is None:
+            raise CheckSettingsError(
+                "prompts", f"{where}: a token-id prompt needs at least one token"
+            )
+    elif tokenizer is None:
         raise CheckSettingsError(
-            "text and chat prompts need a tokenizer (pass token ids without one)"
+            "prompts", f"{where}: text and chat prompts need a tokenizer (pass token ids)"
         )
-    return render_prompt(tokenizer, tuple((m["role"], m["content"]) for m in messages))
+    elif getattr(tokenizer, "chat_template", None) is None:
+        raise CheckSettingsError(
+            "tokenizer",
+            f"tokenizer has no chat template, which {where} (text or chat) goes through "
+            "(pass token ids instead)",
+        )
+    else:
+        ids = render_prompt(tokenizer, messages)
+    checked = []
+    for position, token_id in enumerate(ids):
+        if type(token_id) is not int or token_id < 0:
+            raise CheckSettingsError(
+                "prompts",
+                f"{where}: token {position} is {type(token_id).__name__} {token_id!r}; "
+                "token ids are ints >= 0",
+            )
+        if vocab_size is not None and token_id >= vocab_size:
+            raise CheckSettingsError(
+                "prompts",
+                f"{where}: token {position} is {token_id}, outside the model's vocabulary "
+                f"of {vocab_size} tokens (ids 0 to {vocab_size - 1})",
+            )
+        checked.append(token_id)
+    return tuple(checked)
 
 
-def _total_blocks(
-    requests: list[Request], block_size: int, requested: int | None, group_count: int
-) -> int:
-    if requested is None:
+def _messages(prompt: object, where: str) -> tuple[tuple[str, str], ...] | None:
+    """``prompt`` as (role, content) messages; ``None`` for token ids."""
+    if isinstance(prompt, str):
+        _check_text(prompt, where)
+        return (("user", prompt),)
+    if not isinstance(prompt, Sequence) or isinstance(prompt, bytes | bytearray):
+        raise CheckSettingsError(
+            "prompts",
+            f"{where} is {type(prompt).__name__} {prompt!r:.60}: a prompt is a string, a list of "
+            "chat messages or a list of token ids (one token-id prompt is [[1, 2, 3]], not "
+            "[1, 2, 3])",
+        )
+    if not prompt or not any(isinstance(item, Mapping) for item in prompt):
+        return None  # token ids, each checked by the caller
+    messages = []
+    for number, message in enumerate(prompt):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not (isinstance(role, str) and isinstance(content, str)):
+            raise CheckSettingsError(
+                "prompts",
+                f"{where}[{number}]: a chat message is a mapping with string 'role' and "
+                f"'content', got {message!r:.60}",
+            )
+        _check_text(role, f"{where}[{number}]")
+        _check_text(content, f"{where}[{number}]")
+        messages.append((role, content))
+    return tuple(messages)
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        check_prompt_text(text, where)
+    except PromptTextError as error:
+        raise CheckSettingsError("prompts", str(error)) from None
+
+
+def _prompt_list(prompts: object) -> Sequence[object]:
+    if isinstance(prompts, str | bytes | bytearray) or not isinstance(prompts, Sequence):
+        raise CheckSettingsError(
+            "prompts",
+            f"prompts must be a list of prompts, got {type(prompts).__name__} {prompts!r:.60}",
+        )
+    if not prompts:
+        raise CheckSettingsError("prompts", "prompts is empty: no prompts to check")
+    return prompts
+
+
+def _settings(settings: object, keywords: CheckSettingsKeywords) -> CheckSettings:
+    """``settings`` with the keyword settings in place of its fields."""
+    if settings is None:
+        settings = CheckSettings()
+    if not isinstance(settings, CheckSettings):
+        raise CheckSettingsError(
+            "settings",
+            f"settings must be a CheckSettings or None, got {type(settings).__name__}",
+        )
+    known = [setting.name for setting in fields(CheckSettings)]
+    for keyword in keywords:
+        if keyword not in known:
+            raise CheckSettingsError(
+                keyword, f"{keyword} is not a setting of check_model (one of {known})"
+            )
+    return replace(settings, **keywords)
+
+
+def _check_arguments(
+    model: object,
+    tokenizer: object,
+    *,
+    name: object,
+    observer: object,
+    kv_events: object,
+    progress: object,
+) -> None:
+    """Refuse a model, tokenizer or collaborator of the wrong kind, naming its keyword."""
+    if not isinstance(model, PreTrainedModel):
+        raise CheckSettingsError(
+            "model",
+            f"model must be a transformers PreTrainedModel, got {type(model).__name__}",
+        )
+    apply_chat_template = getattr(tokenizer, "apply_chat_template", None)
+    if tokenizer is not None and not (callable(tokenizer) and callable(apply_chat_template)):
+        raise CheckSettingsError(
+            "tokenizer",
+            "tokenizer must be a transformers tokenizer (callable, with apply_chat_template) "
+            f"or None, got {type(tokenizer).__name__} {tokenizer!r:.40}",
+        )
+    for keyword, value, wanted, kind in (
+        ("name", name, str, "a str"),
+        ("kv_events", kv_events, KVEventLog, "a harness.kv_events.KVEventLog"),
+    ):
+        if value is not None and not isinstance(value, wanted):
+            raise CheckSettingsError(
+                keyword, f"{keyword} must be {kind} or None, got {type(value).__name__}"
+            )
+    for keyword, value in (("observer", observer), ("progress", progress)):
+        if value is not None and not callable(value):
+            raise CheckSettingsError(
+                keyword, f"{keyword} must be callable or None, got {type(value).__name__}"
+            )
+
+
+def _total_blocks(requests: list[Request], settings: CheckSettings, group_count: int) -> int:
+    block_size = settings.block_size
+    if settings.total_blocks is None:
         return tight_total_blocks(requests, block_size, group_count)
     needs = [request.blocks_needed(block_size, group_count) for request in requests]
-    if requested < max(needs):
+    if settings.total_blocks < max(needs):
         longest = max(range(len(requests)), key=lambda index: needs[index])
-        raise UsageError(
-            f"--total-blocks {requested} cannot hold even one request: "
+        raise CheckSettingsError(
+            "total_blocks",
+            f"total_blocks {settings.total_blocks} cannot hold even one request: "
             f"{requests[longest].request_id} "
             f"needs {needs[longest]} blocks of {block_size} tokens "
             f"({requests[longest].max_tokens} tokens, {requests[longest].num_continuations} "
-            "continuations)"
+            "continuations)",
         )
-    return requested
+    return settings.total_blocks
+
+
+def _host_blocks(settings: CheckSettings, total_blocks: int) -> int:
+    """The host tier's blocks: as given, else the pool's with swap, else none."""
+    if settings.host_blocks is not None:
+        return settings.host_blocks
+    return total_blocks if settings.preempt == "swap" else 0
 
 
 def _model_name(model: Any) -> str:  # Any: a transformers PreTrainedModel

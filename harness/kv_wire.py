@@ -19,6 +19,7 @@ from typing import Literal
 
 import msgspec
 
+from spec.block_hash import salt_extra_key
 from spec.event_stream import EventBatch, KeyRemoved, KeyStored, StreamEvent
 
 WireFormat = Literal["vllm", "vllm-array"]
@@ -35,7 +36,7 @@ class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     lora_id: int | None
     medium: str | None
     lora_name: str | None
-    extra_keys: list[tuple[str, ...] | None] | None = None
+    extra_keys: list[tuple[str | bytes, ...] | None] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
@@ -102,7 +103,7 @@ class WireEncoder:
 
     def _wire_event(self, event: StreamEvent) -> WireEvent:
         if isinstance(event, KeyStored):
-            window = self.group_windows[event.group]
+            window, salt = self.group_windows[event.group], event.cache_salt
             stored = ArrayBlockStored if self._array else BlockStored
             return stored(
                 block_hashes=[event.block_hash],
@@ -113,7 +114,7 @@ class WireEncoder:
                 medium=event.medium,
                 lora_name=None,
                 # vLLM's untagged extra keys: the salt alone, on a first block only.
-                extra_keys=[None if event.cache_salt is None else (event.cache_salt,)],
+                extra_keys=[None if salt is None else (salt_extra_key(salt),)],
                 group_idx=event.group,
                 kv_cache_spec_kind="full_attention" if window is None else "sliding_window",
                 kv_cache_spec_sliding_window=window,

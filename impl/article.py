@@ -6,10 +6,13 @@ and ``append_tokens`` by count returning a snapshot of the request's table (the 
 mutable record, ``impl.records.RequestBlockTable``), ``release`` returning its block ids,
 ``snapshot_request``, ``usage``, ``request_tables`` (a read-only view), ``blocks`` and
 ``free_block_ids``; and pagedkv's decode hot path ``append_slot``. It has no row in
-``spec.api`` and no mirror of its own: every call is a call of the one table (``allocate``,
-``append``, ``release``) on the layer's own manager, which it never hands out, so every
-request it holds was allocated by count. Only ``append_slot``'s in-block case is inlined
-(it is the growth path's first case, ``Table.room``), because it is the article's hot path.
+``spec.api`` and no mirror of its own: it runs the table's ``allocate`` (by count),
+``append`` and ``release`` on the layer's own manager, which it never hands out, so every
+request it holds was allocated by count. It skips only their result records, which it has
+no use for (``allocate``'s and ``append``'s slots, built per token), by calling what they
+call: ``KVCacheManager._allocate_count`` and the growth path ``KVCacheGroups.grow``.
+``append_slot``'s in-block case is that path's first case (``Table.room``) inlined,
+because it is the article's hot path.
 """
 
 from collections.abc import Mapping, Sequence
@@ -17,7 +20,7 @@ from dataclasses import KW_ONLY, dataclass
 
 from impl.manager import KVCacheManager
 from impl.records import RequestBlockTable
-from impl.tables import Blocks, RequestTables
+from impl.tables import Blocks, RequestTables, Table
 from spec import (
     KVBlock,
     KVBlockUsage,
@@ -56,8 +59,7 @@ class KVBlockManager:
         group 0's table."""
         if type(token_count) is not int:
             check_token_count(token_count)  # by count only: token ids are refused here
-        self._manager.allocate(request_id, token_count)
-        return self.snapshot_request(request_id)
+        return self._manager._allocate_count(request_id, token_count).snapshot(request_id)
 
     def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable:
         """Grow a request by ``token_count`` tokens; returns a snapshot of group 0's table.
@@ -65,14 +67,22 @@ class KVBlockManager:
         The snapshot copies the table (O(blocks)), as the article's does; a decode loop
         that needs none should call ``append_slot`` (O(1)).
         """
-        if type(token_count) is not int:
+        try:
+            table = self._manager._tables[request_id]
+        except KeyError:
+            unknown_request(request_id)  # NOTE: inlined, not ``_table``: a call is a fifth here
+        if type(token_count) is not int or token_count < 0:
             check_token_count(token_count)  # by count only: token ids are refused here
-        appended = self._manager.append(request_id, token_count)
+        if 0 < token_count <= table.room:
+            # NOTE: the growth path's in-block case (``KVCacheGroups.grow``) inlined, as in
+            # ``append_slot``: the article's decode step changes two counters.
+            table.room -= token_count
+            table.token_count += token_count
+        else:
+            self._manager._groups.grow(request_id, table, token_count)
+        # NOTE: ``Table.snapshot`` inlined: a call is a tenth of this path.
         return RequestBlockTable(
-            request_id,
-            list(appended.block_ids[0]),
-            appended.token_count,
-            appended.skipped_blocks[0],
+            request_id, list(table.group_block_ids[0]), table.token_count, table.skipped_blocks[0]
         )
 
     def append_slot(self, request_id: str) -> int:
@@ -83,31 +93,34 @@ class KVBlockManager:
         try:
             table = self._manager._tables[request_id]
         except KeyError:
-            unknown_request(request_id)
+            unknown_request(request_id)  # NOTE: inlined, not ``_table``: a call is a fifth here
+        position = table.token_count
         if table.room:
             # NOTE: the in-block case of the growth path (``KVCacheGroups.grow``) inlined:
             # a call is a third of this path. The layer's requests are all by count.
             table.room -= 1
-            position = table.token_count
             table.token_count = position + 1
-            return table.group_block_ids[0][-1] * self.block_size + position % self.block_size
-        return self._manager.append(request_id, 1).slots[0][0]
+        else:
+            self._manager._groups.grow(request_id, table, 1)
+        return table.group_block_ids[0][-1] * self.block_size + position % self.block_size
 
     def release(self, request_id: str) -> list[int]:
         """Drop a request; each block loses a reference, group by group, last block first.
         Returns the request's block ids in table order, as the article's does."""
-        return list(self._manager.release(request_id).block_ids)
+        table = self._manager._tables.pop(request_id, None)
+        if table is None:
+            unknown_request(request_id)  # the layer swaps nothing out
+        self._manager._groups.release(table)
+        if len(table.group_block_ids) == 1:
+            return table.group_block_ids[0]  # the table is gone: its own list is handed out
+        return [block_id for held in table.group_block_ids for block_id in held]
 
     def snapshot_request(self, request_id: str, group: int = 0) -> RequestBlockTable:
         """A copy of one request's table in KV cache group ``group``; ``KeyError`` if the
         request is unknown."""
         if group != 0 or type(group) is not int:
             check_group(group, len(self.group_windows))
-        try:
-            table = self._manager._tables[request_id]
-        except KeyError:
-            unknown_request(request_id)
-        return table.snapshot(request_id, group)
+        return self._table(request_id).snapshot(request_id, group)
 
     def usage(self) -> KVBlockUsage:
         """The usage report (``KVCacheManager.usage``)."""
@@ -133,3 +146,9 @@ class KVBlockManager:
         table's worth in every group)."""
         needed = blocks_for_request(self.block_size, token_count, len(self.group_windows))
         return needed <= self.free_blocks
+
+    def _table(self, request_id: str) -> Table:
+        try:
+            return self._manager._tables[request_id]
+        except KeyError:
+            unknown_request(request_id)

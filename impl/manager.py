@@ -1,19 +1,12 @@
 """``KVCacheManager``: the fast, mutable allocator an engine calls on every step, one method
 per row of ``spec.api.OPERATIONS``.
 
-Each method checks every argument, refuses before it changes anything, and hands the work
-to the parts it is made of, each owning one thing:
-- ``impl.tables``: each request's ``Table`` (its blocks in every group, its length, its
-  token ids and keys);
-- ``impl.groups``: the KV cache groups (full attention or a sliding window) and every
-  table operation across them: growth (one path, its in-block case first), release,
-  truncation;
-- ``impl.prefix_hits``: a prompt's prefix hit across the groups, and what it caches;
-- ``impl.block_pool``: the free and cached free queues, ref counts, the prefix caches,
-  pending copy-on-write copies and the blocks windows freed;
-- ``impl.host_tier``: the host tier beside the pool: swapped-out requests, the copies
-  between the tiers, the blocks in flight, the host prefix cache;
-- ``impl.checking``: the mapping to spec state and the self-check (for tests).
+Each method checks every argument and refuses before it changes anything, then hands the
+work to the parts it is made of, each owning one thing: the tables (``impl.tables``), the
+KV cache groups and every table operation across them (``impl.groups``: growth, release,
+truncation), a prompt's prefix hit (``impl.prefix_hits``), the device pool
+(``impl.block_pool``) and, beside it, the host tier (``impl.host_tier``); ``impl.checking``
+maps it to a spec state (for tests).
 
 It behaves exactly like the spec (same block ids, same queue orders, same errors) and is
 tested against it in lockstep. What it adds is speed: O(1) amortised per operation, with
@@ -29,6 +22,7 @@ from typing import ClassVar
 
 from impl import checking
 from impl.block_pool import BlockPool
+from impl.events import PendingEvents
 from impl.groups import KVCacheGroups
 from impl.host_tier import HostTier
 from impl.prefix_cache import (
@@ -46,7 +40,7 @@ from spec import (
     MAX_TOKEN_ID,
     AllocatorState,
     BlockAllocationError,
-    HostBlockAllocationError,
+    CachedBlock,
     KVBlockUsage,
     ReleasedBlocks,
     RequestBlockTable,
@@ -64,7 +58,7 @@ class KVCacheManager:
     (``None``: full attention; W: a sliding window of W tokens; the default is one
     full-attention group); ``block_hash`` is the prefix cache's hash of a parent hash and a
     block's token ids; ``event_sink`` (e.g. a list's ``append``) is called with every KV
-    cache event (``spec.events``) as the caches change, and with ``None`` no event is built;
+    cache event (``spec.events``) once its call is done, and with ``None`` no event is built;
     ``host_blocks`` sizes the host tier ``swap_out`` copies a request to (0: none) and
     ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``); the host
     cache's events (of host block ids) go to ``host_event_sink``, a reset's to ``event_sink``.
@@ -101,15 +95,18 @@ class KVCacheManager:
         self.host_blocks = host_blocks
         self.host_prefix_cache = host_prefix_cache
         groups = range(len(windows))
+        # Each call delivers its own events when it is done.
+        self._events = PendingEvents(event_sink, host_event_sink)
+        emit, emit_host = self._events.emit, self._events.emit_host
         caches = [
-            self.prefix_cache_class(total_blocks, block_hash, group=g, event_sink=event_sink)
+            self.prefix_cache_class(total_blocks, block_hash, group=g, event_sink=emit)
             for g in groups
         ]
         host_caches = [
-            self.prefix_cache_class(host_blocks, block_hash, group=g, event_sink=host_event_sink)
+            self.prefix_cache_class(host_blocks, block_hash, group=g, event_sink=emit_host)
             for g in groups
         ]
-        self._pool = self.block_pool_class(total_blocks, caches, event_sink)
+        self._pool = self.block_pool_class(total_blocks, caches, emit)
         self._host = self.host_tier_class(host_blocks, host_caches if host_prefix_cache else ())
         self._groups = self.groups_class(block_size, windows, self._pool, self._host, block_hash)
         self._hits = self.prefix_hits_class(
@@ -128,17 +125,23 @@ class KVCacheManager:
         count (its blocks are never cached), or token ids, reusing the longest prefix
         cached under ``cache_salt`` and caching every block they fill. Returns every
         group's table and the slots of the tokens past the hit."""
-        errors.check_request_id(request_id)
-        if request_id in self._tables or request_id in self._host.swapped:
-            errors.duplicate_request(request_id)
         if errors.is_token_ids(tokens):
+            self._check_new(request_id)
             ids = tuple(tokens)
             errors.check_token_ids(ids)
             errors.check_cache_salt(cache_salt)
             return self._allocate_token_ids(request_id, ids, cache_salt)
+        table = self._allocate_count(request_id, tokens, cache_salt)
+        return self._appended(request_id, table, table.token_count, 0)
+
+    def _allocate_count(
+        self, request_id: str, tokens: object, cache_salt: str | None = None
+    ) -> Table:
+        """``allocate`` by count without its result record (the article layer's too)."""
+        self._check_new(request_id)
         errors.check_token_count(tokens)
-        errors.check_cache_salt(cache_salt)
         if cache_salt is not None:
+            errors.check_cache_salt(cache_salt)
             errors.counted_with_salt(request_id)
         assert isinstance(tokens, int)  # narrowed by check_token_count
         per_group = self._blocks_for(tokens)
@@ -151,7 +154,7 @@ class KVCacheManager:
         )
         self._groups.set_skipped(table, 0)
         self._tables[request_id] = table
-        return self._appended(request_id, table, tokens, 0)
+        return table
 
     def _allocate_token_ids(
         self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None
@@ -167,8 +170,8 @@ class KVCacheManager:
     def append(self, request_id: str, tokens: int | Sequence[int] = 1) -> AppendedSlots:
         """Grow a request by ``tokens`` (one token by default): a count for a request
         allocated by count, token ids for one allocated by token ids (the blocks they fill
-        get cached). Returns every
-        group's table and the new tokens' slots: what one engine step needs of it.
+        get cached). Returns every group's table and the new tokens' slots: what one
+        engine step needs of it.
 
         O(1) when the tokens land in every group's own last block (``Table.room``), else
         O(blocks taken, skipped or hashed)."""
@@ -184,10 +187,10 @@ class KVCacheManager:
                 # the decode append of a request allocated by count, one call less.
                 table.room -= tokens
                 table.token_count += tokens
-            else:
-                if tokens < 0:
-                    errors.check_token_count(tokens)
-                self._groups.grow(request_id, table, tokens)
+                return table.appended(request_id, self.block_size, tokens, 0)
+            if tokens < 0:
+                errors.check_token_count(tokens)
+            self._groups.grow(request_id, table, tokens)
             return self._appended(request_id, table, tokens, 0)
         if not errors.is_token_ids(tokens):
             if table.token_ids is not None:
@@ -225,7 +228,9 @@ class KVCacheManager:
         self, request_id: str, table: Table, new_tokens: int, cached_tokens: int
     ) -> AppendedSlots:
         """Every group's table and the slots of its last ``new_tokens`` positions."""
-        return table.appended(request_id, self.block_size, new_tokens, cached_tokens)
+        appended = table.appended(request_id, self.block_size, new_tokens, cached_tokens)
+        events = self._events
+        return events.delivered(appended) if events.events or events.host_events else appended
 
     # -- sharing, release and preemption ------------------------------------------------
 
@@ -234,16 +239,8 @@ class KVCacheManager:
         returns the child's tables. O(blocks). Takes no block: whichever side later appends
         into a shared, partly filled last block gets a copy of it first."""
         parent = self._table(parent_id)
-        errors.check_request_id(child_id)
-        if child_id in self._tables or child_id in self._host.swapped:
-            errors.duplicate_request(child_id)
-        child = parent.copy()
-        self._tables[child_id] = child
-        for held in parent.group_block_ids:
-            for block_id in held:
-                self._pool.add_reference(block_id)
-        self._groups.set_room(parent)
-        self._groups.set_room(child)
+        self._check_new(child_id)
+        child = self._tables[child_id] = self._groups.fork(parent)
         return child.snapshots(child_id)
 
     def truncate(self, request_id: str, token_count: int) -> ReleasedBlocks:
@@ -264,7 +261,7 @@ class KVCacheManager:
             skipped_blocks=table.skipped_blocks,
             first_reads=[first_window_token(token_count, w) for w in self.group_windows],
         )
-        return self._groups.truncate(table, token_count)
+        return self._events.delivered(self._groups.truncate(table, token_count))
 
     def release(self, request_id: str) -> ReleasedBlocks:
         """Drop a request; each block loses a reference, group by group, last block first.
@@ -281,11 +278,14 @@ class KVCacheManager:
     def _release(self, request_id: str) -> ReleasedBlocks:
         table = self._tables.pop(request_id, None)
         if table is not None:
-            return self._groups.release(table)
+            freed, cached = self._groups.release(table)
+            block_ids = [block_id for held in table.group_block_ids for block_id in held]
+            released = ReleasedBlocks(tuple(block_ids), tuple(freed), tuple(cached))
+            return self._events.delivered(released)  # the host prefix cache's demotions
         if request_id not in self._host.swapped:
             errors.unknown_request(request_id)
         freed, cached = self._groups.queue_copied(self._host.release_swapped(request_id))
-        return ReleasedBlocks((), tuple(freed), tuple(cached))
+        return self._events.delivered(ReleasedBlocks((), tuple(freed), tuple(cached)))
 
     # -- the host tier ------------------------------------------------------------------
 
@@ -297,23 +297,12 @@ class KVCacheManager:
         pending).
 
         Refused while a pending copy writes into one of its blocks (``ValueError``: take the
-        transfers first) and when the host tier is short (``HostBlockAllocationError``).
+        transfers first) and when the host tier is absent or short (``HostBlockAllocationError``).
         """
         table = self._table(request_id)
-        host = self._host
-        awaited = {destination for _, destination in self._pool.pending_copies}
-        awaited.update(destination for _, destination in host.pending_in)
-        if awaited:
-            for held in table.group_block_ids:
-                for block_id in held:
-                    if block_id in awaited:
-                        errors.awaits_copy(request_id, block_id)
-        device_ids = [block_id for held in table.group_block_ids for block_id in held]
-        available = host.free_blocks
-        if len(device_ids) > available:
-            raise HostBlockAllocationError.out_of_blocks(request_id, len(device_ids), available)
+        self._groups.check_swap_out(request_id, table)
         del self._tables[request_id]
-        return self._groups.copy_to_host(request_id, table)
+        return self._events.delivered(self._groups.copy_to_host(request_id, table))
 
     def swap_in(self, request_id: str) -> tuple[RequestBlockTable, ...]:
         """Give a swapped-out request fresh device blocks (sharing is not restored) and queue
@@ -328,7 +317,7 @@ class KVCacheManager:
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
         table = self._tables[request_id] = self._groups.copy_from_host(request_id, swapped)
-        return table.snapshots(request_id)
+        return self._events.delivered(table.snapshots(request_id))
 
     def take_transfers(self) -> Transfers:
         """What the KV pool must do before the next forward, in order, and clears it: every
@@ -343,7 +332,7 @@ class KVCacheManager:
             tuple(self._pool.take_skipped()),
         )
         self._groups.queue_copied(copied)
-        return transfers
+        return self._events.delivered(transfers)
 
     # -- the prefix cache ---------------------------------------------------------------
 
@@ -354,7 +343,7 @@ class KVCacheManager:
         many cached blocks were dropped. O(pool): for a weight reload, not a step."""
         dropped = self._pool.reset_caches()
         self._groups.queue_copied(self._host.reset())
-        return dropped
+        return self._events.delivered(dropped)
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         """How many tokens of ``token_ids`` ``allocate`` would find cached under
@@ -370,6 +359,11 @@ class KVCacheManager:
         return cached_tokens
 
     # -- queries ------------------------------------------------------------------------
+
+    def cache_view(self) -> frozenset[CachedBlock]:
+        """Every (group, block id, key) the device's prefix caches hold: what replaying
+        every KV cache event gives, for a consumer that missed some to resync from."""
+        return self._pool.cache_view()
 
     def tables(self, request_id: str) -> tuple[RequestBlockTable, ...]:
         """The request's table in every KV cache group, group 0's first; ``KeyError`` if it
@@ -410,6 +404,12 @@ class KVCacheManager:
 
     def _blocks_for(self, token_count: int) -> int:
         return blocks_for_tokens(self.block_size, token_count)
+
+    def _check_new(self, request_id: str) -> None:
+        """Refuse ``request_id`` for a new request: not a request id, or one in use."""
+        errors.check_request_id(request_id)
+        if request_id in self._tables or request_id in self._host.swapped:
+            errors.duplicate_request(request_id)
 
     def _table(self, request_id: str) -> Table:
         try:

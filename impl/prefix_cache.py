@@ -195,7 +195,10 @@ class PrefixCache:
         too. Once per prompt, not per block."""
         if cache_salt is None:
             return ROOT_HASH
-        return self.block_hash(ROOT_HASH, tuple(cache_salt.encode()))
+        # NOTE: surrogates pass: a JSON request may carry a lone one ("\ud800"), which the
+        # spec accepts as any str. Their bytes are never valid UTF-8, so no other salt
+        # encodes to them.
+        return self.block_hash(ROOT_HASH, tuple(cache_salt.encode("utf-8", "surrogatepass")))
 
     def insert(self, key: BlockKey, block_id: int) -> None:
         """Cache ``block_id`` under ``key``, unless a block holds that prefix already (then

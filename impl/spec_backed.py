@@ -5,9 +5,10 @@ spec row of the allocator benchmark; not part of ``impl``'s public API (import i
 It has no method of its own per operation: every row of ``spec.api.OPERATIONS`` is an
 attribute that threads an immutable spec state through the row's transition and hands
 back the record impl hands out; it decides nothing itself. The KV cache events a call
-emits go to ``event_sink``, as impl's do, and leave the state. So a scenario written
-against the manager runs on the spec unchanged, and the spec-side benchmark times exactly
-what the specification does. Slow on purpose: O(pool) per call.
+emits leave the state and go to ``event_sink`` once the state has changed, as impl's do
+(``impl.events``). So a scenario written against the manager runs on the spec unchanged,
+and the spec-side benchmark times exactly what the specification does. Slow on purpose:
+O(pool) per call.
 """
 
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from functools import partial
 from typing import Any
 
 import spec
+from impl.events import deliver_events
 from impl.prefix_cache import EventSink
 from impl.records import AppendedSlots
 from spec import AllocatorState, take_events
@@ -58,10 +60,9 @@ class SpecBackedManager:
     def call(self, name: str, *args: object) -> Any:  # Any: the row's own result type
         """Apply the operation ``name`` to the state; return its result as impl would."""
         state, result = OPERATIONS[name].transition(self.state, *args)
-        if self.event_sink is not None:
-            for event in state.events:
-                self.event_sink(event)
         self.state = take_events(state)
+        if self.event_sink is not None and state.events:
+            deliver_events(self.event_sink, state.events)
         return as_impl(result)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:  # Any: as ``call``

@@ -12,7 +12,8 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 stamp=.venv/.pagedkv-installed
-wanted=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+# setup.cfg too: it sets the editable install's mode (a .pth line mypy follows).
+wanted=$(sha256sum pyproject.toml setup.cfg scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "setup: installing dependencies into .venv (torch is a CPU build, pinned)" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip

@@ -26,6 +26,7 @@ from typing import Any
 
 from spec import blocks, caching, growth, releasing, sharing, swap
 from spec.errors import check_cache_salt, check_token_ids, is_token_ids
+from spec.events import CachedBlock
 from spec.records import (
     AppendedSlots,
     KVBlockUsage,
@@ -199,6 +200,13 @@ def tables(
     return state, get_tables(state, request_id)
 
 
+def cache_view(state: AllocatorState) -> tuple[AllocatorState, frozenset[CachedBlock]]:
+    """Every (group, block id, key) the device's prefix caches hold, free blocks and held
+    ones (``spec.caching.get_cached_blocks``): what replaying every KV cache event emitted
+    so far gives, and what a consumer that missed some resyncs from."""
+    return state, caching.get_cached_blocks(state)
+
+
 def usage(state: AllocatorState) -> tuple[AllocatorState, KVBlockUsage]:
     """The usage report (``spec.state.usage``)."""
     return state, compute_usage(state)
@@ -230,6 +238,7 @@ OPERATIONS: Mapping[str, Operation] = MappingProxyType(
             _row(reset_prefix_cache, CHANGE, (), int),
             _row(cached_prefix_tokens, QUERY, (PROMPT, CACHE_SALT), int),
             _row(tables, QUERY, (REQUEST_ID,), tuple),
+            _row(cache_view, QUERY, (), frozenset),
             _row(usage, QUERY, (), KVBlockUsage),
         )
     }

@@ -22,6 +22,12 @@ hash needs (``tests/events/test_block_hash.py`` checks it equal to vLLM's own
 - vLLM's ``NONE_HASH`` seed is ``PYTHONHASHSEED`` when that is set (and random for
   xxhash); ours is always the fixed seed, so every process agrees.
 - No LoRA, multimodal or prompt-embedding extra keys: pagedkv caches token ids only.
+- A salt UTF-8 cannot encode (a lone surrogate, as JSON's ``"\ud800"`` decodes) is a salt
+  the spec accepts, but no CBOR text string: its extra key holds its UTF-8 bytes written
+  with ``surrogatepass`` (the bytes impl keys its caches by) as a CBOR byte string, which
+  no text salt's hash shares (another major type). vLLM's ``sha256_cbor`` has no hash for
+  such a salt (cbor2 refuses to encode it); the wire carries the same bytes
+  (``salt_extra_key``).
 
 A router receives the hash as vLLM sends it by default
 (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``): the last 8 bytes of the digest as an unsigned
@@ -81,18 +87,30 @@ def hash_cbor(value: CborValue) -> bytes:
 NONE_HASH = hash_cbor(NONE_HASH_SEED)
 
 
-def compute_extra_keys(block_index: int, cache_salt: str | None) -> tuple[tuple[str, str]] | None:
+def salt_extra_key(cache_salt: str) -> str | bytes:
+    """The salt as its extra key holds it: itself, or for a salt UTF-8 cannot encode (a
+    lone surrogate), its ``surrogatepass`` UTF-8 bytes (module docstring)."""
+    try:
+        cache_salt.encode("utf-8")
+    except UnicodeEncodeError:
+        return cache_salt.encode("utf-8", "surrogatepass")
+    return cache_salt
+
+
+def compute_extra_keys(
+    block_index: int, cache_salt: str | None
+) -> tuple[tuple[str, str | bytes]] | None:
     """The extra keys of block ``block_index`` of a prefix cached under ``cache_salt``: the
     salt on the first block, nothing elsewhere."""
     if block_index == 0 and cache_salt is not None:
-        return (("cache_salt", cache_salt),)
+        return (("cache_salt", salt_extra_key(cache_salt)),)
     return None
 
 
 def compute_block_hash(
     parent_hash: bytes | None,
     token_ids: tuple[int, ...],
-    extra_keys: tuple[tuple[str, str]] | None,
+    extra_keys: tuple[tuple[str, str | bytes]] | None,
 ) -> bytes:
     """The hash of a block holding ``token_ids`` after the block hashed ``parent_hash``
     (``None``: the first block)."""

@@ -13,7 +13,7 @@ and pagedkv's numbers follow, so code matching the article's messages keeps matc
 - ``BlockAllocationError`` (a ``RuntimeError``): too few free blocks.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, NoReturn, TypeGuard
 
 # The largest pool and block a manager accepts. NOTE: impl keeps a few words per block
@@ -57,9 +57,34 @@ class BlockAllocationError(RuntimeError):
 
 class HostBlockAllocationError(BlockAllocationError):
     """Raised when the host tier cannot take a swap-out: too few free host blocks
-    (``HostBlockAllocationError.out_of_blocks``: "not enough free host blocks: ...")."""
+    (``HostBlockAllocationError.out_of_blocks``: "not enough free host blocks: ..."), or
+    no host tier at all (``no_host_tier``)."""
 
     blocks: ClassVar[str] = "host blocks"
+
+    @classmethod
+    def no_host_tier(cls, request_id: str, needed_blocks: int) -> "BlockAllocationError":
+        """The error for a swap-out of ``request_id`` from a manager made with no host tier."""
+        error = cls(
+            f"no host tier to swap request {request_id!r} out to: "
+            f"needed={needed_blocks} host_blocks=0"
+        )
+        error.request_id = request_id
+        error.needed_blocks = needed_blocks
+        error.free_blocks = 0
+        return error
+
+
+def check_host_room(
+    request_id: str, needed_blocks: int, free_blocks: int, host_blocks: int
+) -> None:
+    """Refuse a swap-out the host tier cannot take (``HostBlockAllocationError``): none at
+    all (``host_blocks`` 0, even for a request holding no block), or fewer free host blocks
+    than the request holds."""
+    if host_blocks == 0:
+        raise HostBlockAllocationError.no_host_tier(request_id, needed_blocks)
+    if needed_blocks > free_blocks:
+        raise HostBlockAllocationError.out_of_blocks(request_id, needed_blocks, free_blocks)
 
 
 def check_pool_shape(total_blocks: object, block_size: object) -> None:
@@ -170,11 +195,38 @@ def unknown_request(request_id: object) -> NoReturn:
     raise KeyError(f"request has no allocated blocks: {request_id}") from None
 
 
-def is_token_ids(tokens: object) -> TypeGuard[Sequence[int]]:
+# Not mutated: mutmut's trampoline hides the TypeGuard from mypy (docs/verification.md).
+def is_token_ids(tokens: object) -> TypeGuard[Sequence[int]]:  # pragma: no mutate block
     """Whether ``tokens`` (what ``allocate`` and ``append`` add) are token ids, not a count:
     any sequence but a ``str`` or ``bytes``. Anything else is a count, and checked as one
     (``check_token_count``)."""
     return isinstance(tokens, Sequence) and not isinstance(tokens, str | bytes)
+
+
+def check_allocate(
+    request_id: str,
+    tokens: int | Sequence[int],
+    cache_salt: str | None,
+    is_known: Callable[[str], bool],
+) -> int | tuple[int, ...]:
+    """Refuse an ``allocate`` in the one order spec and impl share: the request id's type
+    (TypeError), an id ``is_known`` holds (ValueError); then token ids (``check_token_ids``)
+    and the salt's type, or a count (``check_token_count``), the salt's type and a salt at
+    all (ValueError: a count is never cached). Returns the ids as a tuple, or the count."""
+    check_request_id(request_id)
+    if is_known(request_id):
+        duplicate_request(request_id)
+    if is_token_ids(tokens):
+        ids = tuple(tokens)
+        check_token_ids(ids)
+        check_cache_salt(cache_salt)
+        return ids
+    check_token_count(tokens)
+    check_cache_salt(cache_salt)
+    if cache_salt is not None:
+        counted_with_salt(request_id)
+    assert isinstance(tokens, int)  # narrowed by check_token_count
+    return tokens
 
 
 def tracks_token_ids(request_id: str) -> NoReturn:
@@ -226,7 +278,8 @@ def check_truncate(
 
 def check_host_tier(host_blocks: object, host_prefix_cache: object) -> None:
     """Refuse a host tier that cannot be served: ``host_blocks`` not an ``int`` (TypeError)
-    in [0, MAX_TOTAL_BLOCKS] (ValueError), ``host_prefix_cache`` not a ``bool`` (TypeError)."""
+    in [0, MAX_TOTAL_BLOCKS] (ValueError), ``host_prefix_cache`` not a ``bool`` (TypeError),
+    or ``True`` with no host block to demote to (ValueError)."""
     if type(host_blocks) is not int:
         raise TypeError(
             f"host_blocks must be an int, got {type(host_blocks).__name__} {host_blocks!r}"
@@ -237,6 +290,10 @@ def check_host_tier(host_blocks: object, host_prefix_cache: object) -> None:
         raise TypeError(
             "host_prefix_cache must be a bool, got "
             f"{type(host_prefix_cache).__name__} {host_prefix_cache!r}"
+        )
+    if host_prefix_cache and host_blocks == 0:
+        raise ValueError(
+            "host_prefix_cache needs a host tier to demote freed prefixes to: host_blocks is 0"
         )
 
 

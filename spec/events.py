@@ -14,6 +14,13 @@ parent prefix in, the whole prefix when the group caches the parent prefix nowhe
 first block, or one whose parent was evicted, reset, or skipped by a window). So every
 event names a key exactly, with no hash to trust.
 
+Delivery: a call's events reach the user's ``event_sink`` after the call is done (here,
+the state a transition returns carries them; ``take_events`` drains them), in order, each
+offered once. A sink that raises cannot undo or half-do the call: the state is the one
+the transition returned, no block leaks, every other event of the call is still offered,
+and the sink's first error then reaches the caller (the call's result is lost with it;
+``tables`` and ``usage`` tell it). ``impl.events`` delivers so, for impl and spec alike.
+
 ``replay_events`` is the router's side: from a view (by default the empty cache) and
 events, the view after them, as a set of ``CachedBlock``. Replaying every event from the
 start gives exactly the blocks the caches hold now (``get_cached_blocks`` of the state);

@@ -38,12 +38,9 @@ from spec.caching import (
 from spec.errors import (
     BlockAllocationError,
     allocated_by_count,
-    check_cache_salt,
-    check_request_id,
+    check_allocate,
     check_token_count,
     check_token_ids,
-    counted_with_salt,
-    duplicate_request,
     is_token_ids,
     tracks_token_ids,
 )
@@ -69,24 +66,14 @@ def allocate(
     """Give a new request blocks for ``tokens``, a count or token ids, in every group
     (group 0's first).
 
-    Checks: a ``str`` request id (TypeError) that is new (ValueError); then a count as
-    ``check_token_count`` says and no salt (``check_cache_salt``, then ValueError: a
-    count is never cached), or token ids as ``check_token_ids`` says and a ``str`` or
-    ``None`` salt (TypeError); enough blocks (BlockAllocationError).
+    Checks: ``check_allocate`` (the id, then the tokens and the salt, in the order impl
+    refuses them too); enough blocks (BlockAllocationError).
     """
-    check_request_id(request_id)
-    if is_request_known(state, request_id):
-        duplicate_request(request_id)
-    if is_token_ids(tokens):
-        ids = tuple(tokens)
-        check_token_ids(ids)
-        check_cache_salt(cache_salt)
-        return _allocate_token_ids(state, request_id, ids, cache_salt)
-    check_token_count(tokens)
-    check_cache_salt(cache_salt)
-    if cache_salt is not None:
-        counted_with_salt(request_id)
-    assert isinstance(tokens, int)  # narrowed by check_token_count
+    tokens = check_allocate(
+        request_id, tokens, cache_salt, lambda held: is_request_known(state, held)
+    )
+    if isinstance(tokens, tuple):
+        return _allocate_token_ids(state, request_id, tokens, cache_salt)
     per_group = blocks_for_tokens(state.block_size, tokens)
     needed = blocks_for_request(state.block_size, tokens, len(state.group_windows))
     if needed > free_blocks(state):

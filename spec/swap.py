@@ -26,7 +26,12 @@ its K/V is not there yet to copy out.
 from dataclasses import replace
 
 from spec.blocks import take_blocks
-from spec.errors import BlockAllocationError, HostBlockAllocationError, awaits_copy, not_swapped
+from spec.errors import (
+    BlockAllocationError,
+    awaits_copy,
+    check_host_room,
+    not_swapped,
+)
 from spec.host_tier import (
     SwappedRequest,
     host_free_blocks,
@@ -54,8 +59,9 @@ def swap_out(state: AllocatorState, request_id: str) -> AllocatorState:
     """Copy every block ``request_id`` holds to the host tier and drop its references.
 
     Checks: a running request (KeyError); no block of it the destination of a pending
-    copy (ValueError); a host block for each of its blocks, counting the evictable
-    host-cached ones (``HostBlockAllocationError``, a ``BlockAllocationError``).
+    copy (ValueError); a host tier, with a host block for each of its blocks, counting
+    the evictable host-cached ones (``check_host_room``: ``HostBlockAllocationError``, a
+    ``BlockAllocationError``).
     """
     snapshot_request(state, request_id)
     tables = [tables[request_id] for tables in state.group_tables]
@@ -67,9 +73,9 @@ def swap_out(state: AllocatorState, request_id: str) -> AllocatorState:
             if block_id in awaited:
                 awaits_copy(request_id, block_id)
     device_ids = tuple(block_id for table in tables for block_id in table.block_ids)
-    available = host_free_blocks(state.host)
-    if len(device_ids) > available:
-        raise HostBlockAllocationError.out_of_blocks(request_id, len(device_ids), available)
+    check_host_room(
+        request_id, len(device_ids), host_free_blocks(state.host), state.host.host_blocks
+    )
     host, host_ids = take_host_blocks(state.host, len(device_ids))
     host = replace(
         host,

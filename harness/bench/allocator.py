@@ -27,10 +27,10 @@ from harness.bench.prefix import (
 from harness.bench.replay import RunTimes, timed_runs
 from harness.bench.traces import TraceRequest, make_trace
 from harness.bench.window_table import print_window_table
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
 from impl import KVBlockManager, KVCacheManager
 from impl.spec_backed import SpecBackedManager
-from spec import blocks_for_tokens
+from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS, blocks_for_tokens
 
 PROG = "python -m harness.bench.allocator"
 
@@ -102,42 +102,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             "over --runs replays after one warm-up replay."
         ),
     )
-    parser.add_argument("--requests", type=int, default=10_000, help="requests in the trace")
-    parser.add_argument("--spec-requests", type=int, default=200, help="requests for spec")
-    parser.add_argument("--total-blocks", type=int, default=8192, help="blocks in the pool")
-    parser.add_argument("--spec-total-blocks", type=int, default=1024, help="blocks for spec")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    parser.add_argument("--max-running", type=int, default=256, help="most running requests")
-    parser.add_argument("--runs", type=int, default=5, help="timed replays (median taken)")
+    parser.add_argument("--requests", type=int_in(1), default=10_000, help="requests in the trace")
+    parser.add_argument("--spec-requests", type=int_in(1), default=200, help="requests for spec")
+    parser.add_argument(
+        "--total-blocks", type=int_in(1, MAX_TOTAL_BLOCKS), default=8192, help="blocks in the pool"
+    )
+    parser.add_argument(
+        "--spec-total-blocks",
+        type=int_in(1, MAX_TOTAL_BLOCKS),
+        default=1024,
+        help="blocks for spec",
+    )
+    parser.add_argument(
+        "--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=16, help="tokens per block"
+    )
+    parser.add_argument("--max-running", type=int_in(1), default=256, help="most running requests")
+    parser.add_argument("--runs", type=int_in(1), default=5, help="timed replays (median taken)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     parser.add_argument("--skip-spec", action="store_true", help="time impl only")
     parser.add_argument(
         "--window-requests",
-        type=int,
+        type=int_in(0),
         default=2_000,
         help="requests of the ShareGPT-like trace in the sliding-window table (0 skips it)",
     )
     parser.add_argument(
-        "--long-requests", type=int, default=48, help="requests of the long-context trace"
+        "--long-requests", type=int_in(1), default=48, help="requests of the long-context trace"
     )
     parser.add_argument(
-        "--long-max-running", type=int, default=16, help="most running long-context requests"
+        "--long-max-running", type=int_in(1), default=16, help="most running long-context requests"
     )
     parser.add_argument(
         "--window-total-blocks",
-        type=int,
+        type=int_in(1, MAX_TOTAL_BLOCKS),
         default=262_144,
         help="blocks in the sliding-window table's pools",
     )
     parser.add_argument(
         "--prefix-requests",
-        type=int,
+        type=int_in(0),
         default=2_000,
         help="requests in each prefix-caching trace (0 skips them)",
     )
     args = parser.parse_args(argv)
-    if min(args.requests, args.total_blocks, args.block_size, args.max_running, args.runs) < 1:
-        return fail(PROG, "--requests, --total-blocks, --block-size, --max-running, --runs: >= 1")
     trace = make_trace(args.requests, args.seed)
     prompts = sorted(r.prompt_tokens for r in trace)
     outputs = sorted(r.output_tokens for r in trace)

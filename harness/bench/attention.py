@@ -22,14 +22,14 @@ from functools import partial
 import torch
 
 from harness.cli.main import DTYPES
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.kv_layout import KVLayout
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.paged_attention import paged_attention_forward
 from harness.runtime.step_batch import RequestSlice, StepMetadata
 from impl import AppendedSlots
-from spec import RequestBlockTable, blocks_for_tokens, slot_index
+from spec import MAX_BLOCK_SIZE, RequestBlockTable, blocks_for_tokens, slot_index
 
 PROG = "python -m harness.bench.attention"
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
@@ -149,11 +149,13 @@ def decode_case(
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's options."""
     parser = OneLineParser(prog=PROG, description=__doc__)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int_in(1), default=8)
     parser.add_argument("--context", type=int, default=256, help="tokens of request 0")
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=16)
+    parser.add_argument("--repeats", type=int_in(1), default=200)
+    parser.add_argument(
+        "--threads", type=thread_count, default=1, help="torch CPU threads (default 1)"
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument(
@@ -171,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in ATTENTION_BACKENDS]
     if unknown:
         return fail(PROG, f"--attention: unknown backends {unknown}")
-    if args.batch < 1 or args.context <= args.batch or args.repeats < 1:
-        return fail(PROG, "--batch and --repeats must be >= 1 and --context > --batch")
+    if args.context <= args.batch:
+        return fail(PROG, f"--context must be > --batch, got {args.context} <= {args.batch}")
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     case = decode_case(device, dtype, args.batch, args.context, args.block_size)

@@ -44,7 +44,7 @@ from harness.bench.decode_methods import (
 )
 from harness.cli.main import DTYPES
 from harness.cli.output import write_replacing
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.attention_backends import (
@@ -53,6 +53,7 @@ from harness.runtime.attention_backends import (
     AttentionBackendError,
 )
 from harness.tiny_models import tiny_llama
+from spec import MAX_BLOCK_SIZE
 
 PROG = "python -m harness.bench.decode"
 
@@ -67,10 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tiny", action="store_true", help="use the seeded tiny random Llama (smoke runs)"
     )
     parser.add_argument("--batch-sizes", default="1,8,32", help="comma-separated (default 1,8,32)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is kept")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--max-new-tokens", type=int_in(2), default=32)
+    parser.add_argument("--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=16)
+    parser.add_argument(
+        "--repeats", type=int_in(1), default=3, help="timed runs; the median is kept"
+    )
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument(
@@ -101,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
     except ValueError:
         return fail(PROG, f"--batch-sizes must be integers, got {args.batch_sizes!r}")
-    if min(batch_sizes) < 1 or args.max_new_tokens < 2 or args.repeats < 1:
-        return fail(PROG, "batch sizes and --repeats must be >= 1, --max-new-tokens >= 2")
+    if min(batch_sizes) < 1:
+        return fail(PROG, f"--batch-sizes must be >= 1, got {args.batch_sizes!r}")
     methods = set(args.methods.split(","))
     if not methods <= {"dense", "paged", "hf-cb"}:
         return fail(PROG, f"--methods must name dense, paged or hf-cb, got {args.methods!r}")

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
 from impl import BlockAllocationError, KVCacheManager
 from impl.block_map import render_block_map, snapshot_pool
-from spec import blocks_for_tokens
+from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS, blocks_for_tokens
 
 PROG = "python -m harness.bench.fragmentation"
 
@@ -130,8 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "for every request."
         ),
     )
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block (>= 1)")
-    parser.add_argument("--total-blocks", type=int, default=64, help="blocks in the pool (>= 1)")
+    parser.add_argument(
+        "--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=16, help="tokens per block"
+    )
+    parser.add_argument(
+        "--total-blocks", type=int_in(1, MAX_TOTAL_BLOCKS), default=64, help="blocks in the pool"
+    )
     parser.add_argument(
         "--request-tokens",
         default="9,17,33,5,41,12",

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 from harness.bench.prefix import VOCABULARY, AdmissionStats, PromptRequest, replay_prompts
 from harness.bench.traces import make_trace
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
 from impl import KVCacheManager
-from spec import blocks_for_tokens
+from spec import MAX_TOTAL_BLOCKS, blocks_for_tokens
 
 PROG = "python -m harness.bench.host_prefix"
 BLOCK_SIZE = 16
@@ -69,24 +69,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ShareGPT-like trace, allocator work only; admission times are medians over --runs "
         "replays after a warm-up, the configurations taking turns.",
     )
-    parser.add_argument("--requests", type=int, default=2_000, help="requests in the trace")
-    parser.add_argument("--systems", type=int, default=32, help="shared system prompts")
-    parser.add_argument("--system-tokens", type=int, default=512, help="tokens per system prompt")
-    parser.add_argument("--total-blocks", type=int, default=2_048, help="device blocks")
+    parser.add_argument("--requests", type=int_in(1), default=2_000, help="requests in the trace")
+    parser.add_argument("--systems", type=int_in(1), default=32, help="shared system prompts")
+    parser.add_argument(
+        "--system-tokens", type=int_in(1), default=512, help="tokens per system prompt"
+    )
+    parser.add_argument(
+        "--total-blocks", type=int_in(1, MAX_TOTAL_BLOCKS), default=2_048, help="device blocks"
+    )
     parser.add_argument(
         "--host-blocks",
-        type=int,
+        type=int_in(1, MAX_TOTAL_BLOCKS),
         nargs="+",
         default=[2_048, 8_192],
         help="host tier sizes to compare with none (default 2048 8192)",
     )
-    parser.add_argument("--max-running", type=int, default=64, help="most running requests")
-    parser.add_argument("--runs", type=int, default=3, help="timed replays (median taken)")
+    parser.add_argument("--max-running", type=int_in(1), default=64, help="most running requests")
+    parser.add_argument("--runs", type=int_in(1), default=3, help="timed replays (median taken)")
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
     args = parser.parse_args(argv)
-    counts = (args.requests, args.systems, args.system_tokens, args.total_blocks, args.runs)
-    if min(*counts, args.max_running, *args.host_blocks) < 1:
-        return fail(PROG, "every count must be >= 1")
     trace = shared_prefix_trace(args.requests, args.systems, args.system_tokens, args.seed)
     longest = max(len(r.token_ids) + r.output_tokens for r in trace)
     if blocks_for_tokens(BLOCK_SIZE, longest) > args.total_blocks:

@@ -31,8 +31,9 @@ from harness.bench.kv_memory import (
 )
 from harness.bench.prefix import prefix_heavy_trace
 from harness.bench.traces import make_trace
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
 from harness.figures import new_figure, save_figure
+from spec import MAX_BLOCK_SIZE
 
 PROG = "python -m harness.bench.plots"
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -207,14 +208,17 @@ def plot_decode(document: object, path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog=PROG, description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("docs/img"), help="directory to write")
-    parser.add_argument("--requests", type=int, default=2_000, help="requests in each trace")
+    parser.add_argument("--requests", type=int_in(1), default=2_000, help="requests in each trace")
     parser.add_argument("--seed", type=int, default=0, help="trace seed")
-    parser.add_argument("--block-size", type=int, default=16, help="block size of kv_memory.png")
-    parser.add_argument("--max-running", type=int, default=256, help="seats in kv_memory.png")
+    parser.add_argument(
+        "--block-size",
+        type=int_in(1, MAX_BLOCK_SIZE),
+        default=16,
+        help="block size of kv_memory.png",
+    )
+    parser.add_argument("--max-running", type=int_in(1), default=256, help="seats in kv_memory.png")
     parser.add_argument("--decode-json", type=Path, default=None, help="decode benchmark JSON")
     args = parser.parse_args(argv)
-    if min(args.requests, args.block_size, args.max_running) < 1:
-        return fail(PROG, "--requests, --block-size, --max-running must be >= 1")
     if not args.out.is_dir():
         return fail(PROG, f"--out: no directory {str(args.out)!r}")
     decode_document: object = None

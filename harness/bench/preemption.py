@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.cli.limits import available_bytes, check_memory, check_options
+from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.oracle.device_cases import staggered_requests
 from harness.oracle.equivalence import tight_total_blocks
@@ -36,7 +37,9 @@ from harness.runtime.kv_pool import PagedKVPool, new_manager
 from harness.runtime.preemption import PreemptMode
 from harness.runtime.requests import Request
 from harness.runtime.results import EngineResult
+from harness.settings import CheckSettingsError
 from harness.tiny_models import tiny_llama
+from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
 
 PROG = "python -m harness.bench.preemption"
 
@@ -59,24 +62,29 @@ def build_parser() -> argparse.ArgumentParser:
         "the methods taking turns after a warm-up.",
     )
     parser.add_argument("--tiny", action="store_true", help="the seeded tiny model (smoke)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per request")
-    parser.add_argument("--arrival-gap", type=int, default=2, help="steps between arrivals")
     parser.add_argument(
-        "--total-blocks", type=int, default=None, help="the tight pool (default: a quarter)"
+        "--threads", type=thread_count, default=1, help="torch CPU threads (default 1)"
     )
-    parser.add_argument("--runs", type=int, default=3, help="timed runs (median taken)")
+    parser.add_argument(
+        "--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=16, help="tokens per block"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int_in(1), default=64, help="new tokens per request"
+    )
+    parser.add_argument("--arrival-gap", type=int_in(0), default=2, help="steps between arrivals")
+    parser.add_argument(
+        "--total-blocks",
+        type=int_in(1, MAX_TOTAL_BLOCKS),
+        default=None,
+        help="the tight pool (default: a quarter)",
+    )
+    parser.add_argument("--runs", type=int_in(1), default=3, help="timed runs (median taken)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the three configurations in turns and print one table."""
     args = build_parser().parse_args(argv)
-    if min(args.threads, args.block_size, args.max_new_tokens, args.runs) < 1:
-        return fail(PROG, "--threads, --block-size, --max-new-tokens and --runs must be >= 1")
-    if args.arrival_gap < 0:
-        return fail(PROG, f"--arrival-gap must be >= 0, got {args.arrival_gap}")
     torch.set_num_threads(args.threads)
     try:
         loaded = (
@@ -85,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     except ModelNotFoundError as error:
         return fail(PROG, str(error))
     requests = _requests(loaded, args.max_new_tokens, args.arrival_gap)
-    groups = len(kv_layout(loaded).group_windows)
+    layout = kv_layout(loaded)
+    groups = len(layout.group_windows)
     roomy = sum(request.blocks_needed(args.block_size, groups) for request in requests)
-    tight = args.total_blocks or tight_total_blocks(requests, args.block_size, groups)
+    tight = args.total_blocks
+    if tight is None:
+        tight = tight_total_blocks(requests, args.block_size, groups)
     if tight < max(request.blocks_needed(args.block_size, groups) for request in requests):
         return fail(PROG, f"--total-blocks {tight} cannot hold even the largest request")
     configs = [
@@ -95,6 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         Config("recompute", tight, 0, "recompute"),
         Config("swap", tight, tight, "swap"),
     ]
+    try:  # what the main command refuses, before a pool is built
+        check_options(loaded.model, args.block_size, args.max_new_tokens, 1)
+        available = available_bytes(layout.device)
+        for config in configs:
+            blocks, host = config.total_blocks, config.host_blocks
+            check_memory(requests, blocks, args.block_size, layout, available, host_blocks=host)
+    except CheckSettingsError as error:
+        return fail(PROG, error.naming_the_option())
 
     def run(config: Config) -> EngineResult:
         return _run(loaded, requests, args.block_size, config)

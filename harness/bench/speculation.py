@@ -26,7 +26,7 @@ import torch
 
 from harness.bench.decode import Rates
 from harness.cli.main import DTYPES
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.prompts import BUILTIN_PROMPTS, Messages, render_prompt
 from harness.runtime.engine import Engine
@@ -36,7 +36,7 @@ from harness.runtime.results import EngineResult
 from harness.runtime.scheduler import Scheduling
 from harness.tiny_models import tiny_llama
 from impl import KVCacheManager
-from spec import blocks_for_tokens
+from spec import MAX_BLOCK_SIZE, blocks_for_tokens
 
 PROG = "python -m harness.bench.speculation"
 
@@ -86,11 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tiny", action="store_true", help="use the seeded tiny random Llama (smoke runs)"
     )
-    parser.add_argument("--speculate", type=int, default=4, help="draft tokens per decode")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median is kept")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--speculate", type=int_in(1), default=4, help="draft tokens per decode")
+    parser.add_argument("--max-new-tokens", type=int_in(2), default=48)
+    parser.add_argument("--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=16)
+    parser.add_argument(
+        "--repeats", type=int_in(1), default=3, help="timed runs; the median is kept"
+    )
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     return parser
@@ -99,8 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run both prompt sets with and without speculation and print one table."""
     args = build_parser().parse_args(argv)
-    if args.speculate < 1 or args.max_new_tokens < 2 or args.repeats < 1:
-        return fail(PROG, "--speculate and --repeats must be >= 1, --max-new-tokens >= 2")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -1,18 +1,18 @@
-"""The limits ``python -m harness`` holds its input to, checked before anything large is built.
+"""The limits ``check_model`` (and so ``python -m harness``) holds its settings to once the
+model is loaded, checked before anything large is built.
 
-Two come from the model, two from the machine:
-- context: a request's prompt plus ``--max-new-tokens`` must fit the model's
+Two come from the model, one from the machine:
+- context: a request's prompt plus ``max_new_tokens`` must fit the model's
   ``max_position_embeddings``; a block no larger than that (a bigger one is never filled);
-- continuations: ``--n`` distinct first tokens need ``--n <= vocab_size``;
+- continuations: ``n`` distinct first tokens need ``n <= vocab_size``;
 - memory: the K/V tensors the run allocates (the paged pool and, for the allocator gate,
   the contiguous buffers) must fit in ``MEMORY_FRACTION`` of the memory available on the
-  device when the run starts, the model already loaded; the host tier (``--host-blocks``)
-  in that fraction of the host's (with the pool's, on a CPU run);
-- threads: ``--threads`` at most the CPUs this process may use (torch 2.13 segfaults on
-  ``set_num_threads(10**9)``).
+  device when the run starts, the model already loaded; the host tier (``host_blocks``)
+  in that fraction of the host's (with the pool's, on a CPU run).
 
-Every refusal is a ``UsageError`` with the numbers and the limit in one line. This module
-does not decide how big the pool is (``main`` does); it only refuses what cannot run.
+Every refusal is a ``CheckSettingsError`` naming the setting (the command swaps in its
+flag), with the numbers and the limit in one line. This module does not decide how big the
+pool is (``check_model`` does); it only refuses what cannot run.
 """
 
 import os
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from harness.cli.parsing import UsageError
 from harness.kv_layout import KVLayout
 from harness.runtime.requests import Request
+from harness.settings import CheckSettingsError
 
 # NOTE: half, not all: the rest holds a prefill's activations (a context-long prompt's
 # attention and MLP intermediates), the dense reference's own cache (one request's K/V),
@@ -38,6 +38,11 @@ def model_context(model: Any) -> int:  # Any: a transformers PreTrainedModel
     return int(model.config.max_position_embeddings)
 
 
+def model_vocab_size(model: Any) -> int:  # Any: a transformers PreTrainedModel
+    """The model's vocabulary: token ids are ``0 .. vocab_size - 1``."""
+    return int(model.config.vocab_size)
+
+
 def check_options(
     model: Any,  # Any: a transformers PreTrainedModel
     block_size: int,
@@ -47,20 +52,23 @@ def check_options(
     """Refuse a block size, a new-token count or a continuation count the model cannot serve."""
     context = model_context(model)
     if block_size > context:
-        raise UsageError(
-            f"--block-size {block_size} is larger than the model's context of {context} tokens "
-            "(max_position_embeddings): no request would ever fill a block"
+        raise CheckSettingsError(
+            "block_size",
+            f"block_size {block_size} is larger than the model's context of {context} tokens "
+            "(max_position_embeddings): no request would ever fill a block",
         )
     if max_new_tokens >= context:
-        raise UsageError(
-            f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
-            f"context of {context} tokens (max_position_embeddings)"
+        raise CheckSettingsError(
+            "max_new_tokens",
+            f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
+            f"context of {context} tokens (max_position_embeddings)",
         )
-    vocab_size = int(model.config.vocab_size)
+    vocab_size = model_vocab_size(model)
     if num_continuations > vocab_size:
-        raise UsageError(
-            f"--n {num_continuations} is more than the model's vocabulary of {vocab_size} tokens: "
-            "every continuation starts from a different token"
+        raise CheckSettingsError(
+            "n",
+            f"n {num_continuations} is more than the model's vocabulary of {vocab_size} tokens: "
+            "every continuation starts from a different token",
         )
 
 
@@ -68,10 +76,11 @@ def check_context(requests: Sequence[Request], context: int) -> None:
     """Refuse the first request whose prompt plus new tokens exceed ``context`` tokens."""
     for request in requests:
         if request.max_tokens > context:
-            raise UsageError(
+            raise CheckSettingsError(
+                "prompts",
                 f"{request.request_id} is too long: {len(request.prompt_ids)} prompt tokens "
                 f"+ {request.max_new_tokens} new = {request.max_tokens} tokens, more than the "
-                f"model's context of {context} tokens (max_position_embeddings)"
+                f"model's context of {context} tokens (max_position_embeddings)",
             )
 
 
@@ -109,12 +118,14 @@ def check_memory(
     limit = int(available * MEMORY_FRACTION)
     if pool + contiguous + host > limit:
         host_tier = f" and a host tier of {host_blocks} blocks ({_size(host)})" if host else ""
-        raise UsageError(
-            f"the run's K/V needs {_size(pool + contiguous + host)}: a pool of {total_blocks} "
-            f"blocks x {block_size} tokens x {layout.bytes_per_block_token} bytes ({_size(pool)}) "
+        raise CheckSettingsError(
+            "total_blocks",
+            f"total_blocks {total_blocks}: the run's K/V needs {_size(pool + contiguous + host)}: "
+            f"a pool of {total_blocks} blocks x {block_size} tokens "
+            f"x {layout.bytes_per_block_token} bytes ({_size(pool)}) "
             f"and the gate's contiguous buffers ({_size(contiguous)}){host_tier}; the limit is "
             f"{MEMORY_FRACTION:g} of the {_size(available)} of {layout.device.type} memory "
-            f"available, {_size(limit)}"
+            f"available, {_size(limit)}",
         )
 
 
@@ -124,10 +135,11 @@ def check_host_memory(host_blocks: int, block_size: int, layout: KVLayout, avail
     host = host_blocks * block_size * layout.bytes_per_block_token
     limit = int(available * MEMORY_FRACTION)
     if layout.device.type != "cpu" and host > limit:
-        raise UsageError(
-            f"--host-blocks {host_blocks} needs {_size(host)} of host memory ({block_size} tokens "
+        raise CheckSettingsError(
+            "host_blocks",
+            f"host_blocks {host_blocks} needs {_size(host)} of host memory ({block_size} tokens "
             f"x {layout.bytes_per_block_token} bytes a block); the limit is {MEMORY_FRACTION:g} "
-            f"of the {_size(available)} available, {_size(limit)}"
+            f"of the {_size(available)} available, {_size(limit)}",
         )
 
 
@@ -147,13 +159,6 @@ def available_bytes(device: torch.device) -> int:
     if limit == "max":
         return available
     return min(available, int(limit) - int(used))
-
-
-def check_threads(threads: int) -> None:
-    """Refuse a ``--threads`` below 1 or above the CPUs this process may run on."""
-    cpus = len(os.sched_getaffinity(0))
-    if not 1 <= threads <= cpus:
-        raise UsageError(f"--threads must be between 1 and {cpus} (the CPUs here), got {threads}")
 
 
 def _meminfo_available() -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from harness.check import CheckSettingsError, check_model
+from harness.check import check_model
 from harness.cli.events_target import (
     SUBSCRIBER_WAIT_S,
     ZmqTarget,
@@ -27,9 +27,16 @@ from harness.cli.events_target import (
     open_event_stream,
     with_event_publisher,
 )
-from harness.cli.limits import check_threads
 from harness.cli.output import DEFAULT_PLOT_NAME, plot_target, write_replacing
-from harness.cli.parsing import EXIT_INTERRUPTED, OneLineParser, UsageError, fail
+from harness.cli.parsing import (
+    EXIT_INTERRUPTED,
+    OneLineParser,
+    UsageError,
+    fail,
+    int_in,
+    interrupts_raise,
+    thread_count,
+)
 from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
 from harness.kv_events import KVEventLog, write_events
@@ -53,6 +60,7 @@ from harness.prompts import (
 )
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.preemption import PREEMPT_MODES
+from harness.settings import CheckSettings, CheckSettingsError
 
 PROG = "python -m harness"
 PROGRESS_PREFIX = "[harness]"
@@ -166,7 +174,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=thread_count,
         default=None,
         help="torch CPU threads (default: torch's choice, one per core); on a machine shared "
         "with other jobs, 1 is several times faster: the per-request attention is many small ops",
@@ -207,7 +215,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--pool-map",
-        type=int,
+        type=int_in(1),
         default=None,
         metavar="EVERY",
         help="print the pool's block map (on stderr) every EVERY engine steps of the "
@@ -228,6 +236,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Run the equivalence and print the table; returns the exit status."""
+    interrupts_raise()  # Ctrl-C exited at once while importing; from here it says where
     args = build_parser(prog).parse_args(argv)
     progress = Progress.for_stderr(PROGRESS_PREFIX, plain=args.json)
     try:
@@ -242,12 +251,11 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     kv_events: KVEventLog | None = None
     try:
         device, dtype = _device_and_dtype(args.device, args.dtype)
-        _check_flags(args)
+        settings = _settings(args)
         plot = None if args.plot is None else plot_target("--plot", args.plot)
         check_events_target(args.events, args.events_format)
         kv_events = KVEventLog() if isinstance(args.events, Path) else None
         if args.threads is not None:
-            check_threads(args.threads)
             torch.set_num_threads(args.threads)
         if args.system_prompt is not None:
             check_prompt_text(args.system_prompt, "--system-prompt")
@@ -268,20 +276,7 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             loaded.model,
             loaded.tokenizer,
             [[{"role": role, "content": content} for role, content in m] for m in prompts],
-            max_new_tokens=args.max_new_tokens,
-            block_size=args.block_size,
-            total_blocks=args.total_blocks,
-            attention=args.attention,
-            prefix_cache=not args.no_prefix_cache,
-            poison_freed=args.poison_freed,
-            n=args.n,
-            arrival_gap=args.arrival_gap,
-            batch_invariant=args.batch_invariant,
-            speculate=args.speculate,
-            max_batch_tokens=args.max_batch_tokens,
-            salts=args.salts,
-            preempt=args.preempt,
-            host_blocks=args.host_blocks,
+            settings,
             name=loaded.name,
             observer=with_event_publisher(
                 None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
@@ -291,8 +286,8 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             progress=progress,
         )
     except (
-        UsageError,
         CheckSettingsError,
+        UsageError,
         PromptsFileError,
         PromptTextError,
         ModelNotFoundError,
@@ -303,7 +298,8 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         progress.finish()
         if isinstance(kv_events, KVEventStream):
             kv_events.close()  # unbind: a refused run publishes nothing more
-        return fail(prog, str(error))
+        message = error.naming_the_option() if isinstance(error, CheckSettingsError) else error
+        return fail(prog, str(message))
     # A file that cannot be written fails the command after the table, in one line.
     output_error = None if plot is None else _write_plot(report, plot, progress)
     if isinstance(kv_events, KVEventStream):
@@ -322,30 +318,25 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     return EXIT_OK if output_error is None else fail(prog, output_error)
 
 
-def _check_flags(args: argparse.Namespace) -> None:
-    """Refuse the flags no model can take, before the model loads."""
-    for flag, value, least in (
-        ("--block-size", args.block_size, 1),
-        ("--max-new-tokens", args.max_new_tokens, 1),
-        ("--arrival-gap", args.arrival_gap, 0),
-        ("--n", args.n, 1),
-        ("--pool-map", args.pool_map, 1),
-        ("--salts", args.salts, 1),
-        ("--host-blocks", args.host_blocks, 1),
-    ):
-        if value is not None and value < least:
-            raise UsageError(f"{flag} must be >= {least}, got {value}")
-    if args.host_blocks is not None and args.no_prefix_cache and args.preempt != "swap":
-        raise UsageError(
-            f"--host-blocks {args.host_blocks} would hold nothing: it keeps swapped requests "
-            "(--preempt swap) and cached prefixes (not with --no-prefix-cache)"
-        )
-    if args.speculate is not None and args.speculate < 1:
-        raise UsageError(f"--speculate must be >= 1 draft token, got {args.speculate}")
-    if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
-        raise UsageError(
-            f"--max-batch-tokens must be >= 1 token per step, got {args.max_batch_tokens}"
-        )
+def _settings(args: argparse.Namespace) -> CheckSettings:
+    """The options as ``check_model``'s settings, checked as it checks them, before the
+    model loads."""
+    return CheckSettings(
+        max_new_tokens=args.max_new_tokens,
+        block_size=args.block_size,
+        total_blocks=args.total_blocks,
+        attention=args.attention,
+        prefix_cache=not args.no_prefix_cache,
+        poison_freed=args.poison_freed,
+        n=args.n,
+        arrival_gap=args.arrival_gap,
+        batch_invariant=args.batch_invariant,
+        speculate=args.speculate,
+        max_batch_tokens=args.max_batch_tokens,
+        salts=args.salts,
+        preempt=args.preempt,
+        host_blocks=args.host_blocks,
+    )
 
 
 def _write_plot(report: EquivalenceReport, path: Path, progress: Progress) -> str | None:

@@ -1,8 +1,10 @@
-"""The ``pagedkv`` console script: ``check`` (the main command), ``bench NAME`` and ``fuzz``.
+"""The ``pagedkv`` console script: ``check`` (the main command), ``bench NAME``, ``fuzz``
+and ``conformance``.
 
 A dispatcher only: ``pagedkv check ...`` is ``python -m harness ...`` with the same options
-and exit codes, ``pagedkv bench NAME ...`` is ``python -m harness.bench.NAME ...``, and
-``pagedkv fuzz`` runs ``harness.cli.fuzz`` (a source checkout's long fuzzing).
+and exit codes, ``pagedkv bench NAME ...`` is ``python -m harness.bench.NAME ...``,
+``pagedkv fuzz`` runs ``harness.cli.fuzz`` (a source checkout's long fuzzing), and
+``pagedkv conformance ...`` is ``python -m harness.conformance ...``.
 Importing it loads no torch; each command imports what it runs.
 """
 
@@ -10,7 +12,13 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from harness.cli.parsing import EXIT_BAD_INPUT, fail, run_interruptible
+from harness.cli.parsing import (
+    EXIT_BAD_INPUT,
+    exit_on_interrupt,
+    fail,
+    interrupts_raise,
+    run_interruptible,
+)
 from harness.progress import stderr_as_progress
 
 PROG = "pagedkv"
@@ -38,6 +46,8 @@ commands:
   bench NAME       run a benchmark (pagedkv bench --help lists them)
   fuzz             long fuzzing of the allocator against its spec, from a source
                    checkout (pagedkv fuzz --help)
+  conformance      check a shipped allocator (vllm, transformers, your own adapter)
+                   against the spec; = python -m harness.conformance
 
 Exit status: 0 success, 1 a check failed, 2 bad input, 130 interrupted.
 """
@@ -50,6 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, end="", file=sys.stdout if args else sys.stderr)
         return 0 if args else EXIT_BAD_INPUT
     command, rest = args[0], args[1:]
+    # Ctrl-C while the command imports torch and transformers: one line and exit 130; each
+    # command's own handling takes over once it runs (and here, whatever happens).
+    exit_on_interrupt(f"{PROG} {' '.join(args[:2]) if command == 'bench' else command}")
+    try:
+        return _dispatch(command, rest)
+    finally:
+        interrupts_raise()
+
+
+def _dispatch(command: str, rest: list[str]) -> int:
     if command == "check":
         from harness.cli.main import main as check  # noqa: PLC0415
 
@@ -59,8 +79,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "fuzz":
         from harness.cli.fuzz import main as fuzz  # noqa: PLC0415
 
+        interrupts_raise()
         return fuzz(rest, prog=f"{PROG} fuzz")
-    return fail(PROG, f"unknown command {command!r} (expected check, bench or fuzz)")
+    if command == "conformance":
+        from harness.conformance.cli import main as conformance  # noqa: PLC0415
+
+        return conformance(rest, prog=f"{PROG} conformance")
+    known = "check, bench, fuzz or conformance"
+    return fail(PROG, f"unknown command {command!r} (expected {known})")
 
 
 def _bench(args: list[str]) -> int:

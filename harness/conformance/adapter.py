@@ -1,20 +1,39 @@
-"""What a target allocator offers the conformance kit: the adapter protocol and what it exposes.
+"""What a target allocator offers the conformance kit: the two adapter protocols and what
+they expose.
 
-An adapter wraps one allocator in the spec's vocabulary (``spec.api``'s operation names and
-arguments) and reports what it holds, in the target's own block ids. It declares which
-operations it supports (the machine draws only those) and which properties it differs on by
-design (``differences``: a property name, or ``name/operation``, with the reason). A
-capacity refusal is raised as ``spec.BlockAllocationError`` whatever the target's own signal
-(a ``None``, a ``False``); any other exception is the target's own and ends the run.
+An adapter wraps one allocator in the spec's vocabulary (``spec``'s operation names and
+arguments) and reports what it holds, in the target's own block ids. The contract, which
+every bundled adapter keeps and docs/conformance.md spells out:
 
-Not here: checking. The adapter only translates; ``harness.conformance.properties`` judges.
+- the factory the kit is given returns a fresh allocator, in its initial state, at every
+  call (one per test case: nothing may carry over from a previous case);
+- a capacity refusal is raised as ``spec.BlockAllocationError`` whatever the target's own
+  signal (a ``None``, a ``False``), and it is atomic: it changes nothing the observation
+  shows (a target that keeps a refused step's side effects declares ``refusal_atomic``);
+  any other exception is the target's own failure and ends the run;
+- ``free_block_ids`` lists the free blocks in the order the target hands them out: its
+  first element is the head, the block the next allocation takes (only exact targets are
+  held to the order; for the others any order is read as a set);
+- ``preempt(request_id)`` gives up a running request's blocks so that it can be recomputed
+  later, as a server does under memory pressure; for a target without preemption it is
+  ``release``, and its cached blocks stay cached either way.
+
+Two kinds of adapter. An ``Adapter`` is called one operation at a time: the kit draws the
+operation, the request and its arguments. An ``EngineAdapter`` wraps a server's own
+scheduler: the kit submits requests, then runs whole engine steps (the scheduler decides
+who is admitted, who decodes, who is preempted; the kit's stub model decides the sampled
+tokens and which requests finish), and the adapter reports each allocator call the step
+made, in order, as a ``Call``, with what the target showed just before and just after it.
+
+Not here: checking. The adapter only translates; ``harness.conformance.properties`` and
+``harness.conformance.judge`` judge.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# The operations an adapter may support, named and shaped as in ``spec.api``:
+# The operations an adapter may support, named and shaped as spec's functions:
 #   allocate_prompt(request_id, token_ids) -> cached (hit) tokens
 #     (allocate_prompt(request_id, token_ids, cache_salt) too, if it supports CACHE_SALT)
 #   allocate(request_id, token_count), append_tokens(request_id, token_count),
@@ -30,8 +49,13 @@ OPERATION_NAMES = (
     "preempt",
     "truncate",
 )
-# Not an operation: in ``supports``, it says ``allocate_prompt`` takes a ``cache_salt`` (a
-# ``str``; the machine then draws prompts under no salt and under a few salts).
+# What a server does to its allocator that is none of the spec's operations, so an engine
+# adapter reports it as a call of its own: ``cache_blocks(request_id)``, hashing the blocks
+# a forward pass completed after the forward (the spec caches them in the operation that
+# adds the tokens), and ``evict()``, dropping cached free blocks outside any allocation.
+TARGET_OPERATIONS = ("cache_blocks", "evict")
+# Not an operation: in ``supports``, it says ``allocate_prompt`` (or ``submit``) takes a
+# ``cache_salt`` (a ``str``; the machine then draws prompts under no salt and a few salts).
 CACHE_SALT = "cache_salt"
 # Not an operation: in ``supports``, it says the adapter has ``take_events()``, the KV cache
 # events of the last step (``harness.conformance.events``), which the kit then judges.
@@ -50,12 +74,13 @@ class TargetTable:
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """Everything the target shows after a step, in its own block ids.
+    """Everything the target shows, in its own block ids.
 
     ``tables[g]`` is KV cache group g's tables by request id. ``free_block_ids`` are free and
-    hold nothing reusable; ``cached_free_block_ids`` are free but still findable by a prefix
-    hit (evictable). ``cached_block_ids[g]`` are group g's blocks that a prefix hit may find,
-    held or free. ``ref_counts`` is ``None`` for a target that keeps none.
+    hold nothing reusable, head first; ``cached_free_block_ids`` are free but still
+    findable by a prefix hit (evictable). ``cached_block_ids[g]`` are group g's blocks that
+    a prefix hit may find, held or free (``()``: the target does not show them).
+    ``ref_counts`` is ``None`` for a target that keeps none.
     """
 
     tables: tuple[Mapping[str, TargetTable], ...]
@@ -65,10 +90,48 @@ class Observation:
     ref_counts: Mapping[int, int] | None = field(default=None)
 
 
-class Adapter(Protocol):
-    """An allocator seen through the spec's operations. Unsupported operations may be absent;
-    ``supports`` says which exist. Each operation either completes, or raises
-    ``spec.BlockAllocationError`` for a capacity refusal."""
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a call ended: ``result`` when it was carried out, ``refusal`` (a message) if not."""
+
+    result: object = None
+    refusal: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One allocator call a server made inside an engine step, in the spec's vocabulary
+    (``OPERATION_NAMES`` or ``TARGET_OPERATIONS``), with how it ended and what the target
+    showed just before and just after it."""
+
+    operation: str
+    args: tuple[object, ...]
+    outcome: Outcome
+    before: Observation
+    after: Observation
+
+
+class ServerError(Exception):
+    """The server's own exception inside an engine step (not a capacity refusal), raised by
+    an engine adapter from it with the allocator calls the step made before it."""
+
+    def __init__(self, calls: list[Call]) -> None:
+        super().__init__(f"the server raised after {len(calls)} allocator call(s)")
+        self.calls = calls
+
+
+def record_calls(calls: list[Call], run: Callable[[], object]) -> list[Call]:
+    """Run a server's step, whose watched allocator calls append to ``calls``: those
+    calls, or ``ServerError`` with the ones made before the server raised."""
+    try:
+        run()
+    except Exception as error:
+        raise ServerError(calls) from error
+    return calls
+
+
+class _Target(Protocol):
+    """What both kinds of adapter show."""
 
     @property
     def name(self) -> str: ...
@@ -84,10 +147,45 @@ class Adapter(Protocol):
     @property
     def supports(self) -> frozenset[str]: ...
     @property
+    def differences(self) -> Mapping[str, str]:
+        """Properties the target breaks by design: a property name, or
+        ``property/operation``, to the reason (counted and reported, not raised)."""
+        ...
+
+    def observe(self) -> Observation: ...
+
+
+class Adapter(_Target, Protocol):
+    """An allocator called one operation at a time. Unsupported operations may be absent;
+    ``supports`` says which exist."""
+
+    @property
     def exact(self) -> bool:
         """True when the target's block order is the spec's, so ids are compared exactly."""
         ...
 
-    @property
-    def differences(self) -> Mapping[str, str]: ...
-    def observe(self) -> Observation: ...
+
+class EngineAdapter(_Target, Protocol):
+    """A server's scheduler over its allocator, driven a step at a time (module docstring)."""
+
+    def submit(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None = None
+    ) -> None:
+        """A request arrives: it waits for the scheduler (no block is lent yet)."""
+        ...
+
+    def step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> list[Call]:
+        """One engine step: schedule, a forward pass whose model samples ``sampled[r]``
+        for each request r that gets a token (a stop token if r is in ``finishing``, so r
+        finishes after this forward), and the update; the allocator calls it made. The
+        server's own exception is raised as ``ServerError`` from it."""
+        ...
+
+    def abort(self, request_id: str) -> list[Call]:
+        """The client cancels a request, waiting or running; the allocator calls it made."""
+        ...
+
+
+def is_engine(target: Adapter | EngineAdapter) -> bool:
+    """Whether ``target`` is driven by engine steps rather than one operation at a time."""
+    return callable(getattr(target, "step", None))

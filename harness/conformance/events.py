@@ -16,8 +16,9 @@ the judge then resyncs its consumer to the step's keys, so every step is judged 
 own. transformers has no KV cache events: its adapters do not support ``KV_EVENTS``.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Protocol
 
 from harness.conformance.properties import Finding
@@ -34,6 +35,19 @@ from spec.event_stream import (
     get_present_keys,
 )
 
+# Each rule of spec.event_stream.StreamError, as the finding events_<rule> states it.
+EVENT_RULES: Mapping[str, str] = MappingProxyType(
+    {
+        "events_extra": "a consumer of the events holds no key the caches do not",
+        "events_missing": "a consumer of the events holds every key the caches hold",
+        "events_stored_twice": "a key is stored only when it becomes present",
+        "events_parent_order": "a block is stored after its parent, when the step keeps both",
+        "events_unstored": "a remove names a hash a store named, still stored",
+        "events_key": "a hash names one prefix",
+        "events_seq": "batches are numbered one by one",
+        "events_clear": "a reset sends AllBlocksCleared",
+    }
+)
 # What a correct stream is, as a finding's "spec" side.
 PRESENCE = (
     "a store when a key becomes present, a remove when its last copy goes "
@@ -90,9 +104,14 @@ class EventJudge:
     ) -> list[Finding]:
         """The findings of one step's ``events``, the target now in ``state``."""
         try:
-            records = tuple(record for event in events for record in self._split(event, where))
+            # Each key's last event in the step: stored (True) or removed (False).
+            last: dict[PresentKey, bool] = {}
+            records = tuple(
+                record for event in events for record in self._split(event, last, where)
+            )
             batches = (EventBatch(self.next_seq, records),) if records else ()
             self.next_seq += len(batches)
+            _check_no_remove_of_a_cached_key(last, state, where)
             step = get_stream_step(state)
             self.view = check_stream_step(self.view, step, batches, self.block_size, where)
         except StreamError as error:
@@ -101,13 +120,19 @@ class EventJudge:
             return [Finding(f"events_{error.rule}", str(error), PRESENCE)]
         return []
 
-    def _split(self, event: TargetEvent, where: str) -> list[StreamEvent]:
-        """One record per block, named by the spec's hash rule; ``StreamError`` for a hash
-        the stores so far do not name, or one that named another prefix."""
+    def _split(
+        self, event: TargetEvent, last: dict[PresentKey, bool], where: str
+    ) -> list[StreamEvent]:
+        """One record per block, named by the spec's hash rule, each key's event noted in
+        ``last``; ``StreamError`` for a hash the stores so far do not name, or one that
+        named another prefix."""
         if isinstance(event, AllBlocksCleared):
+            last.clear()
             return [event]
         if isinstance(event, TargetRemoved):
-            return [self._removed(event, block_hash, where) for block_hash in event.block_hashes]
+            return [
+                self._removed(event, block_hash, last, where) for block_hash in event.block_hashes
+            ]
         prefix: tuple[int, ...] = ()
         salt = event.cache_salt
         if event.parent_block_hash is not None:
@@ -125,14 +150,17 @@ class EventJudge:
                     "before",
                     "key",
                 )
-            records.append(
-                compute_key_stored(PresentKey(event.group, event.medium, key), self.block_size)
-            )
+            present = PresentKey(event.group, event.medium, key)
+            last[present] = True
+            records.append(compute_key_stored(present, self.block_size))
         return records
 
-    def _removed(self, event: TargetRemoved, block_hash: int, where: str) -> KeyRemoved:
+    def _removed(
+        self, event: TargetRemoved, block_hash: int, last: dict[PresentKey, bool], where: str
+    ) -> KeyRemoved:
         key = self._prefix(event.group, event.medium, block_hash, where)
         present = PresentKey(event.group, event.medium, key)
+        last[present] = False
         return KeyRemoved(*compute_stream_key(present, self.block_size))
 
     def _prefix(self, group: int, medium: str, block_hash: int, where: str) -> CacheKey:
@@ -140,3 +168,20 @@ class EventJudge:
         if key is None:
             raise StreamError(f"{where}: hash {block_hash:#018x}, which no store named", "unstored")
         return key
+
+
+def _check_no_remove_of_a_cached_key(
+    last: dict[PresentKey, bool], state: AllocatorState, where: str
+) -> None:
+    """``StreamError`` (``missing``) for a key whose last event in the step is its remove
+    while the caches still hold it: a remove while a copy remains. Checked before the
+    stream's own rules, which would see it first as whatever the remove breaks next (a
+    child's store naming the removed parent: ``parent_order``)."""
+    present = get_present_keys(state)
+    kept = [key for key, stored in last.items() if not stored and key in present]
+    if kept:
+        names = ", ".join(f"{key.key} (group {key.group}, {key.medium})" for key in kept)
+        raise StreamError(
+            f"{where}: removes {names} while the caches still hold it (a copy remains)",
+            "missing",
+        )

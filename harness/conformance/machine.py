@@ -1,84 +1,90 @@
-"""The conformance state machine: random steps on a target, each judged against the spec.
+"""The conformance state machines: random steps on a target, each judged against the spec.
 
-``machine_for(factory)`` builds a Hypothesis ``RuleBasedStateMachine`` for the adapter that
-``factory`` makes. Each rule draws one of the spec's operations (only those the adapter
-supports, only calls the spec accepts on the target's current state), applies it to the
-target, and checks every property of ``harness.conformance.properties``. A broken property
-the adapter does not declare as a difference raises ``DiscrepancyError`` with the steps of the
-run; Hypothesis then shrinks the run to the shortest that still breaks it. Declared
-differences are counted, not raised.
+``machine_for(factory)`` builds a Hypothesis ``RuleBasedStateMachine`` for the adapters
+``factory`` makes. For an ``Adapter`` each rule draws one of the spec's operations (only
+those it supports, only calls the spec accepts on the target's current state) and applies
+it; for an ``EngineAdapter`` the rules are a server's: a request arrives, an engine step
+runs (the stub model's sampled tokens and which requests finish are drawn), a client
+aborts. ``harness.conformance.judge`` judges each step; a broken property the adapter does
+not declare raises ``DiscrepancyError`` with the steps of the run, and Hypothesis shrinks
+the run to the shortest that still breaks it.
 
 Not here: how many steps run, the seed, the report (``harness.conformance.run``).
 """
 
-from collections import Counter
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import ClassVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import spec
-from harness.conformance.adapter import CACHE_SALT, KV_EVENTS, Adapter, Observation
-from harness.conformance.events import EventJudge, EventSource
-from harness.conformance.properties import (
-    Finding,
+from harness.conformance.adapter import (
+    CACHE_SALT,
+    Adapter,
+    Call,
+    EngineAdapter,
     Outcome,
-    expected_step,
-    state_findings,
-    step_findings,
+    ServerError,
+    is_engine,
 )
-from harness.conformance.report import DiscrepancyError, StepRecord
-from harness.conformance.view import Bijection, Contents, duplicate_cached_blocks, to_state
+from harness.conformance.judge import Judge, Tally
+from harness.conformance.properties import expected_step
 
 REQUEST_IDS = ("r0", "r1", "r2", "r3", "r4")
 PICKS = st.integers(0, len(REQUEST_IDS) - 1)
 # Prompts from a 4-token vocabulary, most starting with a shared prefix, so prefix hits and
-# duplicate full blocks are frequent.
+# duplicate full blocks are frequent; a shared prefix alone (no suffix) is a prompt too, so
+# the same prompt arrives again, and one 8 tokens long (a whole number of blocks) is the
+# case where only the last token keeps a hit short of the whole prompt.
 SHARED_PREFIXES = [(), (1, 2, 3, 1, 2, 3, 1, 2), (1, 2, 3, 1, 2, 3, 0, 0, 1), (2,) * 6]
 PROMPTS = st.builds(
     lambda prefix, suffix: prefix + suffix,
     st.sampled_from(SHARED_PREFIXES),
-    st.lists(st.integers(0, 3), min_size=1, max_size=6).map(tuple),
-)
+    st.lists(st.integers(0, 3), min_size=0, max_size=6).map(tuple),
+).filter(bool)
 # Cache salts for an adapter that takes them: no salt half the time, two tenants. Not the
-# empty salt: vLLM's API refuses one and its hasher takes it for none (docs/conformance.md
-# finding 7); pagedkv's own lockstep covers it.
+# empty salt: vLLM's API refuses one and its hasher takes it for none (docs/conformance.md,
+# "Declared differences"); pagedkv's own lockstep covers it.
 CACHE_SALTS = st.sampled_from([None, None, "a", "b"])
 NEW_TOKEN_IDS = st.lists(st.integers(0, 3), min_size=1, max_size=8).map(tuple)
 TOKEN_COUNTS = st.integers(1, 12)
-
-
-class Tally:
-    """Steps and test cases run, and declared differences seen, across a run's machines."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.cases = 0
-        self.declared: Counter[str] = Counter()
-        self.on_case: Callable[[], None] = lambda: None
+# An engine step: the token the stub model samples for each request slot (the base-4 digits
+# of one number: one draw a step, shrinking to all zeros), and the requests whose token
+# this step is a stop token.
+SAMPLED = st.integers(0, 4 ** len(REQUEST_IDS) - 1)
+FINISHING = st.frozensets(st.sampled_from(REQUEST_IDS), max_size=2)
+# A request this long finishes at its next token, so that one request alone always fits a
+# pool of 12 blocks of 4 tokens.
+MAX_REQUEST_TOKENS = 32
 
 
 class ConformanceMachine(RuleBasedStateMachine):
-    """The machine for one adapter factory; ``machine_for`` sets the class attributes."""
+    """What both machines share: the adapter, its judge, the tally of cases."""
 
-    factory: ClassVar[Callable[[], Adapter]]
+    factory: ClassVar[Callable[[], Adapter | EngineAdapter]]
     tally: ClassVar[Tally]
 
     def __init__(self) -> None:
         super().__init__()
-        self.adapter = type(self).factory()
-        self.bijection = Bijection(self.adapter.pool_block_ids)
-        self.contents = Contents(len(self.adapter.group_windows))
-        self.token_ids: dict[str, tuple[int, ...]] = {}
-        self.cache_salts: dict[str, str] = {}
-        self.steps: list[StepRecord] = []
-        self.observation = self.adapter.observe()
-        self.state = self._view(self.observation)
-        self._judge([*state_findings(self.state, self._observes_ref_counts)], None)
-        self.events = EventJudge(self.adapter.block_size)
+        self.judge = Judge(type(self).factory(), type(self).tally)
 
-    # -- rules: one per operation the spec names ------------------------------------------
+    def teardown(self) -> None:
+        type(self).tally.cases += 1
+        type(self).tally.on_case()
+
+
+class OperationMachine(ConformanceMachine):
+    """The machine for an ``Adapter``, one operation a step."""
+
+    adapter: Adapter
+
+    def __init__(self) -> None:
+        super().__init__()
+        target = self.judge.adapter
+        assert not is_engine(target)
+        self.adapter = target  # type: ignore[assignment]
+
     # A step names a live request by its rank among the live ones (``pick``), and a new
     # request gets the first free id of five, so every drawn step is a call the spec
     # accepts and shrinking deletes steps freely.
@@ -125,157 +131,110 @@ class ConformanceMachine(RuleBasedStateMachine):
     @rule(pick=PICKS, drop=st.integers(0, 12))
     def truncate(self, pick: int, drop: int) -> None:
         request_id = self._pick(pick)
-        count = self.state.tables[request_id].token_count
+        count = self.judge.state.tables[request_id].token_count
         self._step("truncate", request_id, max(0, count - drop))
 
     @property
     def _live(self) -> list[str]:
-        return sorted(self.state.tables)
+        return sorted(self.judge.state.tables)
 
     @property
     def _has_room(self) -> bool:
-        return len(self.state.tables) < len(REQUEST_IDS)
+        return len(self.judge.state.tables) < len(REQUEST_IDS)
 
     def _pick(self, pick: int) -> str:
         live = self._live
         return live[pick % len(live)]
 
     def _new_id(self) -> str:
-        return next(r for r in REQUEST_IDS if r not in self.state.tables)
+        return next(r for r in REQUEST_IDS if r not in self.judge.state.tables)
 
-    def teardown(self) -> None:
-        type(self).tally.cases += 1
-        type(self).tally.on_case()
-
-    # -- one step -------------------------------------------------------------------------
-
-    def _step(self, operation: str, *args: object) -> bool:
-        """Apply one step to the target and judge it; whether the target carried it out."""
-        before = self.state
-        expected = expected_step(before, operation, args)
-        if expected is None:
-            return False  # a call the spec refuses outright (a wrong kind of append): skip
-        cached_before = self._cached_prefixes(self.observation)
-        raised: list[Finding] = []
+    def _step(self, operation: str, *args: object) -> None:
+        """Apply one operation to the target and judge it."""
+        if expected_step(self.judge.state, operation, args) is None:
+            return  # a call the spec refuses outright (a wrong kind of append): skip
+        before = self.judge.observation
+        raised = None
         try:
             outcome = Outcome(result=getattr(self.adapter, operation)(*args))
         except spec.BlockAllocationError as error:
             outcome = Outcome(refusal=str(error))
         except Exception as error:  # the target's own failure: a finding, then shrunk
             outcome = Outcome(refusal=f"{type(error).__name__}: {error}")
-            raised.append(Finding("raises_only_refusals", str(error), "no exception"))
-        if outcome.refusal is None:
-            self._track_tokens(operation, args)
-        self.observation = self.adapter.observe()
-        self.contents.learn(
-            self.observation, self.token_ids, self.adapter.block_size, self.cache_salts
+            raised = f"{type(error).__name__}: {error}"
+        after = self.adapter.observe()
+        call = Call(operation, args, outcome, before, after)
+        self.judge.judge_step(_text(operation, args), [call], after, raised)
+
+
+class EngineMachine(ConformanceMachine):
+    """The machine for an ``EngineAdapter``: arrivals, engine steps, aborts."""
+
+    adapter: EngineAdapter
+
+    def __init__(self) -> None:
+        super().__init__()
+        target = self.judge.adapter
+        assert is_engine(target)
+        self.adapter = target  # type: ignore[assignment]
+        self.waiting_or_running: list[str] = []
+
+    @precondition(lambda self: len(self.waiting_or_running) < len(REQUEST_IDS))
+    @rule(token_ids=PROMPTS, cache_salt=CACHE_SALTS)
+    def arrive(self, token_ids: tuple[int, ...], cache_salt: str | None) -> None:
+        request_id = next(r for r in REQUEST_IDS if r not in self.waiting_or_running)
+        salt = cache_salt if CACHE_SALT in self.adapter.supports else None
+        self.adapter.submit(request_id, token_ids, salt)
+        self.waiting_or_running.append(request_id)
+        # A step of its own in the report (no allocator call: the pool must not change).
+        label = f"arrive({request_id!r}, {token_ids!r}, {salt!r})"
+        self.judge.judge_step(label, [], self.adapter.observe())
+
+    @precondition(lambda self: self.waiting_or_running)
+    @rule(sampled=SAMPLED, finishing=FINISHING)
+    def step(self, sampled: int, finishing: frozenset[str]) -> None:
+        tokens = {r: sampled // 4**slot % 4 for slot, r in enumerate(REQUEST_IDS)}
+        long = {r for r, ids in self.judge.token_ids.items() if len(ids) + 1 >= MAX_REQUEST_TOKENS}
+        ending = frozenset((finishing | long) & set(self.waiting_or_running))
+        label = f"step(sampled={[tokens[r] for r in self.waiting_or_running]}, " + (
+            f"finishing={sorted(ending)})"
         )
-        self.state = self._view(self.observation)
-        findings = raised + state_findings(self.state, self._observes_ref_counts)
-        if KV_EVENTS in self.adapter.supports:
-            events = cast(EventSource, self.adapter).take_events()
-            findings += self.events.judge(events, self.state, f"{operation}{args}")
-        duplicates = duplicate_cached_blocks(self.observation, self.contents)
-        if duplicates:
-            findings.append(
-                Finding(
-                    "one_block_per_prefix", f"blocks {duplicates} cache a cached prefix", "none"
-                )
-            )
-        findings += step_findings(
-            operation=operation,
-            args=args,
-            before=before,
-            after=self.state,
-            outcome=outcome,
-            expected_step=expected,
-            exact=self.adapter.exact,
-            cached_before=cached_before,
-            target_tables_after=[
-                {r: t.block_ids for r, t in tables.items()} for tables in self.observation.tables
-            ],
-        )
-        type(self).tally.steps += 1
-        self.steps.append(StepRecord(operation, args, outcome, expected))
-        self._judge(findings, operation)
-        return outcome.refusal is None
+        self._run(label, lambda: self.adapter.step(tokens, ending))
 
-    def _judge(self, findings: list[Finding], operation: str | None) -> None:
-        tally = type(self).tally
-        differences = self.adapter.differences
-        bugs = []
-        for finding in findings:
-            if finding.name in differences or f"{finding.name}/{operation}" in differences:
-                tally.declared[finding.name] += 1
-            else:
-                bugs.append(finding)
-        if bugs:
-            raise DiscrepancyError(
-                self.adapter.name, self.steps, findings, differences, self.bijection
-            )
+    @precondition(lambda self: self.waiting_or_running)
+    @rule(pick=PICKS)
+    def abort(self, pick: int) -> None:
+        request_id = self.waiting_or_running[pick % len(self.waiting_or_running)]
+        self._run(f"abort({request_id!r})", lambda: self.adapter.abort(request_id))
+        if request_id in self.waiting_or_running:
+            self.waiting_or_running.remove(request_id)
 
-    # -- the spec-side model --------------------------------------------------------------
-
-    @property
-    def _observes_ref_counts(self) -> bool:
-        return self.observation.ref_counts is not None
-
-    def _view(self, observation: Observation) -> spec.AllocatorState:
-        return to_state(
-            observation,
-            block_size=self.adapter.block_size,
-            group_windows=self.adapter.group_windows,
-            bijection=self.bijection,
-            contents=self.contents,
-            token_ids=self.token_ids,
-            cache_salts=self.cache_salts,
-        )
-
-    def _cached_prefixes(self, observation: Observation) -> list[dict[int, spec.CacheKey]]:
-        found: list[dict[int, spec.CacheKey]] = []
-        for group, cached in enumerate(observation.cached_block_ids):
-            keys = {}
-            for block_id in cached:
-                key = self.contents.key(group, block_id)
-                if key is not None:
-                    keys[block_id] = key
-            found.append(keys)
-        found += [{} for _ in range(len(self.adapter.group_windows) - len(found))]
-        return found
-
-    def _track_tokens(self, operation: str, args: tuple[object, ...]) -> None:
-        """Keep the token ids and the salt of every request that tracks them, as the spec
-        does (a fork keeps its parent's salt)."""
-        request_id = args[0]
-        assert isinstance(request_id, str)
-        if operation == "allocate_prompt":
-            assert isinstance(args[1], tuple)
-            self.token_ids[request_id] = args[1]
-            if len(args) > 2 and isinstance(args[2], str):
-                self.cache_salts[request_id] = args[2]
-        elif operation == "append_token_ids" and request_id in self.token_ids:
-            assert isinstance(args[1], tuple)
-            self.token_ids[request_id] += args[1]
-        elif operation == "fork" and request_id in self.token_ids:
-            assert isinstance(args[1], str)
-            self.token_ids[args[1]] = self.token_ids[request_id]
-            if request_id in self.cache_salts:
-                self.cache_salts[args[1]] = self.cache_salts[request_id]
-        elif operation == "truncate" and request_id in self.token_ids:
-            assert isinstance(args[1], int)
-            self.token_ids[request_id] = self.token_ids[request_id][: args[1]]
-        elif operation in ("release", "preempt"):
-            self.token_ids.pop(request_id, None)
-            self.cache_salts.pop(request_id, None)
+    def _run(self, label: str, run: Callable[[], list[Call]]) -> None:
+        raised = None
+        try:
+            calls = run()
+        except ServerError as error:  # the server's own failure: a finding, then shrunk
+            cause = error.__cause__
+            calls, raised = error.calls, f"{type(cause).__name__}: {cause}"
+        for call in calls:
+            if call.operation == "release" and call.args[0] in self.waiting_or_running:
+                self.waiting_or_running.remove(str(call.args[0]))
+        self.judge.judge_step(label, calls, self.adapter.observe(), raised)
 
 
 def machine_for(
-    factory: Callable[[], Adapter], tally: Tally | None = None
+    factory: Callable[[], Adapter | EngineAdapter], tally: Tally | None = None
 ) -> type[ConformanceMachine]:
-    """A conformance machine class for the adapters ``factory`` makes; run it with
-    ``machine_for(factory).TestCase`` under pytest, or through ``harness.conformance.run``."""
+    """A conformance machine class for the adapters ``factory`` makes (an engine machine for
+    an ``EngineAdapter``); run it with ``machine_for(factory).TestCase`` under pytest, or
+    through ``harness.conformance.run``."""
+    base: type[ConformanceMachine] = EngineMachine if is_engine(factory()) else OperationMachine
     return type(
-        "ConformanceMachine",
-        (ConformanceMachine,),
+        base.__name__,
+        (base,),
         {"factory": staticmethod(factory), "tally": tally or Tally()},
     )
+
+
+def _text(operation: str, args: tuple[object, ...]) -> str:
+    return f"{operation}({', '.join(repr(arg) for arg in args)})"

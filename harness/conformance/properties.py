@@ -8,19 +8,27 @@ cache): the spec says what the step must give, so a target with its own order po
 judged on everything but the order. In exact mode one more property compares the whole
 state, queue order included, as the lockstep state machine compares impl with spec.
 
-``check_step`` returns the findings, each with the target's and the spec's side.
+The absolute properties (``ABSOLUTE_PROPERTIES``: what must be cached, what may be
+evicted, how long a hit must be against the kit's own shadow) are judged over a whole step
+by ``harness.conformance.shadow``. ``step_findings`` returns one call's findings, each with
+the target's and the spec's side.
 """
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import spec
-from spec.api import OPERATIONS
+from harness.conformance.adapter import OPERATION_NAMES, Outcome
 from spec.invariants import INVARIANTS
 
 # The kit's operation names (``adapter.OPERATION_NAMES``) that are another row of
 # ``spec.api``: token ids or a count, the same ``allocate`` and ``append``.
 SPEC_ROWS = {"allocate_prompt": "allocate", "append_token_ids": "append", "append_tokens": "append"}
+# The spec's transition of each operation an adapter may support: the public function of
+# its row (state, arguments) -> state.
+SPEC_OPERATIONS: Mapping[str, Callable[..., spec.AllocatorState]] = {
+    name: getattr(spec, SPEC_ROWS.get(name, name)) for name in OPERATION_NAMES
+}
 
 # spec.invariants that an observation can decide (pending copies and skipped-block lists
 # are internal to pagedkv, so ``copy_destination_held`` and ``skipped_pending_free`` are not).
@@ -67,6 +75,24 @@ STEP_PROPERTIES: Mapping[str, str] = {
     "skipped_blocks <= skipped_blocks_at(block_size, L0, W)",
     "exact_state": "(exact mode) free queue order, cached free queue order, tables, ref "
     "counts and cache equal the spec's",
+    "spec_accepts": "(engine steps) every call the server makes is one the spec accepts "
+    "(no unknown or duplicate request, no wrong kind of append)",
+    "changes_accounted": "(engine steps) the pool changes only inside the allocator calls "
+    "the adapter reports: what the target shows after one call is what it shows before "
+    "the next",
+}
+
+ABSOLUTE_PROPERTIES: Mapping[str, str] = {
+    "computed_findable": "after a step, every full block a call of the step computed (a "
+    "table's block whose tokens are all known and all computed, in the group where it sits "
+    "past skipped_blocks) is in the cache under its CacheKey: a prefix hit finds it",
+    "eviction_justified": "a CacheKey leaves a cache only as the spec's operation on the "
+    "same state evicts (BlockRemoved: a block was needed and the free queue was empty, or "
+    "truncate emptied a cached block's end) or on reset_prefix_cache: a call loses, over "
+    "every group, at most as many keys as the spec's operation evicts",
+    "shadow_hit_maximal": "a prompt's hit is at least the spec's hit rule "
+    "(cached_prefix_tokens) over the kit's shadow: every key the target's calls computed "
+    "or cached, less the keys it evicted as eviction_justified allows",
 }
 
 ADDING_OPERATIONS = frozenset({"allocate", "allocate_prompt", "append_tokens", "append_token_ids"})
@@ -74,19 +100,13 @@ ADDING_OPERATIONS = frozenset({"allocate", "allocate_prompt", "append_tokens", "
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """A property that failed on a step: what the target gave and what the spec says."""
+    """A property that failed on a step: what the target gave and what the spec says, and
+    the operation of the call that broke it (``None`` for a property of a whole step)."""
 
     name: str
     target: str
     spec: str
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a step ended: ``result`` when it was carried out, ``refusal`` (a message) if not."""
-
-    result: object = None
-    refusal: str | None = None
+    operation: str | None = None
 
 
 def state_findings(state: spec.AllocatorState, observes_ref_counts: bool) -> list[Finding]:
@@ -106,7 +126,7 @@ class Expected:
     and the result, or the refusal's message."""
 
     state: spec.AllocatorState | None
-    result: object = None
+    hit: int | None = None
     refusal: str | None = None
     error: str | None = None
 
@@ -115,16 +135,21 @@ def expected_step(
     before: spec.AllocatorState, operation: str, args: tuple[object, ...]
 ) -> Expected | None:
     """The spec's operation on ``before``; ``None`` when the spec does not accept the call at
-    all (an unknown or duplicate request id, a count out of range): not a step to check."""
+    all (an unknown or duplicate request id, a count out of range): not a step to check.
+    ``hit`` is an admission's prefix hit (``cached_prefix_tokens`` on ``before``)."""
     try:
-        after, result = OPERATIONS[SPEC_ROWS.get(operation, operation)].transition(before, *args)
+        after = SPEC_OPERATIONS[operation](before, *args)
     except spec.BlockAllocationError as error:
         return Expected(None, refusal=str(error))
     except (KeyError, ValueError, TypeError):
         return None
     except Exception as error:  # a state outside the spec's own invariants: no oracle here
         return Expected(None, error=f"{type(error).__name__}: {error}")
-    return Expected(after, result)
+    if operation != "allocate_prompt":
+        return Expected(after)
+    token_ids, cache_salt = args[1], args[2] if len(args) > 2 else None
+    assert isinstance(token_ids, tuple) and (cache_salt is None or isinstance(cache_salt, str))
+    return Expected(after, hit=spec.cached_prefix_tokens(before, token_ids, cache_salt))
 
 
 def step_findings(
@@ -142,11 +167,7 @@ def step_findings(
     """The step properties that one step broke. ``cached_before[g]`` maps each block the
     target could find by a hit in group g before the step (target ids) to its key;
     ``target_tables_after[g]`` holds the tables after, in target ids."""
-    expected, expected_result, refusal = (
-        expected_step.state,
-        expected_step.result,
-        expected_step.refusal,
-    )
+    expected, refusal = expected_step.state, expected_step.refusal
     findings: list[Finding] = []
     if expected_step.error is not None:
         findings.append(Finding("spec_applicable", expected_step.error, "the operation applies"))
@@ -167,11 +188,11 @@ def step_findings(
     findings += _shape_findings(after, expected)
     findings += _others_findings(operation, args, before, after)
     if operation == "allocate_prompt":
-        assert isinstance(expected_result, spec.AppendedSlots)
+        assert expected_step.hit is not None
         findings += _hit_findings(
             args=args,
             outcome=outcome,
-            expected=expected_result,
+            expected=expected_step.hit,
             after=after,
             cached_before=cached_before,
             target_tables_after=target_tables_after,
@@ -180,6 +201,28 @@ def step_findings(
         findings += _window_findings(operation, args, before, after, outcome)
     if exact and _comparable(after) != _comparable(expected):
         findings.append(Finding("exact_state", _describe(after), _describe(expected)))
+    return findings
+
+
+def target_operation_findings(
+    operation: str,
+    args: tuple[object, ...],
+    before: spec.AllocatorState,
+    after: spec.AllocatorState,
+) -> list[Finding]:
+    """The step properties of a call that is none of the spec's operations
+    (``TARGET_OPERATIONS``): ``cache_blocks(r)`` may change which block holds a prefix in
+    r's table (a block computed twice is swapped for the one already caching it) but not its
+    shape, nor any other table; ``evict()`` changes no table at all."""
+    acting = {args[0]} if operation == "cache_blocks" else set()
+    findings = _shape_findings(after, before)
+    for group, (old, new) in enumerate(zip(before.group_tables, after.group_tables, strict=True)):
+        for request_id, table in old.items():
+            if request_id not in acting and new.get(request_id) != table:
+                findings.append(
+                    Finding("others_untouched", f"group {group}: {new.get(request_id)}", f"{table}")
+                )
+                return findings
     return findings
 
 
@@ -217,7 +260,7 @@ def _hit_findings(
     *,
     args: tuple[object, ...],
     outcome: Outcome,
-    expected: spec.AppendedSlots,
+    expected: int,
     after: spec.AllocatorState,
     cached_before: list[dict[int, spec.CacheKey]],
     target_tables_after: list[dict[str, tuple[int, ...]]],
@@ -228,10 +271,8 @@ def _hit_findings(
     assert cache_salt is None or isinstance(cache_salt, str)
     hit = outcome.result
     findings = []
-    if hit != expected.cached_tokens:
-        findings.append(
-            Finding("hit_maximal", f"hit {hit} tokens", f"hit {expected.cached_tokens} tokens")
-        )
+    if hit != expected:
+        findings.append(Finding("hit_maximal", f"hit {hit} tokens", f"hit {expected} tokens"))
     if not isinstance(hit, int):
         return findings
     block_size = after.block_size

@@ -8,42 +8,63 @@ it, so the steps it carries are the shortest found); ``Report`` is a whole run's
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from harness.conformance.adapter import Outcome
+from harness.conformance.events import EVENT_RULES
 from harness.conformance.properties import (
+    ABSOLUTE_PROPERTIES,
     OBSERVATION_PROPERTIES,
     STATE_PROPERTIES,
     STEP_PROPERTIES,
     Expected,
     Finding,
-    Outcome,
 )
 from harness.conformance.view import Bijection
 
 
 @dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One step as run: the call, what the target gave, what the spec gave on its state."""
+class CallRecord:
+    """One call as run: what the target gave, what the spec gave on its state."""
 
     operation: str
     args: tuple[object, ...]
     outcome: Outcome
-    expected: Expected
+    expected: Expected | None
 
-    def call(self) -> str:
+    def text(self) -> str:
         return f"{self.operation}({', '.join(repr(arg) for arg in self.args)})"
 
     def target_side(self) -> str:
         if self.outcome.refusal is not None:
             return "refused"
-        return "ok" if self.outcome.result is None else f"ok, {_result(self.outcome.result)}"
+        result = self.outcome.result
+        return "ok" if result is None else f"ok, {_result(result)}"
 
     def spec_side(self) -> str:
-        if self.expected.error is not None:
+        expected = self.expected
+        if expected is None:
+            return "-"
+        if expected.error is not None:
             return "not applicable"
-        if self.expected.refusal is not None:
+        if expected.refusal is not None:
             return "refused"
-        result = self.expected.result
-        cached = getattr(result, "cached_tokens", None)
-        return "ok" if cached is None else f"ok, hit {cached} tokens"
+        return "ok" if expected.hit is None else f"ok, hit {expected.hit} tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of the machine: an operation (one call) or an engine step (its calls)."""
+
+    label: str
+    calls: tuple[CallRecord, ...]
+
+    def lines(self, number: int) -> list[str]:
+        if len(self.calls) == 1 and self.calls[0].text() == self.label:
+            call = self.calls[0]
+            return [f"{number:>3}. {self.label:<59} {call.target_side():<18} {call.spec_side()}"]
+        lines = [f"{number:>3}. {self.label}"]
+        for call in self.calls:
+            lines.append(f"       {call.text():<57} {call.target_side():<18} {call.spec_side()}")
+        return lines
 
 
 class DiscrepancyError(AssertionError):
@@ -65,33 +86,21 @@ class DiscrepancyError(AssertionError):
         super().__init__(self.describe())
 
     def bugs(self) -> list[Finding]:
-        return [f for f in self.findings if not self._declared(f)]
-
-    def _declared(self, finding: Finding) -> str | None:
-        operation = self.steps[-1].operation if self.steps else ""
-        return self.differences.get(finding.name) or self.differences.get(
-            f"{finding.name}/{operation}"
-        )
+        return [f for f in self.findings if not declared_reason(f, self.differences)]
 
     def describe(self) -> str:
         names = ", ".join(sorted({f.name for f in self.bugs()}))
         lines = [f"DISCREPANCY in {self.target}: {names} after {len(self.steps)} step(s)"]
         lines.append(f"{'step':<64} {'target':<18} spec")
         for number, step in enumerate(self.steps, start=1):
-            lines.append(
-                f"{number:>3}. {step.call():<59} {step.target_side():<18} {step.spec_side()}"
-            )
+            lines += step.lines(number)
         for finding in self.findings:
-            reason = self._declared(finding)
+            reason = declared_reason(finding, self.differences)
             kind = f"declared policy difference ({reason})" if reason else "BUG"
-            statement = (
-                STEP_PROPERTIES.get(finding.name)
-                or OBSERVATION_PROPERTIES.get(finding.name)
-                or _state_statement(finding.name)
-            )
+            where = f" ({finding.operation})" if finding.operation else ""
             lines += [
-                f"property {finding.name}: {kind}",
-                f"  rule:   {statement}",
+                f"property {finding.name}: {kind}{where}",
+                f"  rule:   {statement(finding.name)}",
                 f"  target: {finding.target}",
                 f"  spec:   {finding.spec}",
             ]
@@ -100,6 +109,12 @@ class DiscrepancyError(AssertionError):
             pairs = ", ".join(f"{t}->{s}" for t, s in sorted(renamed.items()))
             lines.append(f"block ids above are the spec's; target -> spec: {pairs}")
         return "\n".join(lines)
+
+
+def declared_reason(finding: Finding, differences: Mapping[str, str]) -> str | None:
+    """Why the target differs on ``finding`` by design, if it declares it (a property, or
+    ``property/operation`` for the operation of the call that broke it)."""
+    return differences.get(finding.name) or differences.get(f"{finding.name}/{finding.operation}")
 
 
 @dataclass(slots=True)
@@ -132,12 +147,23 @@ class Report:
         return "\n".join(lines)
 
 
-def checked_properties(exact: bool) -> list[str]:
-    names = [*STATE_PROPERTIES, *OBSERVATION_PROPERTIES, *STEP_PROPERTIES]
-    return names if exact else [n for n in names if n != "exact_state"]
+def checked_properties(exact: bool, engine: bool) -> list[str]:
+    """The properties a run checks: all but ``exact_state`` outside exact mode, and the
+    engine-step ones only for an engine adapter."""
+    names = [*STATE_PROPERTIES, *OBSERVATION_PROPERTIES, *STEP_PROPERTIES, *ABSOLUTE_PROPERTIES]
+    if not exact:
+        names.remove("exact_state")
+    if not engine:
+        names = [n for n in names if n not in ("changes_accounted", "spec_accepts")]
+    return names
 
 
-def _state_statement(name: str) -> str:
+def statement(name: str) -> str:
+    """The rule of property ``name``, in one line."""
+    text = STEP_PROPERTIES.get(name) or OBSERVATION_PROPERTIES.get(name)
+    text = text or ABSOLUTE_PROPERTIES.get(name) or EVENT_RULES.get(name)
+    if text:
+        return text
     holds = STATE_PROPERTIES.get(name)
     doc = (holds.__doc__ or "").strip().splitlines() if holds else []
     return doc[0] if doc else name

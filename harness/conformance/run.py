@@ -1,20 +1,34 @@
 """Running the conformance machine for a number of steps from a seed, and the pytest entry.
 
-``check_target`` runs batches of Hypothesis test cases (seeded ``seed``, ``seed + 1``, ...)
+``check_target`` runs batches of Hypothesis test cases (each batch seeded from ``seed``)
 until ``steps`` steps have run or a discrepancy is found, which Hypothesis first shrinks;
 it returns a ``Report``. ``assert_conforms`` is the same for a user's own test suite: it
-raises ``AssertionError`` with the report when a property breaks.
+raises ``AssertionError`` with the report when a property breaks. Both take the same
+keywords: ``steps`` and ``seed``.
 """
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.internal.conjecture import engine as conjecture_engine
 from hypothesis.stateful import get_state_machine_test
 
-from harness.conformance.adapter import Adapter
-from harness.conformance.machine import Tally, machine_for
+from harness.conformance.adapter import Adapter, EngineAdapter, is_engine
+from harness.conformance.judge import Tally
+from harness.conformance.machine import machine_for
 from harness.conformance.report import DiscrepancyError, Report, checked_properties
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``check_target``: ``report`` holds what ran until then."""
+
+    def __init__(self, report: Report) -> None:
+        super().__init__()
+        self.report = report
+
 
 # Steps a test case runs at most; Hypothesis draws fewer now and then.
 STEPS_PER_CASE = 50
@@ -22,21 +36,25 @@ CASES_PER_BATCH = 50
 
 
 def check_target(
-    factory: Callable[[], Adapter],
+    factory: Callable[[], Adapter | EngineAdapter],
     *,
-    steps: int,
-    seed_value: int,
+    steps: int = 2000,
+    seed: int = 0,
     progress: Callable[[Report], None] | None = None,
     progress_every_s: float = 10.0,
+    shrink_seconds: float = 120.0,
 ) -> Report:
-    """Run ``factory``'s adapters for at least ``steps`` steps, or to the first discrepancy."""
+    """Run the adapters ``factory`` makes (a fresh one per test case) for at least ``steps``
+    steps, or to the first discrepancy, shrunk for at most ``shrink_seconds``;
+    ``progress(report)`` is called every ``progress_every_s`` seconds, between test cases.
+    Never raises for a discrepancy: the report carries it."""
     probe = factory()
-    properties = checked_properties(probe.exact)
+    properties = checked_properties(bool(getattr(probe, "exact", False)), is_engine(probe))
     if probe.observe().ref_counts is None:
         properties.remove("ref_counts")
     report = Report(
         target=probe.name,
-        seed=seed_value,
+        seed=seed,
         properties=properties,
         differences=dict(probe.differences),
     )
@@ -69,20 +87,38 @@ def check_target(
             ),
         )
         try:
-            seed(seed_value * 1_000_003 + batch)(test)()
+            with _shrinking_for(shrink_seconds):
+                hypothesis_seed(seed * 1_000_003 + batch)(test)()
         except DiscrepancyError as found:
             report.discrepancy = found
             break
+        except KeyboardInterrupt:
+            report.steps, report.cases = tally.steps, tally.cases
+            raise RunInterrupted(report) from None
         batch += 1
     report.steps, report.cases = tally.steps, tally.cases
     report.declared = dict(tally.declared)
     return report
 
 
-def assert_conforms(factory: Callable[[], Adapter], *, steps: int = 2000, seed: int = 0) -> Report:
+def assert_conforms(
+    factory: Callable[[], Adapter | EngineAdapter], *, steps: int = 2000, seed: int = 0
+) -> Report:
     """Check the adapters ``factory`` makes for ``steps`` steps; raise ``AssertionError``
     with the report (shrunk steps, both sides) on a discrepancy, else return the report."""
-    report = check_target(factory, steps=steps, seed_value=seed)
+    report = check_target(factory, steps=steps, seed=seed)
     if report.discrepancy is not None:
         raise AssertionError(report.describe())
     return report
+
+
+@contextlib.contextmanager
+def _shrinking_for(seconds: float) -> Iterator[None]:
+    """Hypothesis shrinks for up to 300 s (``MAX_SHRINKING_SECONDS``, not a setting); an
+    engine target replays a whole server per attempt, so the kit bounds it itself."""
+    default = conjecture_engine.MAX_SHRINKING_SECONDS
+    conjecture_engine.MAX_SHRINKING_SECONDS = int(seconds)
+    try:
+        yield
+    finally:
+        conjecture_engine.MAX_SHRINKING_SECONDS = default

@@ -81,6 +81,10 @@ class Contents:
     def key(self, group: int, block_id: int) -> spec.CacheKey | None:
         return self.keys[group].get(block_id)
 
+    def held_keys(self, group: int) -> set[spec.CacheKey]:
+        """The keys some block of ``group`` still holds (not yet taken for other tokens)."""
+        return set(self.keys[group].values())
+
 
 def to_state(
     observation: Observation,

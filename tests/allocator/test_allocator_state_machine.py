@@ -11,6 +11,7 @@ from tests.support.planted_bugs import (
     HOST_TIER_BUGS,
     PLANTED_BUGS,
     QUERY_BUGS,
+    REFUSAL_BUGS,
     STEP_API_BUGS,
     WINDOW_PLANTED_BUGS,
     WeakHashOnly,
@@ -44,7 +45,9 @@ CATCHING = settings(
 )
 
 
-@pytest.mark.parametrize("broken", PLANTED_BUGS + QUERY_BUGS, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize(
+    "broken", PLANTED_BUGS + QUERY_BUGS + REFUSAL_BUGS, ids=lambda cls: cls.__name__
+)
 def test_state_machine_catches_planted_bug(broken: type[KVCacheManager]) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken), settings=CATCHING)

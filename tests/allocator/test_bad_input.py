@@ -12,6 +12,7 @@ import pytest
 from impl import KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
+from tests.support.planted_bugs import TakesAnyIterableAsTokenIds
 
 Manager = KVCacheManager | SpecBackedManager
 Call = Callable[[Manager], object]
@@ -110,6 +111,30 @@ def test_a_pool_that_cannot_be_served_is_refused_at_once(
     assert str(refused.value).startswith(message)
 
 
+@pytest.mark.parametrize("make", [SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
+def test_a_host_prefix_cache_without_a_host_tier_is_refused_at_once(make: type[Manager]) -> None:
+    with pytest.raises(ValueError) as refused:
+        make(4, 4, host_blocks=0, host_prefix_cache=True)
+    assert str(refused.value) == (
+        "host_prefix_cache needs a host tier to demote freed prefixes to: host_blocks is 0"
+    )
+
+
+@pytest.mark.parametrize(
+    "tokens", [None, 1.5, "abc", (1, "x"), {1, 2}], ids=["none", "float", "str", "ids", "set"]
+)
+@pytest.mark.parametrize("make", [SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
+def test_a_held_request_id_is_refused_before_whatever_its_tokens_are(
+    make: type[Manager], tokens: object
+) -> None:
+    # Issue 33: one order, ``spec.errors.check_allocate``, for both.
+    pool = _a_pool_with_a_prompt_and_a_counted_request(make)
+    before = _state(pool)
+    with pytest.raises(ValueError, match="request already has allocated blocks: c"):
+        pool.allocate("c", tokens)  # type: ignore[arg-type]
+    assert _state(pool) == before
+
+
 def test_a_request_id_that_is_not_itself_cannot_break_the_invariants() -> None:
     pool = KVCacheManager(4, 4)
     with pytest.raises(TypeError):
@@ -166,3 +191,30 @@ def test_a_block_hash_that_raises_leaves_the_manager_unchanged(call: Call) -> No
     assert _impl_state(pool) == before
     pool.check_invariants()
     assert pool.append("p", [4]).slots == ((3,),)  # still usable, where it would have been
+
+
+def _odd_token_differences(target_class: type[KVCacheManager]) -> list[str]:
+    """Each value lockstep's ``ODD_VALUES`` draws, given to ``allocate`` on a fresh pool:
+    where the target's outcome (its error, or admitting) differs from the spec's."""
+    from tests.support.lockstep import ODD_VALUES  # noqa: PLC0415
+
+    differences = []
+    for tokens in ODD_VALUES:
+        outcomes = []
+        for make in (SpecBackedManager, target_class):
+            try:
+                make(8, 2).allocate("r0", tokens)  # type: ignore[arg-type]
+                outcomes.append("admitted")
+            except Exception as error:  # the error itself is compared
+                outcomes.append(f"{type(error).__name__}: {error}")
+        if outcomes[0] != outcomes[1]:
+            differences.append(f"{tokens!r}: spec {outcomes[0]}, target {outcomes[1]}")
+    return differences
+
+
+def test_allocate_treats_every_odd_token_collection_as_the_spec_does() -> None:
+    assert _odd_token_differences(KVCacheManager) == []
+
+
+def test_a_target_taking_any_iterable_as_token_ids_differs_from_the_spec() -> None:
+    assert _odd_token_differences(TakesAnyIterableAsTokenIds)

@@ -48,6 +48,29 @@ def test_a_prompt_stores_its_full_blocks_chained_to_their_parents(make: Factory)
     }
 
 
+def test_a_consumer_that_missed_events_resyncs_from_the_cache_view(make: Factory) -> None:
+    pool, events = _pool(make, 12, group_windows=(None, 8))
+    pool.allocate("a", TEN, "t1")
+    pool.allocate("b", [7, 7, 7, 7, 7])
+    pool.release("b")  # its block is cached free; a's two are held
+    assert pool.cache_view() == replay_events(events)
+    assert pool.cache_view() == {
+        CachedBlock(group, block_id, key)
+        for group, block_ids in ((0, (0, 1, 6)), (1, (3, 4, 8)))
+        for block_id, key in zip(
+            block_ids,
+            (
+                CacheKey("t1", (1, 2, 3, 4)),
+                CacheKey("t1", (1, 2, 3, 4, 5, 6, 7, 8)),
+                CacheKey(None, (7, 7, 7, 7)),
+            ),
+            strict=True,
+        )
+    }
+    pool.reset_prefix_cache()
+    assert pool.cache_view() == frozenset()
+
+
 def test_a_hit_a_refused_duplicate_a_release_and_a_fork_emit_nothing(make: Factory) -> None:
     pool, events = _pool(make, 12)
     pool.allocate("a", TEN)

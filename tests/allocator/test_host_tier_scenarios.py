@@ -57,6 +57,23 @@ def test_a_block_in_flight_is_handed_to_no_one_before_its_copy_out_is_taken(
     assert pool.allocate("c", 1).table().block_ids == (1,)
 
 
+@pytest.mark.parametrize("token_count", [9, 0])
+def test_a_swap_out_with_no_host_tier_says_so_and_changes_nothing(
+    make: Factory, token_count: int
+) -> None:
+    pool = make(4, 4)
+    pool.allocate("a", token_count)
+    before = (pool.to_spec(), pool.usage())
+    with pytest.raises(HostBlockAllocationError) as refused:
+        pool.swap_out("a")
+    needed = -(-token_count // 4)
+    assert str(refused.value) == (
+        f"no host tier to swap request 'a' out to: needed={needed} host_blocks=0"
+    )
+    assert (refused.value.needed_blocks, refused.value.free_blocks) == (needed, 0)
+    assert (pool.to_spec(), pool.usage()) == before
+
+
 def test_a_swap_out_the_host_tier_cannot_take_is_refused_with_the_numbers_and_changes_nothing(
     make: Factory,
 ) -> None:

@@ -70,3 +70,13 @@ def test_a_salt_of_the_wrong_type_is_refused_and_changes_nothing(make: Factory) 
         pool.cached_prefix_tokens(TEN, b"t1")  # type: ignore[arg-type]
     assert free_ids(pool) == (0, 1, 2, 3)
     assert not pool.to_spec().tables
+
+
+def test_a_salt_with_a_lone_surrogate_is_a_namespace_of_its_own(make: Factory) -> None:
+    # A JSON request's "\ud800" decodes to a lone surrogate: a str, hashed like any other.
+    pool = make(12, 4)
+    assert pool.allocate("a", TEN, "\ud800").cached_tokens == 0
+    assert pool.cached_prefix_tokens(TEN, "\ud800") == 8
+    assert pool.cached_prefix_tokens(TEN, "\udc00") == 0
+    assert pool.cached_prefix_tokens(TEN) == 0
+    assert pool.allocate("b", TEN, "\ud800").cached_tokens == 8

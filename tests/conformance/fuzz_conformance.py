@@ -4,13 +4,14 @@ Not collected by a plain ``pytest`` run (the name does not start with ``test_``)
 ``PAGEDKV_CONFORMANCE_TARGET`` names a target of ``harness.conformance.targets.TARGETS``;
 each of its configurations becomes a test case run under the loaded Hypothesis profile
 (``fuzz``: its example database keeps failures), tallied as ``scripts/fuzz.sh`` expects.
+The targets' findings (docs/findings/) are declared: fuzzing looks for new bugs.
 """
 
 import os
 from typing import cast
 
 from harness.conformance import ConformanceMachine, machine_for
-from harness.conformance.targets import CONFIGURATIONS, TARGETS
+from harness.conformance.targets import TARGETS, configuration
 from tests.support.fuzz_targets import Tallied
 
 
@@ -21,7 +22,9 @@ def counting(name: str) -> type[ConformanceMachine]:
     # gave every configuration the same source, so a failure saved for one was replayed on
     # the others (and, passing there, deleted). A class without source is filed by name.
     machine = type(
-        f"CountingConformanceMachine_{name}", (Tallied, machine_for(CONFIGURATIONS[name])), {}
+        f"CountingConformanceMachine_{name}",
+        (Tallied, machine_for(configuration(name, known_findings=True))),
+        {},
     )
     return cast("type[ConformanceMachine]", machine)
 

@@ -14,6 +14,7 @@ from spec.block_hash import (
     compute_key_hash,
     encode_cbor,
     iter_block_hashes,
+    salt_extra_key,
 )
 from spec.records import CacheKey
 
@@ -95,3 +96,16 @@ def test_values_cbor_cannot_encode_without_a_tag_are_refused() -> None:
         encode_cbor(2**64)
     with pytest.raises(ValueError, match="no bool"):
         encode_cbor(True)
+
+
+def test_a_salt_utf8_cannot_encode_is_hashed_by_its_surrogatepass_bytes() -> None:
+    """A JSON request's ``"\\ud800"``: accepted by the spec, no CBOR text string; its extra
+    key holds its bytes (a CBOR byte string), so no text salt and no salt share its hashes."""
+    lone = "\ud800"
+    assert salt_extra_key(lone) == b"\xed\xa0\x80"
+    hashes = {
+        salt: compute_key_hash(CacheKey(salt, (1, 2)), 2)
+        for salt in (lone, None, "", "\ufffd", "\xed\xa0\x80")
+    }
+    assert len(set(hashes.values())) == len(hashes)
+    assert compute_key_hash(CacheKey(lone, (1, 2)), 2) == hashes[lone]  # deterministic

@@ -159,3 +159,13 @@ def test_an_address_in_use_is_refused_in_one_line(
             f"tcp://127.0.0.1:{port + 1}",
             WireEncoder(4, (None,), "vllm"),
         )
+
+
+def test_a_salt_utf8_cannot_encode_goes_out_as_its_bytes() -> None:
+    """msgpack has no string for a lone surrogate: the extra key carries the bytes the
+    block hash is computed over (``spec.block_hash.salt_extra_key``)."""
+    batch = EventBatch(0, (KeyStored(0, "GPU", 7, None, (1, 2, 3, 4), "\ud800"),))
+    for wire_format in ("vllm", "vllm-array"):
+        payload = WireEncoder(4, (None,), wire_format).encode(batch, ts=0.0, data_parallel_rank=0)
+        (stored,) = DECODERS[wire_format].decode(payload).events
+        assert stored.extra_keys == [(b"\xed\xa0\x80",)]

@@ -2,16 +2,19 @@
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from harness.bench import allocator as bench_allocator
+from harness.bench import api_cost as bench_api_cost
 from harness.bench import decode as bench_decode
 from harness.bench import host_prefix as bench_host_prefix
 from harness.bench import preemption as bench_preemption
 from harness.bench import speculation as bench_speculation
 from harness.bench import window_table as bench_window_table
+from harness.cli.pagedkv import main as pagedkv_main
 
 
 def test_the_decode_benchmark_prints_a_row_per_method_and_batch_size(
@@ -154,3 +157,73 @@ def test_the_preemption_benchmark_swaps_on_the_tight_pool_and_recomputes_nothing
     swaps, recomputes = rows["| swap"][3].split(" / ")
     assert int(swaps) > 0 and recomputes == "0" and rows["| swap"][4] == "0"
     assert rows["| recompute"][3].startswith("0 / ") and int(rows["| recompute"][4]) > 0
+
+
+# Issue 33, items 7 and 8: past the allocator's bounds each ended in a traceback (exit 1),
+# --total-blocks 0 ran the default pool, and --threads 0 or 10**9 went to torch (a
+# traceback, or libgomp aborting out of memory).
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["allocator", "--block-size", "70000", "--requests", "10", "--runs", "1"],
+            "argument --block-size: must be in [1, 65,536], got 70,000",
+        ),
+        *(
+            (
+                [*command, "--total-blocks", "16777217"],
+                "argument --total-blocks: must be in [1, 16,777,216], got 16,777,217",
+            )
+            for command in (["allocator"], ["host_prefix"], ["preemption", "--tiny"])
+        ),
+        (
+            ["preemption", "--tiny", "--total-blocks", "0"],
+            "argument --total-blocks: must be in [1, 16,777,216], got 0",
+        ),
+        (
+            ["preemption", "--tiny", "--total-blocks", "16777216"],
+            "--total-blocks 16777216: the run's K/V needs 128.00 GiB: a pool of 16777216 blocks",
+        ),
+        (
+            ["preemption", "--tiny", "--block-size", "1024"],
+            "--block-size 1024 is larger than the model's context of 512 tokens",
+        ),
+        *(
+            (
+                [name, *(["--tiny"] if name != "attention" else []), "--threads", threads],
+                f"argument --threads: must be between 1 and {len(os.sched_getaffinity(0))} "
+                f"(the CPUs here), got {threads}",
+            )
+            for name in ("decode", "attention", "preemption", "speculation")
+            for threads in ("0", "1000000000")
+        ),
+    ],
+)
+def test_bad_counts_are_one_line_and_exit_2_before_the_benchmark_runs(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code: object
+    try:
+        code = pagedkv_main(["bench", *argv])
+    except SystemExit as exited:
+        code = exited.code
+    assert code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"python -m harness.bench.{argv[0]}: error: {message}")
+
+
+def test_the_api_cost_benchmark_compares_two_checkouts_taking_turns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    this_checkout = Path(bench_api_cost.__file__).resolve().parents[2]
+    argv = ["--before", str(this_checkout), "--rounds", "1", "--requests", "40"]
+    assert bench_api_cost.main(argv) == 0
+    out, err = capsys.readouterr()
+    rows = out.splitlines()[2:]
+    assert len(rows) == 14 and rows[0].startswith("| trace, engine decode call")
+    assert "round 1/1: before" in err and "round 1/1: after" in err
+
+
+def test_the_api_cost_benchmark_refuses_bad_input_with_exit_code_2() -> None:
+    assert bench_api_cost.main(["--before", "/nonexistent"]) == 2
+    assert bench_api_cost.main(["--before", ".", "--rounds", "0"]) == 2

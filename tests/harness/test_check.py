@@ -6,10 +6,11 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import harness
+import harness.check
 import harness.oracle.equivalence
-from harness.check import CheckSettingsError, prompt_ids
-from harness.cli.parsing import UsageError
+from harness.check import prompt_ids
 from harness.kv_layout import KVLayout
+from harness.settings import CheckSettingsError
 from impl import KVCacheManager
 from impl.prefix_cache import EventSink
 from tests.support.harness_cases import SwappedBlockManager, save_model_directory, tiny_model
@@ -89,38 +90,126 @@ def test_a_model_loaded_from_a_directory_passes_with_text_prompts(tiny_dir: Path
     assert report.model_name == str(tiny_dir)
 
 
+@pytest.fixture
+def no_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generation fails the test: a refusal must come before anything runs."""
+
+    def generate(*args: object, **kwargs: object) -> None:
+        raise AssertionError("check_model started generating")
+
+    monkeypatch.setattr(harness.check, "run_equivalence", generate)
+
+
+# Issue 33, item 4: each ran, or failed with a raw error from deep inside, before the
+# settings were checked up front.
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"max_new_tokens": 0}, "max_new_tokens must be >= 1, got 0"),
-        ({"block_size": 0}, "block_size must be >= 1, got 0"),
-        ({"n": 0}, "n must be >= 1, got 0"),
-        ({"arrival_gap": -1}, "arrival_gap must be >= 0, got -1"),
-        ({"speculate": 0}, "speculate must be >= 1, got 0"),
-        ({"attention": "fast"}, "attention 'fast' is not one of"),
+        ({"host_blocks": 4.0}, "host_blocks must be an int or None, got float 4.0"),
+        ({"salts": 1.5}, "salts must be an int or None, got float 1.5"),
+        ({"max_new_tokens": True}, "max_new_tokens must be an int, got bool True"),
+        (
+            {"host_blocks": 8, "prefix_cache": False, "preempt": "recompute"},
+            "host_blocks 8 would hold nothing",
+        ),
+        (
+            {"host_blocks": 2**24 + 1, "block_size": 1},
+            "host_blocks must be in [1, 16,777,216], got 16,777,217",
+        ),
+        ({"total_blocks": 0}, "total_blocks must be in [1, 16,777,216], got 0"),
+        ({"attention": "fast"}, "attention must be one of ['gather', "),
+        ({"settings": {"block_size": 4}}, "settings must be a CheckSettings or None, got dict"),
+        ({"block_sizes": 4}, "block_sizes is not a setting of check_model (one of ['max_new"),
+        ({"name": 3}, "name must be a str or None, got int"),
+        ({"progress": "stages"}, "progress must be callable or None, got str"),
+        ({"observer": 1}, "observer must be callable or None, got int"),
+        ({"kv_events": []}, "kv_events must be a harness.kv_events.KVEventLog or None, got list"),
     ],
 )
-def test_bad_settings_are_refused_before_any_generation(
-    settings: dict[str, int | str], message: str
+@pytest.mark.usefixtures("no_generation")
+def test_bad_settings_are_refused_naming_the_keyword_before_any_generation(
+    settings: dict[str, object], message: str
 ) -> None:
-    with pytest.raises(CheckSettingsError, match=message):
+    with pytest.raises(CheckSettingsError) as refused:
         harness.check_model(tiny_model().model, None, TOKEN_PROMPTS, **settings)  # type: ignore[arg-type]
+    assert str(refused.value).startswith(message)
+    assert refused.value.setting == next(iter(settings))
+
+
+@pytest.mark.usefixtures("no_generation")
+def test_a_model_or_tokenizer_of_another_kind_is_refused(tiny_dir: Path) -> None:
+    with pytest.raises(CheckSettingsError, match=r"^model must be a transformers PreTrainedModel"):
+        harness.check_model(None, None, TOKEN_PROMPTS)  # type: ignore[arg-type]
+    with pytest.raises(CheckSettingsError, match=r"^tokenizer must be a transformers tokenizer"):
+        harness.check_model(tiny_model().model, "x", ["a b"])
 
 
 @pytest.mark.parametrize(
     ("prompts", "message"),
     [
-        ([], "no prompts to check"),
-        ([[]], "a token-id prompt needs at least one token"),
-        (["a b"], "text and chat prompts need a tokenizer"),
-        ([[1, "a"]], "a prompt is a string, a list of chat messages or a list of token ids"),
+        ([], "prompts is empty: no prompts to check"),
+        ([[]], "prompts[0]: a token-id prompt needs at least one token"),
+        (["a b"], "prompts[0]: text and chat prompts need a tokenizer"),
+        ([[1, "a"]], "prompts[0]: token 1 is str 'a'; token ids are ints >= 0"),
+        # Issue 33, item 4: a flat list of ids raised TypeError; a string ran as prompts.
+        ([1, 2, 3], "prompts[0] is int 1: a prompt is a string, a list of chat messages or"),
+        ("abc", "prompts must be a list of prompts, got str 'abc'"),
+        ([b"abc"], "prompts[0] is bytes b'abc': a prompt is a string"),
+        # Issue 33, item 5: ids outside the vocabulary (256) ended in the embedding's
+        # IndexError; booleans ran as 0 and 1.
+        ([[1, 2, 256]], "prompts[0]: token 2 is 256, outside the model's vocabulary of 256 "),
+        ([[5, 6], [1, -1]], "prompts[1]: token 1 is int -1; token ids are ints >= 0"),
+        ([[True, 2]], "prompts[0]: token 0 is bool True; token ids are ints >= 0"),
+        ([[{"role": "user"}]], "prompts[0][0]: a chat message is a mapping with string 'role'"),
+        ([[{"role": "user", "content": 7}]], "prompts[0][0]: a chat message is a mapping"),
     ],
 )
+@pytest.mark.usefixtures("no_generation")
 def test_bad_prompts_are_refused(prompts: list[harness.Prompt], message: str) -> None:
-    with pytest.raises(CheckSettingsError, match=message):
+    with pytest.raises(CheckSettingsError) as refused:
         harness.check_model(tiny_model().model, None, prompts)
+    assert str(refused.value).startswith(message)
+    assert refused.value.setting == "prompts"
 
 
-def test_a_pool_too_small_for_one_request_is_refused() -> None:
-    with pytest.raises(UsageError, match="cannot hold even one request"):
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ("abc", "prompts must be a list of prompts, got str 'abc'"),
+        (["a \ud800"], "prompts[0]: a lone surrogate '\\ud800' at character 2 is not valid"),
+        ([[{"role": "user", "content": "\udced"}]], "prompts[0][0]: a lone surrogate"),
+    ],
+)
+@pytest.mark.usefixtures("no_generation")
+def test_bad_text_prompts_are_refused_with_a_tokenizer(
+    tiny_dir: Path, prompts: list[harness.Prompt], message: str
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    with pytest.raises(CheckSettingsError) as refused:
+        harness.check_model(tiny_model().model, tokenizer, prompts)
+    assert str(refused.value).startswith(message)
+
+
+@pytest.mark.usefixtures("no_generation")
+def test_a_tokenizer_without_a_chat_template_is_refused_for_text(tiny_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer.chat_template = None
+    with pytest.raises(CheckSettingsError) as refused:
+        harness.check_model(tiny_model().model, tokenizer, ["a b"])
+    assert refused.value.setting == "tokenizer"
+    assert str(refused.value).startswith("tokenizer has no chat template, which prompts[0]")
+
+
+@pytest.mark.usefixtures("no_generation")
+def test_a_pool_too_small_for_one_request_is_refused_naming_total_blocks() -> None:
+    # Issue 33, item 6: total_blocks=0 raised the CLI's UsageError naming --total-blocks.
+    with pytest.raises(CheckSettingsError) as refused:
         harness.check_model(tiny_model().model, None, TOKEN_PROMPTS, total_blocks=1)
+    assert str(refused.value).startswith("total_blocks 1 cannot hold even one request: r00 ")
+
+
+def test_settings_and_keywords_combine_the_keywords_winning() -> None:
+    settings = harness.CheckSettings(block_size=4, max_new_tokens=64)
+    report = harness.check_model(tiny_model().model, None, [[5, 9, 13]], settings, max_new_tokens=3)
+    assert report.passed, report.summary()
+    assert (report.pool.block_size, report.rows[0].generated_tokens) == (4, 3)

@@ -56,7 +56,7 @@ def test_one_block_size_makes_paging_waste_nothing() -> None:
         (["--request-tokens", "4,-3"], "needs >= 1 token, got -3"),
         (["--request-tokens", "4,x"], "'x' is not a whole number"),
         (["--total-blocks", "2"], "pool of 2 blocks is too small"),
-        (["--block-size", "0"], "block_size must be at least 1"),
+        (["--block-size", "0"], "argument --block-size: must be in [1, 65,536], got 0"),
         (["--total-blocks", "zero"], "invalid int value"),
     ],
 )

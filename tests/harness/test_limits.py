@@ -1,4 +1,4 @@
-"""The limits the main command holds its input to: the model's context and the memory."""
+"""The limits ``check_model`` holds its settings to: the model's context and the memory."""
 
 import pytest
 import torch
@@ -10,9 +10,9 @@ from harness.cli.limits import (
     check_memory,
     kv_bytes,
 )
-from harness.cli.parsing import UsageError
 from harness.kv_layout import KVLayout
 from harness.runtime.requests import Request
+from harness.settings import CheckSettingsError
 
 # 2 layers x 2 (K, V) x 2 heads x 16 x 4 bytes = 512 bytes a token
 LAYOUT = KVLayout(2, 2, 16, torch.float32, torch.device("cpu"))
@@ -34,12 +34,13 @@ def test_a_run_within_the_memory_fraction_is_accepted() -> None:
 
 def test_a_run_over_the_memory_fraction_is_refused_with_its_numbers() -> None:
     assert MEMORY_FRACTION == 0.5
-    with pytest.raises(UsageError) as refused:
+    with pytest.raises(CheckSettingsError) as refused:
         check_memory(REQUESTS, 8, 4, LAYOUT, available=2 * (16_384 + 49_152) - 2)
+    assert refused.value.setting == "total_blocks"
     assert str(refused.value) == (
-        "the run's K/V needs 65,536 bytes: a pool of 8 blocks x 4 tokens x 512 bytes "
-        "(16,384 bytes) and the gate's contiguous buffers (49,152 bytes); the limit is 0.5 of "
-        "the 131,070 bytes of cpu memory available, 65,535 bytes"
+        "total_blocks 8: the run's K/V needs 65,536 bytes: a pool of 8 blocks x 4 tokens x 512 "
+        "bytes (16,384 bytes) and the gate's contiguous buffers (49,152 bytes); the limit is "
+        "0.5 of the 131,070 bytes of cpu memory available, 65,535 bytes"
     )
 
 
@@ -48,8 +49,9 @@ def test_a_request_exactly_as_long_as_the_context_is_accepted() -> None:
 
 
 def test_the_first_request_longer_than_the_context_is_refused() -> None:
-    with pytest.raises(UsageError) as refused:
+    with pytest.raises(CheckSettingsError) as refused:
         check_context(REQUESTS, context=31)
+    assert refused.value.setting == "prompts"
     assert str(refused.value) == (
         "r1 is too long: 30 prompt tokens + 2 new = 32 tokens, more than the model's context "
         "of 31 tokens (max_position_embeddings)"

@@ -31,7 +31,7 @@ def test_help_at_the_top_lists_the_commands(capsys: pytest.CaptureFixture[str]) 
 def test_an_unknown_command_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["chek"]) == 2
     assert capsys.readouterr().err == (
-        "pagedkv: error: unknown command 'chek' (expected check, bench or fuzz)\n"
+        "pagedkv: error: unknown command 'chek' (expected check, bench, fuzz or conformance)\n"
     )
 
 

@@ -143,8 +143,10 @@ def test_the_main_command_refuses_a_map_interval_below_one(
 ) -> None:
     # A missing model too: were --pool-map not checked first, its error would show instead.
     args = ["--device", "cpu", "--model", str(tmp_path / "no-model"), "--pool-map", "0"]
-    assert harness_main(args) == 2
-    assert capsys.readouterr().err.strip().endswith("--pool-map must be >= 1, got 0")
+    with pytest.raises(SystemExit) as exited:
+        harness_main(args)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("argument --pool-map: must be >= 1, got 0")
 
 
 def test_the_main_commands_help_lists_the_map_and_the_plot(

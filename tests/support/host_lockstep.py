@@ -36,6 +36,7 @@ class HostTierMachine(AllocatorMachine):
     def init_pool(
         self, total_blocks: int, block_size: int, host_blocks: int, host_prefix_cache: bool
     ) -> None:
+        host_prefix_cache = host_prefix_cache and host_blocks > 0  # refused with none
         self.model = spec.init(
             total_blocks, block_size, host_blocks=host_blocks, host_prefix_cache=host_prefix_cache
         )
@@ -116,6 +117,7 @@ class WindowedHostTierMachine(HostTierMachine, WindowedAllocatorMachine):
         host_blocks: int,
         host_prefix_cache: bool,
     ) -> None:
+        host_prefix_cache = host_prefix_cache and host_blocks > 0  # refused with none
         self.model = spec.init(
             total_blocks, block_size, group_windows, host_blocks, host_prefix_cache
         )

@@ -68,18 +68,34 @@ ANY_TOKEN_IDS = st.one_of(
     TOKEN_IDS,
     st.lists(ANY_TOKEN_ID, min_size=1, max_size=6).map(tuple),
 )
-ANY_PROMPTS = st.one_of(PROMPTS, PROMPTS, ANY_TOKEN_IDS)
+# What the spec does not take as token ids, or takes though they look odd: non-iterables,
+# iterables that are not sequences (a set, a dict, text), and sequences of ints that are
+# not tuples. Whatever a call makes of them, spec and impl must make the same.
+ODD_VALUES: tuple[object, ...] = (
+    None,
+    2.5,
+    {1: 2},
+    {3, 1},
+    frozenset(),
+    "abc",
+    b"\x01\x02",
+    bytearray(b"\x01"),
+    range(3),
+    [1, 2],
+)
+ODD_TOKENS: st.SearchStrategy[object] = st.sampled_from(ODD_VALUES)
+ANY_PROMPTS = st.one_of(PROMPTS, PROMPTS, ANY_TOKEN_IDS, ODD_TOKENS)
 NEW_REQUEST_IDS = st.one_of(REQUEST_IDS, REQUEST_IDS, REQUEST_IDS, BAD_REQUEST_IDS)
-# Cache salts: no salt, two tenants, the empty salt (a namespace apart from no salt), and
-# now and then one of the wrong type.
-SALTS = st.sampled_from([None, "a", "b", ""])
+# Cache salts: no salt, two tenants, the empty salt (a namespace apart from no salt), a
+# lone surrogate (a JSON request's "\ud800"), and now and then one of the wrong type.
+SALTS = st.sampled_from([None, "a", "b", "", "\ud800"])
 ANY_SALTS = st.one_of(SALTS, SALTS, SALTS, st.sampled_from([7, b"a", ("a",)]))
 
 # What each kind of argument of ``spec.api`` is drawn from, valid and malformed alike.
 ARGUMENTS: dict[Argument, st.SearchStrategy[object]] = {
     Argument.REQUEST_ID: NEW_REQUEST_IDS,
     Argument.CHILD_ID: NEW_REQUEST_IDS,
-    Argument.TOKENS: st.one_of(COUNTS, ANY_PROMPTS),
+    Argument.TOKENS: st.one_of(COUNTS, ANY_PROMPTS, ODD_TOKENS),
     Argument.TOKEN_COUNT: st.one_of(st.integers(-1, 40), BAD_COUNTS),
     Argument.CACHE_SALT: ANY_SALTS,
     Argument.PROMPT: ANY_PROMPTS,

@@ -535,9 +535,26 @@ class PrefixQueryCoversTheLastToken(KVCacheManager):
         return hit
 
 
+class _ViewsTheFreeQueueOnly(BlockPool):
+    __slots__ = ()
+
+    def cache_view(self) -> frozenset[spec.CachedBlock]:
+        return frozenset(
+            entry for entry in super().cache_view() if entry.block_id in self.cached_free
+        )
+
+
+class CacheViewMissesHeldBlocks(KVCacheManager):
+    """(w) ``cache_view`` lists the cached free queue only: a router resyncing from it
+    forgets every prefix running requests hold, the hits it should route to most."""
+
+    block_pool_class = _ViewsTheFreeQueueOnly
+
+
 QUERY_BUGS: list[type[KVCacheManager]] = [
     RollbackReportsCachedBlocksAsFreed,
     PrefixQueryCoversTheLastToken,
+    CacheViewMissesHeldBlocks,
 ]
 
 # -- the all-groups step API -------------------------------------------------------------
@@ -692,3 +709,43 @@ HOST_TIER_BUGS: list[type[KVCacheManager]] = [
     SwapInForgetsTheOtherHolder,
     RevivesADemotedPrefixUnsalted,
 ]
+
+
+# -- refusals ---------------------------------------------------------------------------
+# Bugs in what a call refuses, and in which order: lockstep draws malformed arguments of
+# every kind (non-iterables, iterables that are not sequences, ids of the wrong type) and
+# compares the errors, so each must fail it.
+
+
+class TakesAnyIterableAsTokenIds(KVCacheManager):
+    """(w) ``allocate`` takes any iterable but a ``str`` as token ids (a set, a dict's
+    keys), where the spec takes a sequence only and refuses the rest as a count: impl
+    admits what the spec refuses, in an order a set does not have."""
+
+    def allocate(
+        self, request_id: str, tokens: int | Sequence[int], cache_salt: str | None = None
+    ) -> AppendedSlots:
+        drawn: object = tokens  # typed as the API's; lockstep passes anything
+        if isinstance(drawn, Iterable) and not isinstance(drawn, Sequence):
+            tokens = tuple(drawn)
+        return super().allocate(request_id, tokens, cache_salt)
+
+
+class ChecksTheTokensBeforeTheId(KVCacheManager):
+    """(x) ``allocate`` refuses malformed tokens before a duplicate request id (issue 33's
+    difference, the other way round): the same call, another error."""
+
+    def allocate(
+        self, request_id: str, tokens: int | Sequence[int], cache_salt: str | None = None
+    ) -> AppendedSlots:
+        if spec.is_token_ids(tokens):
+            spec.check_token_ids(tuple(tokens))
+        else:
+            spec.check_token_count(tokens)
+        return super().allocate(request_id, tokens, cache_salt)
+
+
+# TakesAnyIterableAsTokenIds is caught by a scenario over every odd value
+# (tests/allocator/test_bad_input.py): the derandomized machine draws a set as a prompt too
+# rarely to be relied on.
+REFUSAL_BUGS: list[type[KVCacheManager]] = [ChecksTheTokensBeforeTheId]

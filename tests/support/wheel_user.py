@@ -1,5 +1,6 @@
 """A user's own code, type-checked against the installed wheel by ``tests/test_wheel.py``
-(``mypy --strict --disallow-any-expr``): impl's public API and ``harness.check_model``.
+(``mypy --strict --disallow-any-expr``): impl's public API, ``harness.check_model`` and
+``harness.CheckSettings``.
 
 Not run: it only has to type-check, with no ``Any`` coming out of the public API.
 """
@@ -25,6 +26,12 @@ def check(model: torch.nn.Module, tokenizer: object) -> bool:
     assert_type(report.summary(), str)
     assert_type(report.rows[0].batch.margin_ulps, float | None)
     return report.passed
+
+
+def check_with_settings(model: torch.nn.Module) -> bool:
+    settings = harness.CheckSettings(block_size=4, preempt="swap", host_blocks=64)
+    assert_type(settings.host_blocks, int | None)
+    return harness.check_model(model, None, [[1, 2, 3]], settings, max_new_tokens=8).passed
 
 
 assert_type(KVBlockManager(8, 4).allocate("r0", 5).block_ids, list[int])

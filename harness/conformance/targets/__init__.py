@@ -1,27 +1,33 @@
-"""The bundled conformance targets, by name, each a list of configurations.
+"""The bundled conformance targets, by name, each a list of configurations, and a user's
+own target named ``package.module:factory``.
 
 A configuration's factory imports its target's package only when called, so naming a
 target whose package is absent fails with ``TargetUnavailableError`` (one line), not at import.
 """
 
+import importlib
 import importlib.util
+import os
+import sys
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from harness.conformance.adapter import Adapter
+from harness.conformance.adapter import Adapter, EngineAdapter
+
+Factory = Callable[[], Adapter | EngineAdapter]
 
 
 class TargetUnavailableError(RuntimeError):
-    """A target whose package is not installed."""
+    """A target whose package is not installed, or a ``module:factory`` that cannot be loaded."""
 
 
-def _pagedkv(group_windows: tuple[int | None, ...]) -> Callable[[], Adapter]:
+def _pagedkv(group_windows: tuple[int | None, ...]) -> Callable[[bool], Factory]:
     def make() -> Adapter:
         from harness.conformance.targets.pagedkv import PagedKVAdapter  # noqa: PLC0415
 
         return PagedKVAdapter(group_windows=group_windows)
 
-    return make
+    return lambda known_findings: make
 
 
 def _article() -> Adapter:
@@ -30,42 +36,60 @@ def _article() -> Adapter:
     return ArticleBlockManager()
 
 
-def _transformers(sliding_window: int | None) -> Callable[[], Adapter]:
-    def make() -> Adapter:
-        # Lazy: transformers and torch take seconds to import.
-        from harness.conformance.targets.transformers_cb import (  # noqa: PLC0415
-            TransformersAdapter,
-        )
-
-        return TransformersAdapter(sliding_window=sliding_window)
-
-    return make
-
-
-def _vllm(sliding_window: int | None) -> Callable[[], Adapter]:
-    def make() -> Adapter:
-        if importlib.util.find_spec("vllm") is None:
-            raise TargetUnavailableError(
-                "target vllm needs the vllm package: run scripts/setup.sh (it installs the "
-                "'conformance' extra)"
+def _transformers(sliding_window: int | None) -> Callable[[bool], Factory]:
+    def with_findings(known_findings: bool) -> Factory:
+        def make() -> EngineAdapter:
+            # Lazy: transformers and torch take seconds to import.
+            from harness.conformance.targets.transformers_engine import (  # noqa: PLC0415
+                TransformersEngine,
             )
-        from harness.conformance.targets.vllm_v1 import VLLMAdapter  # noqa: PLC0415
 
-        return VLLMAdapter(sliding_window=sliding_window)
+            return TransformersEngine(sliding_window=sliding_window, known_findings=known_findings)
 
-    return make
+        return make
+
+    return with_findings
 
 
-CONFIGURATIONS: Mapping[str, Callable[[], Adapter]] = MappingProxyType(
+def _vllm(sliding_window: int | None) -> Callable[[bool], Factory]:
+    def with_findings(known_findings: bool) -> Factory:
+        def make() -> EngineAdapter:
+            if importlib.util.find_spec("vllm") is None:
+                raise TargetUnavailableError(
+                    "target vllm needs the vllm package: run scripts/setup.sh (it installs "
+                    "the 'conformance' pins)"
+                )
+            from harness.conformance.targets.vllm_engine import VLLMEngine  # noqa: PLC0415
+
+            return VLLMEngine(sliding_window=sliding_window, known_findings=known_findings)
+
+        return make
+
+    return with_findings
+
+
+_MAKERS: Mapping[str, Callable[[bool], Factory]] = MappingProxyType(
     {
         "pagedkv-full": _pagedkv((None,)),
         "pagedkv-windowed": _pagedkv((None, 6)),
-        "article": _article,
+        "article": lambda known_findings: _article,
         "transformers-full": _transformers(None),
         "transformers-sliding": _transformers(6),
         "vllm-full": _vllm(None),
         "vllm-hybrid": _vllm(6),
     }
+)
+
+
+def configuration(name: str, known_findings: bool = False) -> Factory:
+    """The factory of bundled configuration ``name``; with ``known_findings``, its adapters
+    declare the target's findings (docs/findings/) as differences, so that a run looks
+    past them for other bugs."""
+    return _MAKERS[name](known_findings)
+
+
+CONFIGURATIONS: Mapping[str, Factory] = MappingProxyType(
+    {name: configuration(name) for name in _MAKERS}
 )
 
 TARGETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -77,3 +101,27 @@ TARGETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         **{name: (name,) for name in CONFIGURATIONS if name != "article"},
     }
 )
+
+
+def load_factory(target: str) -> Factory:
+    """The factory ``target`` names, ``package.module:factory`` (a class or a function
+    returning a fresh adapter); the module is looked up as ``python -m`` would, from the
+    current directory first. ``TargetUnavailableError`` says in one line what is wrong."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise TargetUnavailableError(
+            f"target {target!r} is neither a bundled target ({', '.join(TARGETS)}) nor "
+            "package.module:factory"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise TargetUnavailableError(f"cannot import {module_name!r}: {error}") from error
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise TargetUnavailableError(
+            f"module {module_name!r} has no callable {attribute!r} (a factory of adapters)"
+        )
+    return factory  # type: ignore[no-any-return]

@@ -1,0 +1,358 @@
+"""vLLM v1's scheduler over its ``KVCacheManager`` as a conformance target (refinement mode).
+
+The real package (``scripts/setup.sh`` installs the 'conformance' pins without their
+dependencies), on CPU: the real ``vllm.v1.core.sched.scheduler.Scheduler`` built from a
+``VllmConfig`` of a one-layer Llama (read from a config.json the adapter writes; no weights,
+no model runner), with prefix caching on, over a ``KVCacheConfig`` of one full-attention
+group, or a full group beside a sliding-window group (a hybrid model). Each engine step is
+what vLLM's engine core does: ``schedule()``, a stub model that samples the kit's tokens
+(``ModelRunnerOutput``), ``update_from_output()``; requests arrive by ``add_request`` and
+are cancelled by ``finish_requests(..., FINISHED_ABORTED)``. The scheduler admits,
+decodes, preempts (mid-step, when a running request cannot get a block) and finishes as
+vLLM does, and a request's last forward is followed by its finish in the same step.
+
+The adapter only watches: it wraps the ``KVCacheManager`` instance's ``get_computed_blocks``,
+``allocate_slots`` and ``free`` to report each call, in the spec's vocabulary, with what the
+pool showed around it: an admission (``get_computed_blocks`` + ``allocate_slots`` of a
+request without blocks) is ``allocate_prompt``, a running request's ``allocate_slots`` is
+``append_token_ids``, ``free`` is ``preempt`` for a running request, else ``release``.
+
+vLLM's own order policy is not the spec's (freed blocks go to one free queue, uncached ones
+at its head, cached ones at its tail; block 0 is the null block standing for skipped
+blocks), so only what must hold whatever the order is compared.
+"""
+
+import functools
+import tempfile
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from transformers import LlamaConfig
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVEventsConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_group_id, get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+import spec
+from harness.conformance.adapter import (
+    CACHE_SALT,
+    KV_EVENTS,
+    Call,
+    Observation,
+    Outcome,
+    TargetTable,
+    record_calls,
+)
+from harness.conformance.events import TargetEvent, TargetRemoved, TargetStored
+
+STOP_TOKEN = 7  # outside the kit's vocabulary (0..3): the stub model samples it to finish
+
+_WHICH_COPY = (
+    "with two cached blocks for a prefix, a hit takes the one cached first, evictable or "
+    "held; reviving an evictable one costs a free block, so an admission can need a block "
+    "more or less than the kit's model (one block per prefix) predicts"
+)
+FULL_DIFFERENCES: Mapping[str, str] = MappingProxyType(
+    {
+        "one_block_per_prefix": "a prompt's last full block, recomputed because the last "
+        "token is never a hit, is cached again beside the block already caching its "
+        "prefix (BlockHashToBlockMap keeps several blocks per hash)",
+        "refusal_justified/allocate_prompt": _WHICH_COPY,
+        "capacity_respected/allocate_prompt": _WHICH_COPY,
+        "events_stored_twice": "each copy of a prefix (one_block_per_prefix) is stored, so "
+        "its hash is stored again while present",
+    }
+)
+HYBRID_DIFFERENCES: Mapping[str, str] = MappingProxyType(
+    {
+        **FULL_DIFFERENCES,
+        "refusal_atomic/append_token_ids": "allocate_slots releases the blocks that left "
+        "the window before it finds it cannot allocate, and keeps them released (its "
+        "comment: 'We can do this even if we cannot schedule this request')",
+    }
+)
+
+# The findings (docs/findings/), declared only when a run asks to look past them.
+FINDINGS: Mapping[str, str] = MappingProxyType(
+    {
+        "eviction_justified/duplicate": "FINDING docs/findings/vllm-duplicate-blocks.md: a "
+        "second cached block for a prefix is evicted in LRU order like a unique one, so a "
+        "unique cached prefix goes while a redundant copy stays",
+        "events_missing": "FINDING docs/findings/vllm-kv-events.md: evicting one copy of a "
+        "prefix publishes BlockRemoved for its hash while another copy stays cached (vLLM "
+        "#55092's class): a router's set of keys loses a prefix the engine still hits",
+    }
+)
+
+init_none_hash(sha256)
+
+
+@functools.cache
+def vllm_config(block_size: int, total_blocks: int) -> Any:  # Any: vLLM's config
+    """The ``VllmConfig`` of a one-layer Llama on the CPU platform, once per process
+    (building its ``ModelConfig`` inspects the architecture: seconds)."""
+    model_dir = tempfile.mkdtemp(prefix="pagedkv-vllm-")
+    LlamaConfig(
+        vocab_size=16,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        intermediate_size=16,
+        max_position_embeddings=4096,
+    ).save_pretrained(model_dir)
+    model = ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=4096)
+    cache = CacheConfig(block_size=block_size, enable_prefix_caching=True)
+    cache.num_gpu_blocks = total_blocks + 1  # and the null block
+    # A token budget no batch of the kit's requests reaches: no prefill is chunked.
+    scheduler = SchedulerConfig(
+        max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=4096, is_encoder_decoder=False
+    )
+    return VllmConfig(
+        model_config=model,
+        cache_config=cache,
+        scheduler_config=scheduler,
+        device_config=DeviceConfig(device="cpu"),
+        # The scheduler's KVCacheManager emits KV cache events; the scheduler publishes each
+        # step's (update_from_output) to its null publisher, which the adapter watches.
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+    )
+
+
+class VLLMEngine:
+    """The real vLLM v1 ``Scheduler`` over ``total_blocks`` usable blocks (plus the null one)."""
+
+    exact = False
+    supports = frozenset({CACHE_SALT, KV_EVENTS})
+
+    def __init__(
+        self,
+        *,
+        sliding_window: int | None = None,
+        block_size: int = 4,
+        total_blocks: int = 12,
+        known_findings: bool = False,
+    ) -> None:
+        self.group_windows: tuple[int | None, ...] = (
+            (None,) if sliding_window is None else (None, sliding_window)
+        )
+        groups = [
+            KVCacheGroupSpec([f"layer.{g}"], _attention(block_size, window))
+            for g, window in enumerate(self.group_windows)
+        ]
+        kv_cache = KVCacheConfig(
+            num_blocks=total_blocks + 1, kv_cache_tensors=[], kv_cache_groups=groups
+        )
+        config = vllm_config(block_size, total_blocks)
+        # Any: vLLM objects are the untyped boundary.
+        self.scheduler: Any = Scheduler(
+            config, kv_cache, StructuredOutputManager(config), block_size=block_size
+        )
+        self.manager: Any = self.scheduler.kv_cache_manager
+        self.hasher: Any = get_request_block_hasher(block_size, sha256)
+        self.block_size = block_size
+        self.total_blocks = total_blocks
+        self.name = f"vllm Scheduler windows={list(self.group_windows)}"
+        differences = FULL_DIFFERENCES if sliding_window is None else HYBRID_DIFFERENCES
+        self.differences = {**differences, **(FINDINGS if known_findings else {})}
+        # Tokens each request holding blocks has slots for (what its tables cover).
+        self.slot_tokens: dict[str, int] = {}
+        self.calls: list[Call] = []
+        self._admitting: tuple[str, Observation] | None = None
+        self._watch()
+        # The KVEventBatches the scheduler published since the last take_events().
+        self.published: list[Any] = []
+        publisher: Any = self.scheduler.kv_event_publisher
+        publish = publisher.publish
+
+        def watched_publish(batch: Any) -> None:
+            self.published.append(batch)
+            publish(batch)
+
+        publisher.publish = watched_publish
+
+    @property
+    def pool_block_ids(self) -> Sequence[int]:
+        return range(1, self.total_blocks + 1)  # block 0 is the null block
+
+    # -- what the engine core does ----------------------------------------------------------
+
+    def submit(
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None = None
+    ) -> None:
+        params = SamplingParams(max_tokens=1 << 20, stop_token_ids=[STOP_TOKEN])
+        request = Request(
+            request_id,
+            list(token_ids),
+            params,
+            None,
+            cache_salt=cache_salt,
+            block_hasher=self.hasher,
+        )
+        self.scheduler.add_request(request)
+
+    def step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> list[Call]:
+        self.calls = []
+        return record_calls(self.calls, lambda: self._step(sampled, finishing))
+
+    def _step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> None:
+        scheduled = self.scheduler.schedule()
+        request_ids = list(scheduled.num_scheduled_tokens)
+        tokens = [[STOP_TOKEN if r in finishing else sampled[r]] for r in request_ids]
+        output = ModelRunnerOutput(
+            req_ids=request_ids,
+            req_id_to_index={r: i for i, r in enumerate(request_ids)},
+            sampled_token_ids=tokens,
+        )
+        self.scheduler.update_from_output(scheduled, output)
+
+    def abort(self, request_id: str) -> list[Call]:
+        self.calls = []
+        aborted = RequestStatus.FINISHED_ABORTED
+        return record_calls(self.calls, lambda: self.scheduler.finish_requests(request_id, aborted))
+
+    # -- watching the allocator ---------------------------------------------------------------
+
+    def _watch(self) -> None:
+        manager = self.manager
+        get_computed_blocks, allocate_slots, free = (
+            manager.get_computed_blocks,
+            manager.allocate_slots,
+            manager.free,
+        )
+
+        def watched_get_computed_blocks(request: Any, *args: Any, **kwargs: Any) -> Any:
+            self._admitting = (request.request_id, self.observe())
+            return get_computed_blocks(request, *args, **kwargs)
+
+        def watched_allocate_slots(
+            request: Any,
+            num_new_tokens: int,
+            num_new_computed_tokens: int = 0,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            request_id = request.request_id
+            admitting = request_id not in self.slot_tokens
+            pending, self._admitting = self._admitting, None
+            before = pending[1] if pending and pending[0] == request_id else self.observe()
+            blocks = allocate_slots(
+                request, num_new_tokens, num_new_computed_tokens, *args, **kwargs
+            )
+            start = 0 if admitting else self.slot_tokens[request_id]
+            end = (num_new_computed_tokens if admitting else start) + num_new_tokens
+            token_ids = tuple(request.all_token_ids[start:end])
+            if blocks is not None:
+                self.slot_tokens[request_id] = end
+            operation, result = "append_token_ids", None
+            call_args: tuple[object, ...] = (request_id, token_ids)
+            if admitting:
+                operation, result = "allocate_prompt", num_new_computed_tokens
+                call_args = (request_id, token_ids, request.cache_salt)
+            outcome = Outcome(result) if blocks is not None else Outcome(refusal="no free blocks")
+            self.calls.append(Call(operation, call_args, outcome, before, self.observe()))
+            return blocks
+
+        def watched_free(request: Any) -> None:
+            request_id = request.request_id
+            before = self.observe()
+            free(request)
+            if self.slot_tokens.pop(request_id, None) is not None:
+                operation = "release" if request.is_finished() else "preempt"
+                self.calls.append(Call(operation, (request_id,), Outcome(), before, self.observe()))
+
+        manager.get_computed_blocks = watched_get_computed_blocks
+        manager.allocate_slots = watched_allocate_slots
+        manager.free = watched_free
+
+    # -- what it shows ------------------------------------------------------------------------
+
+    def take_events(self) -> list[TargetEvent]:
+        """The events of the ``KVEventBatch``es the scheduler published since the last
+        call (``vllm.distributed.kv_events`` records, in the kit's neutral shape)."""
+        batches, self.published = self.published, []
+        return [_neutral(event) for batch in batches for event in batch.events]
+
+    def observe(self) -> Observation:
+        pool = self.manager.block_pool
+        free = pool.free_block_queue.get_all_free_blocks()
+        cached: list[set[int]] = [set() for _ in self.group_windows]
+        for block in pool.blocks:
+            if block.block_hash is not None and not block.is_null:
+                cached[get_group_id(block.block_hash)].add(block.block_id)
+        tables = []
+        ref_counts: dict[int, int] = {}
+        for manager in self.manager.coordinator.single_type_managers:
+            group_tables = {}
+            for request_id, blocks in manager.req_to_blocks.items():
+                if request_id not in self.slot_tokens:
+                    continue  # a refused admission's empty entry (req_to_blocks is a defaultdict)
+                skipped = 0
+                while skipped < len(blocks) and blocks[skipped].is_null:
+                    skipped += 1
+                held = blocks[skipped:]
+                for block in held:
+                    ref_counts[block.block_id] = block.ref_cnt
+                group_tables[request_id] = TargetTable(
+                    tuple(block.block_id for block in held), self.slot_tokens[request_id], skipped
+                )
+            tables.append(group_tables)
+        return Observation(
+            tables=tuple(tables),
+            free_block_ids=tuple(b.block_id for b in free if b.block_hash is None),
+            cached_free_block_ids=tuple(b.block_id for b in free if b.block_hash is not None),
+            cached_block_ids=tuple(frozenset(ids) for ids in cached),
+            ref_counts=ref_counts,
+        )
+
+
+def _attention(block_size: int, window: int | None) -> Any:  # Any: vLLM's spec classes
+    if window is None:
+        return FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16
+        )
+    return SlidingWindowSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=8,
+        dtype=torch.float16,
+        sliding_window=window,
+    )
+
+
+def _neutral(event: Any) -> TargetEvent:  # Any: a vllm.distributed.kv_events record
+    kind = type(event).__name__
+    if kind == "AllBlocksCleared":
+        return spec.AllBlocksCleared()
+    if kind == "BlockRemoved":
+        return TargetRemoved(tuple(event.block_hashes), event.group_idx, event.medium)
+    # The cache salt is the only extra key the kit's requests have (the first block's).
+    first_keys = event.extra_keys[0] if event.extra_keys else None
+    salt = first_keys[0] if first_keys and event.parent_block_hash is None else None
+    return TargetStored(
+        tuple(event.block_hashes),
+        event.parent_block_hash,
+        tuple(event.token_ids),
+        salt,
+        event.group_idx,
+        event.medium,
+    )
