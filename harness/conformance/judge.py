@@ -42,6 +42,7 @@ from harness.conformance.shadow import (
     computed_keys,
     evicted_counts,
     eviction_findings,
+    revived_counts,
     visible_keys,
 )
 from harness.conformance.view import Bijection, Contents, duplicate_cached_blocks, to_state
@@ -225,12 +226,13 @@ class Judge:
             findings.append(
                 Finding("shadow_hit_maximal", f"hit {hit} tokens", f"hit {shadow_hit} tokens")
             )
-        events = expected.state.events if expected is not None and expected.state else ()
+        if expected is not None and expected.refusal is not None and outcome.refusal is None:
+            allowed = revived_counts(call.before, call.after)  # done where the spec refuses
+        else:
+            events = expected.state.events if expected is not None and expected.state else ()
+            allowed = evicted_counts(events, self.groups)
         eviction, evicted = eviction_findings(
-            visible_before,
-            visible_keys(call.after, self.contents, self.groups),
-            evicted_counts(events, self.groups),
-            spare,
+            visible_before, visible_keys(call.after, self.contents, self.groups), allowed, spare
         )
         return [_tagged(f, operation) for f in findings + eviction], expected, evicted
 

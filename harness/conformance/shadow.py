@@ -11,6 +11,8 @@ construction. These do not take the target's cache as given:
   an eviction);
 - ``eviction_justified``: a call loses, over every group, at most as many keys as the
   spec's operation on the same state evicts (its ``BlockRemoved`` events), or on a reset;
+  for a call the spec refuses and the target declares it may carry out, at most as many
+  as the cached free blocks it took (``revived_counts``);
 - ``shadow_hit_maximal``: the ``Shadow`` holds every key the target's calls computed or
   it cached, less those evicted; an admission's hit is at least the spec's hit rule over
   it. A hit is only asked of blocks whose forward pass ended before the admission's step.
@@ -171,6 +173,23 @@ def eviction_findings(
         "duplicate" if spare else None,
     )
     return [finding], lost
+
+
+def revived_counts(before: Observation, after: Observation) -> list[float]:
+    """The bound ``eviction_justified`` takes for a call the spec refuses but the target
+    carries out (a declared capacity difference), where the spec's operation evicts
+    nothing to compare with: per group, the cached free blocks the call put into that
+    group's tables. A key may leave the cache only with its block taken for other
+    tokens; a key dropped from a block still free, or more keys than blocks taken, is
+    still a finding. (A block revived by a prefix hit keeps its key, so it loosens the
+    bound by one without excusing a lost key elsewhere.)"""
+    cached_free = set(before.cached_free_block_ids)
+    counts = []
+    for tables_before, tables_after in zip(before.tables, after.tables, strict=True):
+        held = {block_id for table in tables_before.values() for block_id in table.block_ids}
+        taken = {block_id for table in tables_after.values() for block_id in table.block_ids}
+        counts.append(float(len((taken - held) & cached_free)))
+    return counts
 
 
 def _keys_text(keys: frozenset[spec.CacheKey]) -> str:

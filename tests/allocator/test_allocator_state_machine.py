@@ -14,6 +14,7 @@ from tests.support.planted_bugs import (
     REFUSAL_BUGS,
     STEP_API_BUGS,
     WINDOW_PLANTED_BUGS,
+    LeaksOneBlockOnRelease,
     WeakHashOnly,
 )
 
@@ -71,3 +72,14 @@ def test_host_tier_state_machine_catches_planted_host_tier_bug(
 ) -> None:
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine_for(broken, HostTierMachine), settings=CATCHING)
+
+
+def test_a_planted_leak_shrinks_to_one_failure_not_a_second_one_from_teardown() -> None:
+    # A leak shows after a release rule or after teardown's own releases; teardown must not
+    # release again on a case that failed already (a second, chained error is a second
+    # distinct failure for Hypothesis, shrunk as well: it made a Ray worker's shrink outlast
+    # its deadline), and a leak its releases show must be the rules' failure.
+    shrinking = settings(CATCHING, report_multiple_bugs=True, phases=[Phase.generate, Phase.shrink])
+    with pytest.raises(AssertionError) as failed:
+        run_state_machine_as_test(machine_for(LeaksOneBlockOnRelease), settings=shrinking)
+    assert failed.traceback[-1].name == "states_agree"

@@ -37,10 +37,6 @@ def local_ray(ray_installed: None) -> Iterator[None]:
         ray.shutdown()
 
 
-@pytest.mark.skip(
-    reason="open: since issue 30's merge the Ray workers ran 1,500 cases each without finding "
-    "a planted bug a plain `HYPOTHESIS_PROFILE=fuzz pytest` of the same file finds at once"
-)
 def test_one_worker_finds_a_planted_bug_another_run_replays_it_from_redis_and_the_tally_adds_up(
     redis_url: str,
     local_ray: None,
