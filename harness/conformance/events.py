@@ -11,7 +11,9 @@ pickle-based), so each record is then named by the spec's hash rule and the step
 records are checked with ``spec.event_consumers.check_stream_step`` against the spec
 state the kit sees the target in: both consumer models, the set and the count, must hold
 exactly its cached keys, a store must not name a key present already, nor come before
-its parent. A broken rule is a finding named ``events_<rule>`` (``StreamError.rule``);
+its parent. A key the step removes last while the caches still hold it (a copy remains)
+is ``missing`` before any of those rules is checked, so the finding is named by its
+cause. A broken rule is a finding named ``events_<rule>`` (``StreamError.rule``);
 the judge then resyncs its consumer to the step's keys, so every step is judged on its
 own. transformers has no KV cache events: its adapters do not support ``KV_EVENTS``.
 """

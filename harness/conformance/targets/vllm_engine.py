@@ -17,6 +17,11 @@ pool showed around it: an admission (``get_computed_blocks`` + ``allocate_slots`
 request without blocks) is ``allocate_prompt``, a running request's ``allocate_slots`` is
 ``append_token_ids``, ``free`` is ``preempt`` for a running request, else ``release``.
 
+It watches the scheduler's KV cache events the same way: the ``VllmConfig`` turns them on
+(``KVEventsConfig``, the null publisher), the scheduler publishes one ``KVEventBatch`` at
+the end of each step (``update_from_output``), and the adapter keeps each batch its
+publisher's ``publish`` is given, for ``take_events()`` (``harness.conformance.events``).
+
 vLLM's own order policy is not the spec's (freed blocks go to one free queue, uncached ones
 at its head, cached ones at its tail; block 0 is the null block standing for skipped
 blocks), so only what must hold whatever the order is compared.
