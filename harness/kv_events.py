@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 
+from impl.prefix_cache import EventSink
 from spec import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 EVENT_TYPES: dict[str, type[KVCacheEvent]] = {
@@ -37,6 +38,11 @@ class KVEventLog:
     def record(self, event: KVCacheEvent) -> None:
         """The sink: keep ``event`` with the current step."""
         self.events.append((self.step_of(), event))
+
+    @property
+    def host_sink(self) -> EventSink | None:
+        """The host prefix cache's sink: none for a file (its lines name no medium)."""
+        return None
 
 
 def event_json(step: int, event: KVCacheEvent) -> dict[str, object]:

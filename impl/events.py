@@ -38,20 +38,33 @@ def deliver_events(event_sink: EventSink, events: Iterable[KVCacheEvent]) -> Non
 
 
 class PendingEvents:
-    """The events emitted since the last delivery. ``emit`` is ``None`` without a sink, so
-    the parts build no event at all."""
+    """The events emitted since the last delivery: the device caches' (``emit``, for
+    ``event_sink``) and the host prefix cache's (``emit_host``, for ``host_event_sink``).
+    An ``emit`` is ``None`` without its sink, so the parts build no event at all."""
 
-    __slots__ = ("emit", "events", "sink")
+    __slots__ = ("emit", "emit_host", "events", "host_events", "host_sink", "sink")
 
-    def __init__(self, event_sink: EventSink | None) -> None:
+    def __init__(self, event_sink: EventSink | None, host_event_sink: EventSink | None) -> None:
         self.sink = event_sink
+        self.host_sink = host_event_sink
         self.events: list[KVCacheEvent] = []
+        self.host_events: list[KVCacheEvent] = []
         self.emit = None if event_sink is None else self.events.append
+        self.emit_host = None if host_event_sink is None else self.host_events.append
 
     def delivered(self, result: T) -> T:
-        """``result``, once the pending events are offered to the sink (``deliver_events``)."""
-        if self.events and self.sink is not None:
-            events = self.events.copy()
-            self.events.clear()  # first: a sink calling the manager delivers that call's own
-            deliver_events(self.sink, events)
+        """``result``, once the pending events are offered to their sinks (the device's,
+        then the host's; ``deliver_events``: the first error raised once all are offered)."""
+        first: Exception | None = None
+        for pending, sink in ((self.events, self.sink), (self.host_events, self.host_sink)):
+            if pending and sink is not None:
+                events = pending.copy()
+                pending.clear()  # first: a sink calling the manager delivers that call's own
+                try:
+                    deliver_events(sink, events)
+                except Exception as error:
+                    if first is None:
+                        first = error
+        if first is not None:
+            raise first
         return result

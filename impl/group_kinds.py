@@ -1,10 +1,12 @@
 """The kinds of KV cache group (``spec.kinds``), each a small object ``impl.groups`` asks
 what its rule says for a table: which leading blocks no query reads any more (a sliding
-window's), and when it skips next; a state group's checkpoint interval.
+window's), and when it skips next; which checkpoint an append makes (a state group's).
 """
 
-from impl.tables import NEVER
+from impl.prefix_cache import BlockKey, PrefixCache
+from impl.tables import NEVER, Table
 from spec import GroupKind, RecurrentState, skipped_blocks_at
+from spec.kinds import is_checkpoint_at
 from spec.rules import next_skip_token_count
 
 
@@ -26,6 +28,12 @@ class FullAttentionGroup:
     def next_skip_at(self, block_size: int, skipped_blocks: int) -> int:
         """The least computed length at which a table skipping ``skipped_blocks`` skips more."""
         return NEVER
+
+    def checkpoint_key(self, table: Table, token_count: int, cache: PrefixCache) -> BlockKey | None:
+        """The key under which an append of ``token_count`` tokens to ``table`` caches its
+        running block first in this group's ``cache``, or None: an attention group never
+        does."""
+        return None
 
 
 class SlidingWindowGroup(FullAttentionGroup):
@@ -51,6 +59,18 @@ class RecurrentStateGroup(FullAttentionGroup):
     def __init__(self, interval: int) -> None:
         super().__init__(None)
         self.interval = interval
+
+    def checkpoint_key(self, table: Table, token_count: int, cache: PrefixCache) -> BlockKey | None:
+        """The checkpoint rule of ``spec.kinds``: at least one token, token ids tracked, the
+        table's length L0 on the grid and no block cached under its first L0 tokens yet;
+        the key is that of its last full block (L0 ends on a block boundary)."""
+        position = table.token_count
+        if not token_count or table.keys is None or not is_checkpoint_at(self.interval, position):
+            return None
+        key = table.keys[len(table.keys) - 1]
+        if cache.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt) is not None:
+            return None
+        return key
 
 
 def group_kind(

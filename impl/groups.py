@@ -25,10 +25,16 @@ from impl.group_kinds import (
     group_kind,
 )
 from impl.host_tier import GroupBlock, HostTier, SwappedRequest
-from impl.prefix_cache import BlockHash, BlockKey
+from impl.prefix_cache import BlockHash
 from impl.tables import Table
-from spec import BlockAllocationError, GroupKind, ReleasedBlocks, blocks_for_tokens, slot_index
-from spec.kinds import is_checkpoint_at
+from spec import (
+    BlockAllocationError,
+    GroupKind,
+    ReleasedBlocks,
+    blocks_for_tokens,
+    errors,
+    slot_index,
+)
 
 
 class KVCacheGroups:
@@ -199,7 +205,11 @@ class KVCacheGroups:
                 drops.append(drop)
         needed: list[int] = []
         copies: list[int] = []  # the groups whose shared, partly filled last block is copied
-        checkpoints = self.checkpoints(table, token_count) if self.state_groups else ()
+        checkpoints = {
+            group: key
+            for group in self.state_groups
+            if (key := self.groups[group].checkpoint_key(table, token_count, pool.caches[group]))
+        }
         for group, held in enumerate(table.group_block_ids):
             if group in self.state_groups:
                 copy_state = token_count > 0 and (
@@ -225,7 +235,7 @@ class KVCacheGroups:
         for group, held in enumerate(table.group_block_ids):
             count = needed[group]
             if group in checkpoints:
-                pool.caches[group].insert(self.checkpoint_key(table, group), held[0])
+                pool.caches[group].insert(checkpoints[group], held[0])
             if count and group in self.state_groups:
                 pool.copy_state(held, pool.take(1, group)[0], group)
                 table.changed()
@@ -239,33 +249,6 @@ class KVCacheGroups:
         # Tokens added land in each group's own last block: one just taken, a copy of a
         # shared one, or one it held alone.
         self.set_room(table, own_last_blocks=token_count > 0)
-
-    def checkpoints(self, table: Table, token_count: int) -> tuple[int, ...]:
-        """The state groups an append of ``token_count`` tokens to ``table`` checkpoints
-        (``spec.kinds``): at least one token, token ids tracked, the length on the group's
-        grid, and no block cached under that prefix there yet."""
-        position = table.token_count
-        if not token_count or table.keys is None or not position:
-            return ()
-        on_grid = [
-            g for g in self.state_groups if is_checkpoint_at(self.groups[g].interval, position)
-        ]
-        if not on_grid:
-            return ()
-        caches = self.pool.caches
-        return tuple(
-            group
-            for group in on_grid
-            if (key := self.checkpoint_key(table, group))
-            and caches[group].lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt)
-            is None
-        )
-
-    def checkpoint_key(self, table: Table, group: int) -> BlockKey:
-        """The key of the checkpoint ``table`` makes at its length in state group ``group``:
-        the key of its last full block (a checkpoint ends on a block boundary)."""
-        assert table.keys is not None, "only a table of token ids checkpoints"
-        return table.keys[table.token_count // self.block_size - 1]
 
     def fork(self, parent: Table) -> Table:
         """A table sharing every block of ``parent``, one more reference each (for the
@@ -295,6 +278,21 @@ class KVCacheGroups:
         self.pool.skipped_blocks += drop
 
     # -- the host tier --------------------------------------------------------------------
+
+    def check_swap_out(self, request_id: str, table: Table) -> None:
+        """Refuse to swap ``table`` out while a pending copy writes into one of its blocks
+        (``ValueError``) or when the host tier is absent or short
+        (``HostBlockAllocationError``)."""
+        host = self.host
+        awaited = {destination for _, destination in self.pool.pending_copies}
+        awaited.update(destination for _, destination in host.pending_in)
+        if awaited:
+            for held in table.group_block_ids:
+                for block_id in held:
+                    if block_id in awaited:
+                        errors.awaits_copy(request_id, block_id)
+        device_ids = [block_id for held in table.group_block_ids for block_id in held]
+        errors.check_host_room(request_id, len(device_ids), host.free_blocks, host.host_blocks)
 
     def copy_to_host(self, request_id: str, table: Table) -> ReleasedBlocks:
         """Give each block of ``table`` (removed from the tables by the caller) a host block,

@@ -63,7 +63,8 @@ class KVCacheManager:
     block's token ids; ``event_sink`` (e.g. a list's ``append``) is called with every KV
     cache event (``spec.events``) once its call is done, and with ``None`` no event is built;
     ``host_blocks`` sizes the host tier ``swap_out`` copies a request to (0: none) and
-    ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``).
+    ``host_prefix_cache`` demotes freed cached blocks to it (``docs/design.md``); the host
+    cache's events (of host block ids) go to ``host_event_sink``, a reset's to ``event_sink``.
     """
 
     # The parts a subclass may swap for its own (the planted bugs of the tests do).
@@ -83,9 +84,10 @@ class KVCacheManager:
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,
+        host_event_sink: EventSink | None = None,
     ) -> None:
         errors.check_pool_shape(total_blocks, block_size)
-        check_hooks(block_hash, event_sink)
+        check_hooks(block_hash, event_sink, host_event_sink)
         windows = errors.check_group_windows(group_windows)
         errors.check_host_tier(host_blocks, host_prefix_cache)
         errors.check_state_groups(windows, block_size, host_blocks)
@@ -97,14 +99,17 @@ class KVCacheManager:
         self.host_blocks = host_blocks
         self.host_prefix_cache = host_prefix_cache
         groups = range(len(windows))
-        self._events = PendingEvents(event_sink)  # each call delivers its own when it is done
-        emit = self._events.emit
+        # Each call delivers its own events when it is done.
+        self._events = PendingEvents(event_sink, host_event_sink)
+        emit, emit_host = self._events.emit, self._events.emit_host
         caches = [
             self.prefix_cache_class(total_blocks, block_hash, group=g, event_sink=emit)
             for g in groups
         ]
-        # No event sink on the host caches: host-tier events are not emitted yet.
-        host_caches = [self.prefix_cache_class(host_blocks, block_hash, group=g) for g in groups]
+        host_caches = [
+            self.prefix_cache_class(host_blocks, block_hash, group=g, event_sink=emit_host)
+            for g in groups
+        ]
         self._pool = self.block_pool_class(total_blocks, caches, emit)
         self._host = self.host_tier_class(host_blocks, host_caches if host_prefix_cache else ())
         self._groups = self.groups_class(block_size, windows, self._pool, self._host, block_hash)
@@ -220,7 +225,8 @@ class KVCacheManager:
     ) -> AppendedSlots:
         """Every group's table and the slots of its last ``new_tokens`` positions."""
         appended = table.appended(request_id, self.block_size, new_tokens, cached_tokens)
-        return self._events.delivered(appended) if self._events.events else appended
+        events = self._events
+        return events.delivered(appended) if events.events or events.host_events else appended
 
     # -- sharing, release and preemption ------------------------------------------------
 
@@ -273,11 +279,12 @@ class KVCacheManager:
         if table is not None:
             freed, cached = self._groups.release(table)
             block_ids = [block_id for held in table.group_block_ids for block_id in held]
-            return ReleasedBlocks(tuple(block_ids), tuple(freed), tuple(cached))
+            released = ReleasedBlocks(tuple(block_ids), tuple(freed), tuple(cached))
+            return self._events.delivered(released)  # the host prefix cache's demotions
         if request_id not in self._host.swapped:
             errors.unknown_request(request_id)
         freed, cached = self._groups.queue_copied(self._host.release_swapped(request_id))
-        return ReleasedBlocks((), tuple(freed), tuple(cached))
+        return self._events.delivered(ReleasedBlocks((), tuple(freed), tuple(cached)))
 
     # -- the host tier ------------------------------------------------------------------
 
@@ -292,18 +299,9 @@ class KVCacheManager:
         transfers first) and when the host tier is absent or short (``HostBlockAllocationError``).
         """
         table = self._table(request_id)
-        host = self._host
-        awaited = {destination for _, destination in self._pool.pending_copies}
-        awaited.update(destination for _, destination in host.pending_in)
-        if awaited:
-            for held in table.group_block_ids:
-                for block_id in held:
-                    if block_id in awaited:
-                        errors.awaits_copy(request_id, block_id)
-        device_ids = [block_id for held in table.group_block_ids for block_id in held]
-        errors.check_host_room(request_id, len(device_ids), host.free_blocks, host.host_blocks)
+        self._groups.check_swap_out(request_id, table)
         del self._tables[request_id]
-        return self._groups.copy_to_host(request_id, table)
+        return self._events.delivered(self._groups.copy_to_host(request_id, table))
 
     def swap_in(self, request_id: str) -> tuple[RequestBlockTable, ...]:
         """Give a swapped-out request fresh device blocks (sharing is not restored) and queue
@@ -333,7 +331,7 @@ class KVCacheManager:
             tuple(self._pool.take_skipped()),
         )
         self._groups.queue_copied(copied)
-        return transfers
+        return self._events.delivered(transfers)
 
     # -- the prefix cache ---------------------------------------------------------------
 

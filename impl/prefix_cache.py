@@ -27,17 +27,16 @@ EventSink = Callable[[KVCacheEvent], object]
 ROOT_HASH = 0
 
 
-def check_hooks(block_hash: object, event_sink: object) -> None:
-    """Refuse (TypeError) a ``block_hash`` that is not callable, or an ``event_sink`` that is
-    neither callable nor ``None``."""
+def check_hooks(block_hash: object, event_sink: object, host_event_sink: object = None) -> None:
+    """Refuse (TypeError) a ``block_hash`` that is not callable, or an ``event_sink`` or a
+    ``host_event_sink`` that is neither callable nor ``None``."""
     if not callable(block_hash):
         raise TypeError(
             f"block_hash must be callable, got {type(block_hash).__name__} {block_hash!r}"
         )
-    if event_sink is not None and not callable(event_sink):
-        raise TypeError(
-            f"event_sink must be callable or None, got {type(event_sink).__name__} {event_sink!r}"
-        )
+    for name, sink in (("event_sink", event_sink), ("host_event_sink", host_event_sink)):
+        if sink is not None and not callable(sink):
+            raise TypeError(f"{name} must be callable or None, got {type(sink).__name__} {sink!r}")
 
 
 def default_block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:

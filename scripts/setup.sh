@@ -25,6 +25,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         | xargs .venv/bin/python -m pip install --quiet --no-deps
     echo "$wanted" > "$stamp"
 fi
+# The KV-aware router the event tests publish to: NVIDIA Dynamo's standalone KV indexer,
+# in a venv of its own (its wheel brings its own dependencies), as LMCache's CI runs it.
+dynamo=ai-dynamo-runtime==1.6.1
+if [ "$(cat .venv-dynamo/.pagedkv-installed 2>/dev/null)" != "$dynamo" ]; then
+    echo "setup: installing Dynamo's KV indexer ($dynamo) into .venv-dynamo" >&2
+    "$python" -m venv .venv-dynamo
+    .venv-dynamo/bin/python -m pip install --quiet "$dynamo"
+    echo "$dynamo" > .venv-dynamo/.pagedkv-installed
+fi
 if ! command -v redis-server >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "setup: installing redis-server (apt)" >&2

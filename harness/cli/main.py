@@ -19,7 +19,15 @@ from pathlib import Path
 import torch
 
 from harness.check import check_model
-from harness.cli.output import DEFAULT_PLOT_NAME, check_writable, plot_target, write_replacing
+from harness.cli.events_target import (
+    SUBSCRIBER_WAIT_S,
+    ZmqTarget,
+    add_event_options,
+    check_events_target,
+    open_event_stream,
+    with_event_publisher,
+)
+from harness.cli.output import DEFAULT_PLOT_NAME, plot_target, write_replacing
 from harness.cli.parsing import (
     EXIT_INTERRUPTED,
     OneLineParser,
@@ -32,10 +40,12 @@ from harness.cli.parsing import (
 from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
 from harness.kv_events import KVEventLog, write_events
+from harness.kv_publisher import KVEventStream
 from harness.models import (
     ModelLoadError,
     ModelNotFoundError,
     UnsupportedModelError,
+    kv_layout,
     load_model,
 )
 from harness.oracle.equivalence import EquivalenceReport
@@ -220,17 +230,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "per step; preemptions marked) to FILE.png (any matplotlib format; a directory gets "
         f"{DEFAULT_PLOT_NAME}, a name without extension .png)",
     )
-    parser.add_argument(
-        "--events",
-        type=Path,
-        default=None,
-        metavar="FILE.jsonl",
-        help="write the KV cache events of the continuous-batching run to FILE.jsonl, one "
-        "JSON object per line in the order the cache changed: type (BlockStored, "
-        "BlockRemoved, AllBlocksCleared), step, block_id, group, and for BlockStored "
-        "parent_block_id, token_ids (past the parent's key) and cache_salt; "
-        "spec.replay_events rebuilds the cache from them",
-    )
+    add_event_options(parser)
     return parser
 
 
@@ -248,13 +248,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
+    kv_events: KVEventLog | None = None
     try:
         device, dtype = _device_and_dtype(args.device, args.dtype)
         settings = _settings(args)
         plot = None if args.plot is None else plot_target("--plot", args.plot)
-        if args.events is not None:
-            check_writable("--events", args.events)
-        kv_events = None if args.events is None else KVEventLog()
+        check_events_target(args.events, args.events_format)
+        kv_events = KVEventLog() if isinstance(args.events, Path) else None
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         if args.system_prompt is not None:
@@ -267,20 +267,26 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         loaded = load_model(args.model, device, dtype)
         if loaded.tokenizer is None:
             raise UsageError(f"model {loaded.name} has no tokenizer")
+        if isinstance(args.events, ZmqTarget):
+            windows = kv_layout(loaded).group_windows
+            wait = f"{SUBSCRIBER_WAIT_S:g} s"
+            progress(f"binding {args.events}; waiting up to {wait} for a router to subscribe")
+            kv_events = open_event_stream(args.events, args.events_format, args.block_size, windows)
         report = check_model(
             loaded.model,
             loaded.tokenizer,
             [[{"role": role, "content": content} for role, content in m] for m in prompts],
             settings,
             name=loaded.name,
-            observer=None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
+            observer=with_event_publisher(
+                None if args.pool_map is None else PoolMapPrinter(args.pool_map, sys.stderr),
+                kv_events,
+            ),
             kv_events=kv_events,
             progress=progress,
         )
-    except CheckSettingsError as error:
-        progress.finish()
-        return fail(prog, error.naming_the_option())
     except (
+        CheckSettingsError,
         UsageError,
         PromptsFileError,
         PromptTextError,
@@ -290,10 +296,16 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         AttentionBackendError,
     ) as error:
         progress.finish()
-        return fail(prog, str(error))
+        if isinstance(kv_events, KVEventStream):
+            kv_events.close()  # unbind: a refused run publishes nothing more
+        message = error.naming_the_option() if isinstance(error, CheckSettingsError) else error
+        return fail(prog, str(message))
     # A file that cannot be written fails the command after the table, in one line.
     output_error = None if plot is None else _write_plot(report, plot, progress)
-    if kv_events is not None:
+    if isinstance(kv_events, KVEventStream):
+        kv_events.close()
+        progress(f"published {len(kv_events.events)} KV cache events at {args.events}")
+    elif kv_events is not None:
         output_error = _write_events(kv_events, args.events, progress) or output_error
     progress("done")
     progress.finish()

@@ -57,6 +57,9 @@ TARGET_OPERATIONS = ("cache_blocks", "evict")
 # Not an operation: in ``supports``, it says ``allocate_prompt`` (or ``submit``) takes a
 # ``cache_salt`` (a ``str``; the machine then draws prompts under no salt and a few salts).
 CACHE_SALT = "cache_salt"
+# Not an operation: in ``supports``, it says the adapter has ``take_events()``, the KV cache
+# events of the last step (``harness.conformance.events``), which the kit then judges.
+KV_EVENTS = "kv_events"
 
 
 @dataclass(frozen=True, slots=True)

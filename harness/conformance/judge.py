@@ -5,7 +5,9 @@ ids, each block's content, each request's tokens and salt, the shadow) and judge
 one call for an adapter driven operation by operation, every allocator call of an engine
 step for an engine adapter. Each call is judged on the observations around it (the state
 properties after it, the step properties against the spec's operation on the state before
-it); the step as a whole is judged by the absolute properties (``shadow``). Findings the
+it); the step as a whole is judged by the absolute properties (``shadow``) and, for a
+target that supports ``KV_EVENTS``, by the KV cache events it emitted
+(``harness.conformance.events``). Findings the
 target does not declare as differences raise ``DiscrepancyError``; declared ones are counted.
 
 Not here: which steps run (``harness.conformance.machine``).
@@ -13,15 +15,18 @@ Not here: which steps run (``harness.conformance.machine``).
 
 from collections import Counter
 from collections.abc import Callable
+from typing import cast
 
 import spec
 from harness.conformance.adapter import (
+    KV_EVENTS,
     TARGET_OPERATIONS,
     Adapter,
     Call,
     EngineAdapter,
     Observation,
 )
+from harness.conformance.events import EventJudge, EventSource
 from harness.conformance.properties import (
     ADDING_OPERATIONS,
     Expected,
@@ -67,6 +72,8 @@ class Judge:
         self.token_ids: dict[str, tuple[int, ...]] = {}
         self.cache_salts: dict[str, str] = {}
         self.steps: list[StepRecord] = []
+        # The target's KV cache events, judged after every step (harness.conformance.events).
+        self.events = EventJudge(adapter.block_size) if KV_EVENTS in adapter.supports else None
         # The last view: an engine step's calls observe the pool between them twice (after
         # one, before the next), and the kit's knowledge changes only when it learns.
         self._viewed: tuple[Observation, int, spec.AllocatorState] | None = None
@@ -136,6 +143,9 @@ class Judge:
         self.state = self.view(final)
         if not calls:
             findings += state_findings(self.state, self.observes_ref_counts)
+        if self.events is not None:
+            events = cast(EventSource, self.adapter).take_events()
+            findings += self.events.judge(events, self.state, label)
         findings += self.shadow.settle(
             visible_after=visible_keys(final, self.contents, self.groups),
             computed=computed,

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from harness.conformance.adapter import Outcome
+from harness.conformance.events import EVENT_RULES
 from harness.conformance.properties import (
     ABSOLUTE_PROPERTIES,
     OBSERVATION_PROPERTIES,
@@ -160,7 +161,7 @@ def checked_properties(exact: bool, engine: bool) -> list[str]:
 def statement(name: str) -> str:
     """The rule of property ``name``, in one line."""
     text = STEP_PROPERTIES.get(name) or OBSERVATION_PROPERTIES.get(name)
-    text = text or ABSOLUTE_PROPERTIES.get(name)
+    text = text or ABSOLUTE_PROPERTIES.get(name) or EVENT_RULES.get(name)
     if text:
         return text
     holds = STATE_PROPERTIES.get(name)

@@ -225,6 +225,7 @@ def run_equivalence(
             pool.total_blocks,
             pool.block_size,
             event_sink=None if kv_events is None else kv_events.record,
+            host_event_sink=None if kv_events is None else kv_events.host_sink,
             host_blocks=pool.host_blocks,
             host_prefix_cache=pool.host_prefix_cache,
         )

@@ -42,10 +42,12 @@ def new_manager(
     event_sink: EventSink | None = None,
     host_blocks: int = 0,
     host_prefix_cache: bool = False,
+    host_event_sink: EventSink | None = None,
 ) -> KVCacheManager:
     """A manager for a pool of ``layout``: one KV cache group per group of its layers, and
     a host tier of ``host_blocks`` (keeping freed cached prefixes with ``host_prefix_cache``);
-    its KV cache events go to ``event_sink`` (``impl.KVCacheManager``'s)."""
+    its KV cache events go to ``event_sink``, its host cache's to ``host_event_sink``
+    (``impl.KVCacheManager``'s)."""
     return KVCacheManager(
         total_blocks,
         block_size,
@@ -53,6 +55,7 @@ def new_manager(
         event_sink=event_sink,
         host_blocks=host_blocks,
         host_prefix_cache=host_prefix_cache,
+        host_event_sink=host_event_sink,
     )
 
 

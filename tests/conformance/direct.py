@@ -16,10 +16,11 @@ from harness.conformance.targets.transformers_engine import llama_config
 # Any: vLLM's and transformers' objects are the untyped boundary.
 
 
-def vllm_manager(groups: int = 1, window: int = 6) -> tuple[Any, Any]:
+def vllm_manager(groups: int = 1, window: int = 6, events: bool = False) -> tuple[Any, Any]:
     """A ``KVCacheManager`` of 12 usable blocks (and the null block) with prefix caching:
-    one full-attention group, or a full group beside a sliding-window group; and the
-    block hasher its requests need."""
+    one full-attention group, or a full group beside a sliding-window group, emitting KV
+    cache events with ``events`` (``take_events()``); and the block hasher its requests
+    need."""
     from vllm.utils.hashing import sha256  # noqa: PLC0415
     from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: PLC0415
     from vllm.v1.core.kv_cache_utils import (  # noqa: PLC0415
@@ -45,7 +46,13 @@ def vllm_manager(groups: int = 1, window: int = 6) -> tuple[Any, Any]:
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], kind) for i, kind in enumerate(kinds)],
     )
-    manager = KVCacheManager(config, max_model_len=4096, scheduler_block_size=4, hash_block_size=4)
+    manager = KVCacheManager(
+        config,
+        max_model_len=4096,
+        scheduler_block_size=4,
+        hash_block_size=4,
+        enable_kv_cache_events=events,
+    )
     return manager, get_request_block_hasher(4, sha256)
 
 

@@ -8,6 +8,8 @@ declaration is to be revisited.
 """
 
 import importlib.util
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -83,9 +85,22 @@ def test_transformers_caches_no_block_its_last_forward_completes(
 # -- finding: vLLM evicts a unique cached prefix and keeps a redundant copy -----------------
 
 
+def vllm_declaring(finding: str) -> Callable[[], Any]:
+    """vllm-full with one of its findings declared, so that a run reports the other."""
+
+    def make() -> Any:
+        from harness.conformance.targets.vllm_engine import FINDINGS  # noqa: PLC0415
+
+        engine: Any = configuration("vllm-full")()
+        engine.differences = {**engine.differences, finding: FINDINGS[finding]}
+        return engine
+
+    return make
+
+
 @needs_vllm
 def test_the_kit_finds_that_vllm_evicts_a_unique_prefix_before_a_redundant_copy() -> None:
-    report = check_target(configuration("vllm-full"), steps=3000, seed=1, shrink_seconds=10)
+    report = check_target(vllm_declaring("events_missing"), steps=3000, seed=1, shrink_seconds=10)
     assert report.discrepancy is not None
     bugs = {(bug.name, bug.operation) for bug in report.discrepancy.bugs()}
     assert bugs == {("eviction_justified", "duplicate")}
@@ -106,6 +121,64 @@ def test_vllm_keeps_the_copy_and_evicts_the_unique_prefix() -> None:
     assert len(hashes) - len(set(hashes)) == 1  # the redundant copy is still there ...
     assert vllm_hit(manager, hasher, unique) == 0  # ... and the unique prefix is gone
     assert vllm_hit(manager, hasher, repeated) == 4
+
+
+# -- finding: vLLM removes a hash while another block still caches it ----------------------
+
+
+@needs_vllm
+def test_the_kit_finds_that_vllm_removes_a_hash_a_copy_still_caches() -> None:
+    factory = vllm_declaring("eviction_justified/duplicate")
+    report = check_target(factory, steps=3000, seed=1, shrink_seconds=10)
+    assert report.discrepancy is not None
+    assert {bug.name for bug in report.discrepancy.bugs()} == {"events_missing"}
+
+
+@needs_vllm
+def test_the_finding_s_steps_through_the_kit_lose_a_key_the_caches_hold() -> None:
+    """The finding's steps through the engine adapter: a prompt of two full blocks admitted
+    twice (its second block cached twice), the first request finished, and a prompt of nine
+    blocks that takes every free block, the first request's copy among them: the event
+    stream loses a key the caches hold."""
+    from harness.conformance.judge import Tally  # noqa: PLC0415
+    from harness.conformance.machine import machine_for  # noqa: PLC0415
+    from harness.conformance.report import DiscrepancyError  # noqa: PLC0415
+
+    kit: Any = machine_for(configuration("vllm-full"), Tally())()
+    prompt = (1, 2, 3, 1, 2, 3, 1, 2)
+    kit.arrive(token_ids=prompt, cache_salt=None)
+    kit.step(sampled=0, finishing=frozenset())
+    kit.arrive(token_ids=prompt, cache_salt=None)
+    kit.step(sampled=0, finishing=frozenset({"r0"}))
+    kit.arrive(token_ids=(0,) * 33, cache_salt=None)
+    with pytest.raises(DiscrepancyError) as raised:
+        kit.step(sampled=0, finishing=frozenset())
+    assert {bug.name for bug in raised.value.bugs()} == {"events_missing"}
+
+
+@needs_vllm
+def test_vllm_removes_a_hash_while_another_block_still_caches_it() -> None:
+    # The reproduction in docs/findings/vllm-kv-events.md: two requests with the same
+    # 8-token prompt cache its second block twice (the last token is never a hit);
+    # evicting the first request's copy sends BlockRemoved for the hash the second
+    # request's block still caches.
+    manager, hasher = vllm_manager(events=True)
+    first = vllm_admit(manager, hasher, "a", [1, 2, 3, 4, 5, 6, 7, 8])
+    vllm_admit(manager, hasher, "b", [1, 2, 3, 4, 5, 6, 7, 8])
+    stored = [e.block_hashes for e in manager.take_events() if type(e).__name__ == "BlockStored"]
+    second_block = stored[0][1]
+    assert stored == [stored[0], [second_block]]
+    manager.free(first)
+    vllm_admit(manager, hasher, "c", [9] * 40)  # every free block, "a"'s copy of block 2 last
+    removed = [
+        h
+        for e in manager.take_events()
+        if type(e).__name__ == "BlockRemoved"
+        for h in e.block_hashes
+    ]
+    assert second_block in removed
+    # ... while "b"'s copy still caches it: a prompt with that prefix still hits 8 tokens.
+    assert vllm_hit(manager, hasher, [1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8
 
 
 # -- declared policy differences --------------------------------------------------------------

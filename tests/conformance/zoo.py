@@ -242,6 +242,40 @@ def _hybrid_hit_on_a_cached_prompt() -> object:
     return vllm_hit(manager, hasher, [*P8, 1])
 
 
+def _evicted_without_removal(mp: pytest.MonkeyPatch) -> None:
+    from vllm.v1.core.block_pool import BlockPool  # noqa: PLC0415
+
+    mp.setattr(BlockPool, "_emit_block_removed_events", lambda self, block_hashes: None)
+
+
+def _removed_after_an_eviction() -> object:
+    manager, hasher = vllm_manager(events=True)
+    manager.free(vllm_admit(manager, hasher, "r0", [*P8, 0]))  # blocks 1, 2 cached, free
+    vllm_admit(manager, hasher, "r1", [0] * 41)  # 11 blocks: block 2 is evicted and reused
+    return [e.block_hashes for e in manager.take_events() if type(e).__name__ == "BlockRemoved"]
+
+
+def _salt_left_out_of_events(mp: pytest.MonkeyPatch) -> None:
+    from vllm.v1.core.block_pool import BlockPool  # noqa: PLC0415
+
+    extra_keys = BlockPool._generate_event_extra_keys
+
+    def planted(self: Any, request: Any, start: int, end: int, mm_index: int) -> Any:
+        keys, next_index = extra_keys(self, request, start, end, mm_index)
+        kept = tuple(
+            k for k in keys or () if not (isinstance(k, tuple) and k[:1] == ("cache_salt",))
+        )
+        return kept or None, next_index
+
+    mp.setattr(BlockPool, "_generate_event_extra_keys", planted)
+
+
+def _extra_keys_of_a_salted_store() -> object:
+    manager, hasher = vllm_manager(events=True)
+    vllm_admit(manager, hasher, "r0", [*P8, 0], cache_salt="a")
+    return [e.extra_keys for e in manager.take_events() if type(e).__name__ == "BlockStored"]
+
+
 ZOO: list[Mutant] = [
     Mutant(
         "double free into the free queue", "vLLM #42571; vllm-ascend #15990", "vllm-full",
@@ -300,6 +334,18 @@ ZOO: list[Mutant] = [
         "a hybrid model's hits fall to zero", "vLLM #45238; vLLM #32802", "vllm-hybrid",
         "SlidingWindowManager.find_longest_cache_hit", _window_group_never_hits,
         _hybrid_hit_on_a_cached_prompt, "hit_maximal",
+    ),
+    Mutant(
+        "an eviction that publishes no BlockRemoved (a router keeps a prefix the engine lost)",
+        "LMCache's producer (BlockRemoved on eviction WIP: LMCache #5076, #3938)", "vllm-full",
+        "BlockPool._emit_block_removed_events", _evicted_without_removal,
+        _removed_after_an_eviction, "events_extra",
+    ),
+    Mutant(
+        "a BlockStored without its cache salt (tenants' prefixes merged at the router)",
+        "LMCache #2878's class on the event path; docs/findings/dynamo-kv-indexer.md",
+        "vllm-full", "BlockPool._generate_event_extra_keys", _salt_left_out_of_events,
+        _extra_keys_of_a_salted_store, "events_extra",
     ),
     Mutant(
         "a computed block never cached", "vLLM #45238; ROCm/ATOM #939", "transformers-full",

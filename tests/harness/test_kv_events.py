@@ -10,12 +10,8 @@ import pytest
 import spec
 from harness.cli.main import main
 from harness.kv_events import KVEventLog, event_json, read_events, write_events
-from harness.kv_layout import KVLayout
-from harness.runtime.kv_pool import new_manager
-from impl import KVCacheManager
-from impl.prefix_cache import EventSink
 from spec import AllBlocksCleared, BlockRemoved, BlockStored
-from tests.support.harness_cases import save_model_directory, tiny_model
+from tests.support.harness_cases import keep_event_managers, save_model_directory, tiny_model
 
 # Every prompt starts with the same system prompt, so later ones hit its blocks; a pool
 # of 10 blocks of 4 tokens for six requests makes admissions evict cached free blocks
@@ -42,30 +38,7 @@ def _argv(tiny_dir: Path, tmp_path: Path) -> list[str]:
 def test_the_events_of_the_main_command_replay_to_the_cache_it_ended_with(
     tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    managers: list[KVCacheManager] = []
-
-    def keeping_the_recorded_manager(
-        layout: KVLayout,
-        total_blocks: int,
-        block_size: int,
-        *,
-        event_sink: EventSink | None = None,
-        host_blocks: int = 0,
-        host_prefix_cache: bool = False,
-    ) -> KVCacheManager:
-        manager = new_manager(
-            layout,
-            total_blocks,
-            block_size,
-            event_sink=event_sink,
-            host_blocks=host_blocks,
-            host_prefix_cache=host_prefix_cache,
-        )
-        if event_sink is not None:
-            managers.append(manager)
-        return manager
-
-    monkeypatch.setattr("harness.oracle.equivalence.new_manager", keeping_the_recorded_manager)
+    managers = keep_event_managers(monkeypatch)
     path = tmp_path / "events.jsonl"
     assert main([*_argv(tiny_dir, tmp_path), "--events", str(path)]) == 0
     stamped = read_events(path)

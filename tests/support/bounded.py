@@ -17,7 +17,11 @@ At every (state, operation) it checks that:
 KV cache events too: the spec's events of the transition replayed onto the view of the
 state before (``spec.replay_events``) give exactly the caches after, so replaying every
 event from ``init`` gives the caches of every reached state; impl's events (a list sink)
-are exactly the spec's, and a refused operation emits none.
+are exactly the spec's, and a refused operation emits none. And the stream a router
+reads (``tests.support.stream_check``): what a publisher sends of the spec's events and
+what impl's ``EventPublisher`` sends of impl's (the host prefix cache's too, medium
+``"CPU"``) are each a correct stream of the transition, from a consumer that knows the
+keys of the state before, under both consumer models.
 
 With KV cache groups (``Bounds.group_windows``) it also takes skipped blocks, reads every
 group's table, and after every operation that adds tokens checks the window rule
@@ -43,6 +47,7 @@ from itertools import product
 import spec
 from impl import KVCacheManager
 from impl.checking import check_indexes
+from impl.event_publisher import EventPublisher
 from impl.spec_backed import as_impl
 from spec import (
     AllocatorState,
@@ -52,7 +57,9 @@ from spec import (
     SharingCounters,
 )
 from spec.api import OPERATIONS, Argument, Kind
+from spec.event_stream import EventBatch, StreamError
 from spec.invariants import is_state_hit_exact, is_window_tight
+from tests.support.stream_check import SpecPublisher, StreamChecker
 
 # The errors the spec may raise for a refused operation; anything else is a bug.
 SPECIFIED_ERRORS = (TypeError, ValueError, KeyError, BlockAllocationError)
@@ -148,7 +155,27 @@ def _spec_step(state: AllocatorState, op: Operation) -> tuple[AllocatorState, ob
 
 
 class EventLog(list[KVCacheEvent]):
-    """A pool's event sink: the events of the transition being checked."""
+    """A pool's event sinks: the device events of the transition being checked (the list),
+    the host prefix cache's, and impl's publisher, fed both."""
+
+    def __init__(self, block_size: int) -> None:
+        super().__init__()
+        self.host_events: list[KVCacheEvent] = []
+        self.publisher = EventPublisher(block_size)
+
+    def record(self, event: KVCacheEvent) -> None:
+        self.append(event)
+        self.publisher.record(event)
+
+    def record_host(self, event: KVCacheEvent) -> None:
+        self.host_events.append(event)
+        self.publisher.record_host(event)
+
+    def clear(self) -> None:
+        """Forget the events so far, published or not."""
+        super().clear()
+        self.host_events.clear()
+        self.publisher.end_step()
 
 
 def _impl_step(pool: KVCacheManager, op: Operation) -> object:
@@ -247,6 +274,9 @@ def _check_spec_step(
         return (
             f"spec's events {list(after.events)} replay to {sorted(replayed)}, not {sorted(cached)}"
         )
+    problem = _check_stream(before, after, SpecPublisher(before.block_size, before).publish(after))
+    if problem is not None:
+        return f"spec's {problem}"
     if isinstance(result, spec.AppendedSlots):
         request_id = result.request_id
         if not is_window_tight(after, request_id, _computed_tokens(before, op, result)):
@@ -262,6 +292,18 @@ def _check_spec_step(
     others_after = {k: v for k, v in after.tables.items() if k not in touched}
     if others_before != others_after:
         return "spec changed the table of a request it was not asked about"
+    return None
+
+
+def _check_stream(
+    before: AllocatorState, after: AllocatorState, batches: tuple[EventBatch, ...]
+) -> str | None:
+    """What is wrong with ``batches`` as the stream of the step from ``before`` to ``after``
+    (read before ``take_events``), or None."""
+    try:
+        StreamChecker(before.block_size, before).check(after, batches, "stream")
+    except StreamError as error:
+        return str(error)
     return None
 
 
@@ -314,6 +356,9 @@ def check_transition(
         return after, f"spec returned {expected!r} but impl raised {_describe(error)}"
     if actual != as_impl(expected):
         return after, f"spec returned {expected!r} but impl returned {actual!r}"
+    problem = _check_stream(before, emitted, events.publisher.end_step())
+    if problem is not None:
+        return after, f"impl's {problem}"
     if events != list(emitted.events):
         return after, f"spec emitted events {list(emitted.events)}, impl {events}"
     return after, _check_impl_state(pool, after)
@@ -331,8 +376,8 @@ def _check_refusal(
     except Exception as error:
         if not _same_error(expected, error):
             return f"spec raised {_describe(expected)} but impl raised {_describe(error)}"
-        if events:
-            return f"refused {op} emitted events {events}"
+        if events or events.host_events:
+            return f"refused {op} emitted events {events + events.host_events}"
         problem = _check_impl_state(pool, before)
         return None if problem is None else f"refused {op} was not atomic: {problem}"
     return f"spec raised {_describe(expected)} but impl returned {actual!r}"
@@ -344,20 +389,21 @@ def _check_refusal(
 def _new_pool(
     target_class: type[KVCacheManager], bounds: Bounds
 ) -> tuple[KVCacheManager, EventLog]:
-    events = EventLog()
+    events = EventLog(bounds.block_size)
     if not bounds.host_blocks:  # a planted bug's own constructor may not take a host tier
         pool = target_class(
             bounds.total_blocks,
             bounds.block_size,
             group_windows=bounds.group_windows,
-            event_sink=events.append,
+            event_sink=events.record,
         )
         return pool, events
     pool = target_class(
         bounds.total_blocks,
         bounds.block_size,
         group_windows=bounds.group_windows,
-        event_sink=events.append,
+        event_sink=events.record,
+        host_event_sink=events.record_host,
         host_blocks=bounds.host_blocks,
         host_prefix_cache=bounds.host_prefix_cache,
     )

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -24,13 +25,14 @@ from harness.oracle.device_cases import staggered_requests
 from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.contiguous_kv import ContiguousKVBuffers
 from harness.runtime.engine import Engine
-from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool, new_manager
 from harness.runtime.kv_store import KVStore
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.results import EngineResult
 from harness.runtime.scheduler import Scheduler
 from harness.tiny_models import tiny_llama
 from impl import AppendedSlots, KVCacheManager, ReleasedBlocks, Transfers
+from impl.prefix_cache import EventSink
 from spec import RequestBlockTable, slot_index
 
 
@@ -260,3 +262,36 @@ class ReportsAHeldBlockAsSkipped(KVCacheManager):
                 if window is not None and table.skipped_blocks and table.block_ids:
                     skipped.append(table.block_ids[0])
         return dataclasses.replace(transfers, skipped_block_ids=tuple(skipped))
+
+
+def keep_event_managers(monkeypatch: pytest.MonkeyPatch) -> list[KVCacheManager]:
+    """Make the equivalence runs keep each manager given an event sink (the
+    continuous-batching run's, check 3) in the list returned, so that a test of the main
+    command can read the cache its events describe."""
+    managers: list[KVCacheManager] = []
+
+    def keeping(
+        layout: KVLayout,
+        total_blocks: int,
+        block_size: int,
+        *,
+        event_sink: EventSink | None = None,
+        host_blocks: int = 0,
+        host_prefix_cache: bool = False,
+        host_event_sink: EventSink | None = None,
+    ) -> KVCacheManager:
+        manager = new_manager(
+            layout,
+            total_blocks,
+            block_size,
+            event_sink=event_sink,
+            host_blocks=host_blocks,
+            host_prefix_cache=host_prefix_cache,
+            host_event_sink=host_event_sink,
+        )
+        if event_sink is not None:
+            managers.append(manager)
+        return manager
+
+    monkeypatch.setattr("harness.oracle.equivalence.new_manager", keeping)
+    return managers

@@ -43,7 +43,8 @@ class HostTierMachine(AllocatorMachine):
         self.target = self.target_class(
             total_blocks,
             block_size,
-            event_sink=self.events.append,
+            event_sink=self.record,
+            host_event_sink=self.record_host,
             host_blocks=host_blocks,
             host_prefix_cache=host_prefix_cache,
         )
@@ -124,7 +125,8 @@ class WindowedHostTierMachine(HostTierMachine, WindowedAllocatorMachine):
             total_blocks,
             block_size,
             group_windows=group_windows,
-            event_sink=self.events.append,
+            event_sink=self.record,
+            host_event_sink=self.record_host,
             host_blocks=host_blocks,
             host_prefix_cache=host_prefix_cache,
         )

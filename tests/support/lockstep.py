@@ -35,10 +35,13 @@ from hypothesis.stateful import (
 import spec
 from impl import AppendedSlots, KVCacheManager
 from impl.checking import check_indexes
+from impl.event_publisher import EventPublisher
 from impl.spec_backed import as_impl
 from spec import AllocatorState, CachedBlock, KVCacheEvent
 from spec.api import OPERATIONS, Argument, Operation
+from spec.event_stream import StreamError
 from spec.invariants import is_state_hit_exact, is_window_tight
+from tests.support.stream_check import SpecPublisher, StreamChecker
 
 T = TypeVar("T")
 
@@ -114,6 +117,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     """Drives ``spec`` and one ``KVCacheManager`` class with the same operations."""
 
     target_class: type[KVCacheManager] = KVCacheManager
+    publisher_class: type[EventPublisher] = EventPublisher
 
     def __init__(self) -> None:
         super().__init__()
@@ -121,12 +125,27 @@ class AllocatorMachine(RuleBasedStateMachine):
         # The events impl emitted since the last step, and the view replaying all gives.
         self.events: list[KVCacheEvent] = []
         self.view: frozenset[CachedBlock] = frozenset()
-        self.target: KVCacheManager = self.target_class(1, 1, event_sink=self.events.append)
+        # The same events and the host prefix cache's, (on the host, event), in order:
+        # what impl's publisher is fed; made with the spec's publisher on the first step.
+        self.emitted: list[tuple[bool, KVCacheEvent]] = []
+        self.streams: tuple[EventPublisher, SpecPublisher, StreamChecker, StreamChecker] | None
+        self.streams = None
+        self.streams_failed = False
+        self.target: KVCacheManager = self.target_class(1, 1, event_sink=self.record)
+
+    def record(self, event: KVCacheEvent) -> None:
+        """impl's event sink."""
+        self.events.append(event)
+        self.emitted.append((False, event))
+
+    def record_host(self, event: KVCacheEvent) -> None:
+        """impl's host event sink (its host prefix cache's events)."""
+        self.emitted.append((True, event))
 
     @initialize(total_blocks=st.integers(1, 12), block_size=st.integers(1, 5))
     def init_pool(self, total_blocks: int, block_size: int) -> None:
         self.model = spec.init(total_blocks, block_size)
-        self.target = self.target_class(total_blocks, block_size, event_sink=self.events.append)
+        self.target = self.target_class(total_blocks, block_size, event_sink=self.record)
 
     def _step(self, name: str, *args: object) -> object:
         """Call ``name`` on both (spec through ``spec.api.OPERATIONS``); assert they agree
@@ -142,8 +161,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert str(actual_error) == str(expected_error), (
                 f"{name}{args}: messages differ: {expected_error} / {actual_error}"
             )
-            assert self.events == [], (
-                f"{name}{args}: refused, but impl emitted events {self.events}"
+            assert self.emitted == [], (
+                f"{name}{args}: refused, but impl emitted events {self.emitted}"
             )
             return None
         assert expected is not None
@@ -153,8 +172,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         return actual
 
     def _check_events(self, step: str) -> None:
-        """impl's events of the step are the spec's, and replaying every event so far gives
-        the spec's caches; then the spec's are drained."""
+        """Both streams of the step are correct (``_check_streams``), impl's events of the
+        step are the spec's, and replaying every event so far gives the spec's caches; then
+        the spec's are drained."""
+        if self._check_streams(step):
+            return
         assert self.events == list(self.model.events), (
             f"{step}: spec emitted events {list(self.model.events)}, impl {self.events}"
         )
@@ -168,6 +190,36 @@ class AllocatorMachine(RuleBasedStateMachine):
         )
         self.events.clear()
         self.model = spec.take_events(self.model)
+
+    def _check_streams(self, step: str) -> bool:
+        """What a publisher sends of the spec's events and what impl's ``EventPublisher``
+        sends of impl's are correct streams of the step, under both consumer models. Once
+        a stream failed, the run is over: the teardown's steps check no events (returns
+        True, having drained them)."""
+        if self.streams_failed:
+            self.emitted.clear()
+            self.events.clear()
+            self.model = spec.take_events(self.model)
+            return True
+        if self.streams is None:
+            block_size = self.model.block_size
+            self.streams = (
+                self.publisher_class(block_size),
+                SpecPublisher(block_size),
+                StreamChecker(block_size),
+                StreamChecker(block_size),
+            )
+        publisher, spec_publisher, spec_stream, impl_stream = self.streams
+        for on_host, event in self.emitted:
+            (publisher.record_host if on_host else publisher.record)(event)
+        self.emitted.clear()
+        try:
+            spec_stream.check(self.model, spec_publisher.publish(self.model), f"{step}: spec")
+            impl_stream.check(self.model, publisher.end_step(), f"{step}: impl")
+        except (StreamError, spec.EventReplayError) as error:
+            self.streams_failed = True
+            raise AssertionError(f"KV event stream: {error}") from None
+        return False
 
     def _add_tokens(self, request_id: str, count: int, data: st.DataObject) -> object:
         """``append`` of ``count`` tokens of the kind the request takes: token ids drawn
@@ -377,7 +429,7 @@ class WindowedAllocatorMachine(AllocatorMachine):
     ) -> None:
         self.model = spec.init(total_blocks, block_size, group_windows)
         self.target = self.target_class(
-            total_blocks, block_size, group_windows=group_windows, event_sink=self.events.append
+            total_blocks, block_size, group_windows=group_windows, event_sink=self.record
         )
 
     def _step(self, name: str, *args: object) -> object:
@@ -425,7 +477,7 @@ class HybridAllocatorMachine(WindowedAllocatorMachine):
         block_size, group_windows = groups
         self.model = spec.init(total_blocks, block_size, group_windows)
         self.target = self.target_class(
-            total_blocks, block_size, group_windows=group_windows, event_sink=self.events.append
+            total_blocks, block_size, group_windows=group_windows, event_sink=self.record
         )
 
     @rule(
@@ -478,11 +530,14 @@ class HybridAllocatorMachine(WindowedAllocatorMachine):
 
 
 def machine_for(
-    target_class: type[KVCacheManager], machine: type[AllocatorMachine] = AllocatorMachine
+    target_class: type[KVCacheManager],
+    machine: type[AllocatorMachine] = AllocatorMachine,
+    publisher_class: type[EventPublisher] = EventPublisher,
 ) -> type[AllocatorMachine]:
-    """The state machine ``machine`` driving ``target_class`` against the spec."""
+    """The state machine ``machine`` driving ``target_class`` against the spec, its events
+    published by ``publisher_class``."""
     return type(
         f"{machine.__name__}For{target_class.__name__}",
         (machine,),
-        {"target_class": target_class},
+        {"target_class": target_class, "publisher_class": publisher_class},
     )

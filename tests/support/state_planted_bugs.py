@@ -4,8 +4,9 @@ plants one class of bug the trackers show in hybrid allocators (issue 34)."""
 
 from impl import KVCacheManager
 from impl.block_pool import BlockPool
+from impl.group_kinds import RecurrentStateGroup
 from impl.groups import KVCacheGroups
-from impl.prefix_cache import BlockKey
+from impl.prefix_cache import BlockKey, PrefixCache
 from impl.prefix_hits import PrefixHits
 from impl.tables import Table
 
@@ -26,12 +27,19 @@ class HitsPastTheLastCheckpoint(KVCacheManager):
     prefix_hits_class = _RestoresAnEarlierCheckpoint
 
 
-class _KeysCheckpointsInIntervals(KVCacheGroups):
+class _KeysInIntervals(RecurrentStateGroup):
     __slots__ = ()
 
-    def checkpoint_key(self, table: Table, group: int) -> BlockKey:
-        assert table.keys is not None
-        return table.keys[table.token_count // self.groups[group].interval - 1]
+    def checkpoint_key(self, table: Table, token_count: int, cache: PrefixCache) -> BlockKey | None:
+        key = super().checkpoint_key(table, token_count, cache)
+        if key is None or table.keys is None:
+            return key
+        return table.keys[table.token_count // self.interval - 1]
+
+
+class _KeysCheckpointsInIntervals(KVCacheGroups):
+    __slots__ = ()
+    recurrent_state_group = _KeysInIntervals
 
 
 class CheckpointKeyedInIntervals(KVCacheManager):

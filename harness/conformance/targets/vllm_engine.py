@@ -17,6 +17,11 @@ pool showed around it: an admission (``get_computed_blocks`` + ``allocate_slots`
 request without blocks) is ``allocate_prompt``, a running request's ``allocate_slots`` is
 ``append_token_ids``, ``free`` is ``preempt`` for a running request, else ``release``.
 
+It watches the scheduler's KV cache events the same way: the ``VllmConfig`` turns them on
+(``KVEventsConfig``, the null publisher), the scheduler publishes one ``KVEventBatch`` at
+the end of each step (``update_from_output``), and the adapter keeps each batch its
+publisher's ``publish`` is given, for ``take_events()`` (``harness.conformance.events``).
+
 vLLM's own order policy is not the spec's (freed blocks go to one free queue, uncached ones
 at its head, cached ones at its tail; block 0 is the null block standing for skipped
 blocks), so only what must hold whatever the order is compared.
@@ -30,7 +35,14 @@ from typing import Any
 
 import torch
 from transformers import LlamaConfig
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVEventsConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_group_id, get_request_block_hasher, init_none_hash
@@ -45,14 +57,17 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+import spec
 from harness.conformance.adapter import (
     CACHE_SALT,
+    KV_EVENTS,
     Call,
     Observation,
     Outcome,
     TargetTable,
     record_calls,
 )
+from harness.conformance.events import TargetEvent, TargetRemoved, TargetStored
 
 STOP_TOKEN = 7  # outside the kit's vocabulary (0..3): the stub model samples it to finish
 
@@ -68,6 +83,8 @@ FULL_DIFFERENCES: Mapping[str, str] = MappingProxyType(
         "prefix (BlockHashToBlockMap keeps several blocks per hash)",
         "refusal_justified/allocate_prompt": _WHICH_COPY,
         "capacity_respected/allocate_prompt": _WHICH_COPY,
+        "events_stored_twice": "each copy of a prefix (one_block_per_prefix) is stored, so "
+        "its hash is stored again while present",
     }
 )
 HYBRID_DIFFERENCES: Mapping[str, str] = MappingProxyType(
@@ -85,6 +102,9 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "eviction_justified/duplicate": "FINDING docs/findings/vllm-duplicate-blocks.md: a "
         "second cached block for a prefix is evicted in LRU order like a unique one, so a "
         "unique cached prefix goes while a redundant copy stays",
+        "events_missing": "FINDING docs/findings/vllm-kv-events.md: evicting one copy of a "
+        "prefix publishes BlockRemoved for its hash while another copy stays cached (vLLM "
+        "#55092's class): a router's set of keys loses a prefix the engine still hits",
     }
 )
 
@@ -117,6 +137,9 @@ def vllm_config(block_size: int, total_blocks: int) -> Any:  # Any: vLLM's confi
         cache_config=cache,
         scheduler_config=scheduler,
         device_config=DeviceConfig(device="cpu"),
+        # The scheduler's KVCacheManager emits KV cache events; the scheduler publishes each
+        # step's (update_from_output) to its null publisher, which the adapter watches.
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
     )
 
 
@@ -124,7 +147,7 @@ class VLLMEngine:
     """The real vLLM v1 ``Scheduler`` over ``total_blocks`` usable blocks (plus the null one)."""
 
     exact = False
-    supports = frozenset({CACHE_SALT})
+    supports = frozenset({CACHE_SALT, KV_EVENTS})
 
     def __init__(
         self,
@@ -161,6 +184,16 @@ class VLLMEngine:
         self.calls: list[Call] = []
         self._admitting: tuple[str, Observation] | None = None
         self._watch()
+        # The KVEventBatches the scheduler published since the last take_events().
+        self.published: list[Any] = []
+        publisher: Any = self.scheduler.kv_event_publisher
+        publish = publisher.publish
+
+        def watched_publish(batch: Any) -> None:
+            self.published.append(batch)
+            publish(batch)
+
+        publisher.publish = watched_publish
 
     @property
     def pool_block_ids(self) -> Sequence[int]:
@@ -258,6 +291,12 @@ class VLLMEngine:
 
     # -- what it shows ------------------------------------------------------------------------
 
+    def take_events(self) -> list[TargetEvent]:
+        """The events of the ``KVEventBatch``es the scheduler published since the last
+        call (``vllm.distributed.kv_events`` records, in the kit's neutral shape)."""
+        batches, self.published = self.published, []
+        return [_neutral(event) for batch in batches for event in batch.events]
+
     def observe(self) -> Observation:
         pool = self.manager.block_pool
         free = pool.free_block_queue.get_all_free_blocks()
@@ -302,4 +341,23 @@ def _attention(block_size: int, window: int | None) -> Any:  # Any: vLLM's spec 
         head_size=8,
         dtype=torch.float16,
         sliding_window=window,
+    )
+
+
+def _neutral(event: Any) -> TargetEvent:  # Any: a vllm.distributed.kv_events record
+    kind = type(event).__name__
+    if kind == "AllBlocksCleared":
+        return spec.AllBlocksCleared()
+    if kind == "BlockRemoved":
+        return TargetRemoved(tuple(event.block_hashes), event.group_idx, event.medium)
+    # The cache salt is the only extra key the kit's requests have (the first block's).
+    first_keys = event.extra_keys[0] if event.extra_keys else None
+    salt = first_keys[0] if first_keys and event.parent_block_hash is None else None
+    return TargetStored(
+        tuple(event.block_hashes),
+        event.parent_block_hash,
+        tuple(event.token_ids),
+        salt,
+        event.group_idx,
+        event.medium,
     )

@@ -1,0 +1,183 @@
+"""KV cache events published over ZeroMQ as vLLM publishes them, for a router to consume.
+
+``ZmqEventPublisher`` binds a PUB socket and sends each batch as three frames, ``(topic,
+seq, payload)``: ``seq`` 8 bytes big-endian, the payload ``harness.kv_wire``'s msgpack. A
+ROUTER socket beside it serves replay: a consumer that saw a gap sends ``(b"", start
+seq)`` (8 bytes big-endian) and gets back every batch it still buffers from ``start`` on
+as ``(b"", topic, seq, payload)``, then ``(b"", b"", -1, b"")``. That is vLLM's
+``ZmqEventPublisher`` protocol (``vllm/distributed/kv_events.py``), which Dynamo's
+indexer speaks. As vLLM does, one thread owns both sockets (ZeroMQ sockets are not
+thread-safe): ``publish`` only queues.
+
+Two choices differ from vLLM's, both TensorRT-LLM's: batch numbers start at the clock in
+nanoseconds instead of 0, so that a restarted producer's numbers still go up (Dynamo's
+indexer 1.6.1 silently drops every batch numbered at or below the last it applied, so
+vLLM's restart at 0 is ignored until it passes the old count), and the stream opens with
+``AllBlocksCleared`` (``spec.event_stream``: a producer that starts resyncs), so a
+consumer that knew an earlier producer on the same endpoint drops what it knew.
+
+``KVEventStream`` is the manager's event sinks that feed it (the device caches' and the
+host prefix cache's), and an engine observer: it turns each event (``spec.events``, keyed
+by block) into the spec's stream as it comes (``impl.event_publisher``: keys by block
+hash, medium ``"GPU"`` or ``"CPU"``), and when the engine tells it the step is over
+(after the forward wrote the step's K/V, as vLLM publishes) it publishes the step's as
+one batch, if there are any.
+"""
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import zmq
+
+from harness.kv_events import KVEventLog
+from harness.kv_wire import WireEncoder
+from harness.runtime.events import PoolEvent
+from impl import KVCacheManager
+from impl.event_publisher import EventPublisher
+from impl.prefix_cache import EventSink
+from spec.event_stream import EventBatch, StreamEvent, compute_resync_events
+from spec.events import KVCacheEvent
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+# How many batches replay can serve (vLLM's default ``buffer_steps``).
+REPLAY_BATCHES = 10_000
+
+
+class ZmqEventPublisher:
+    """PUB at ``endpoint``, replay ROUTER at ``replay_endpoint`` (both bound; e.g.
+    ``tcp://127.0.0.1:5557``); ``encoder`` writes the payloads.
+
+    A subscriber that connects after a batch is sent never sees it (ZeroMQ's "slow
+    joiner"), and a consumer that never saw a batch cannot know it missed it: so the
+    publisher waits up to ``subscriber_wait_s`` after binding for a first subscription
+    (its PUB socket is an XPUB, which hears them) before it sends anything.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str,
+        encoder: WireEncoder,
+        topic: str = "",
+        subscriber_wait_s: float = 0.0,
+    ) -> None:
+        self.encoder = encoder
+        self.topic = topic.encode("utf-8")
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=REPLAY_BATCHES)
+        self._queue: queue.Queue[bytes | None] = queue.Queue()
+        self._next_seq = time.time_ns()
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._pub = context.socket(zmq.XPUB)
+        self._replay = context.socket(zmq.ROUTER)
+        try:
+            self._pub.bind(endpoint)
+            self._replay.bind(replay_endpoint)
+        except zmq.ZMQError as error:
+            self._pub.close(linger=0)
+            self._replay.close(linger=0)
+            raise OSError(f"cannot bind {endpoint} and {replay_endpoint}: {error}") from None
+        self.subscribed = bool(self._pub.poll(int(subscriber_wait_s * 1000)))
+        self._thread = threading.Thread(target=self._serve, name="kv-event-publisher", daemon=True)
+        self._thread.start()
+
+    def publish(self, events: Sequence[StreamEvent]) -> EventBatch:
+        """Number ``events`` as the next batch and queue it for sending; the batch."""
+        batch = EventBatch(self._next_seq, tuple(events))
+        self._next_seq += 1
+        payload = self.encoder.encode(batch, time.time())
+        self._queue.put(batch.seq.to_bytes(8, "big") + payload)
+        return batch
+
+    def close(self) -> None:
+        """Send what is queued, then close both sockets."""
+        self._queue.put(None)
+        self._thread.join()
+        self._pub.close(linger=1000)
+        self._replay.close(linger=1000)
+
+    def _serve(self) -> None:
+        """The sockets' thread: send queued batches, answer replay requests."""
+        poller = zmq.Poller()
+        poller.register(self._pub, zmq.POLLIN)
+        poller.register(self._replay, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll(10))
+            if self._pub in ready:
+                self._pub.recv_multipart()  # a subscription coming or going: nothing to do
+            if self._replay in ready:
+                self._answer_replay(self._replay.recv_multipart())
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            seq, payload = int.from_bytes(item[:8], "big"), item[8:]
+            self.buffer.append((seq, payload))
+            self.send(seq, payload)
+
+    def send(self, seq: int, payload: bytes) -> None:
+        """Put one batch on the PUB socket (a test's lossy publisher overrides this)."""
+        self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+
+    def _answer_replay(self, frames: list[bytes]) -> None:
+        if len(frames) != 3:
+            return  # not a replay request: (identity, b"", start seq)
+        identity, _, start = frames
+        start_seq = int.from_bytes(start, "big")
+        for seq, payload in list(self.buffer):
+            if seq >= start_seq:
+                self._replay.send_multipart(
+                    (identity, b"", self.topic, seq.to_bytes(8, "big"), payload)
+                )
+        self._replay.send_multipart((identity, b"", b"", END_SEQ, b""))
+
+
+class KVEventStream(KVEventLog):
+    """A manager's event sinks that also publish: the events gathered since the last
+    batch, as one batch of the spec's stream, at the end of each engine step (as the
+    engine's observer) and at ``flush`` and ``close``."""
+
+    __slots__ = ("_stream", "publisher")
+
+    def __init__(self, publisher: ZmqEventPublisher) -> None:
+        super().__init__()
+        self.publisher = publisher
+        self._stream = EventPublisher(publisher.encoder.block_size)
+        publisher.publish(compute_resync_events(frozenset(), publisher.encoder.block_size))
+
+    def record(self, event: KVCacheEvent) -> None:
+        super().record(event)
+        self._stream.record(event)
+
+    @property
+    def host_sink(self) -> EventSink:
+        """The host prefix cache's events are published too, as medium ``"CPU"``."""
+        return self._stream.record_host
+
+    def __call__(self, event: PoolEvent, manager: KVCacheManager) -> None:
+        """The observer: a step is over, publish its events."""
+        if event.kind == "step":
+            self.flush()
+
+    def flush(self) -> None:
+        """Publish the events gathered so far as one batch (none if there are none)."""
+        self._publish(self._stream.end_step())
+
+    def resync(self) -> None:
+        """Publish ``AllBlocksCleared`` and a store of every present key: what a producer
+        sends when its consumers may have lost track."""
+        self._publish(self._stream.resync())
+
+    def _publish(self, batches: tuple[EventBatch, ...]) -> None:
+        """Publish each batch's events under the publisher's own batch numbers."""
+        for batch in batches:
+            self.publisher.publish(batch.events)
+
+    def close(self) -> None:
+        """Publish the last step's events and close the publisher."""
+        self.flush()
+        self.publisher.close()

@@ -1,0 +1,283 @@
+"""``spec.event_stream``: pagedkv's events as a router's stream, the two consumer models,
+gaps and replay, and the checker, which catches each planted producer bug."""
+
+from collections.abc import Callable
+from dataclasses import replace
+from itertools import pairwise
+
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from spec.event_consumers import (
+    apply_to_key_counts,
+    apply_to_key_set,
+    check_stream_of_states,
+    check_stream_step,
+    get_counted_keys,
+    get_stream_step,
+    is_gap,
+    replay_batches,
+    start_stream_view,
+)
+from spec.event_stream import (
+    EventBatch,
+    KeyRemoved,
+    KeyStored,
+    StreamError,
+    StreamEvent,
+    StreamKey,
+    compute_resync_events,
+    compute_step_events,
+    compute_stream_key,
+    get_present_keys,
+)
+from spec.events import AllBlocksCleared
+from spec.frozen_map import FrozenMap
+from tests.events.stream_runs import (
+    BLOCK_SIZE,
+    Op,
+    Published,
+    admit,
+    extend,
+    finish,
+    numbered,
+    operations,
+    reset,
+    run,
+)
+
+# A run with every kind of change: stores, a shared prefix, evictions, a reset, a salt.
+SCENARIO = [
+    admit("a", (1, 2, 3, 4, 5)),  # stores [1 2], [1 2 3 4]
+    extend("a", (6,)),  # stores [1 2 3 4 5 6]
+    admit("b", (1, 2, 3, 9)),  # hits [1 2], stores [1 2 3 9]
+    finish("a"),
+    finish("b"),
+    admit("c", (7, 7, 7, 7, 7, 7, 7, 7, 7)),  # evicts cached blocks: removes
+    finish("c"),
+    reset,
+    admit("d", (1, 2, 3), "tenant"),
+]
+
+
+def test_the_publisher_s_stream_of_a_run_is_correct_under_both_consumer_models() -> None:
+    states, published = run(SCENARIO)
+    check_stream_of_states(states, published)
+    events = [e for batches in published for b in batches for e in b.events]
+    assert sum(isinstance(e, KeyStored) for e in events) == 9
+    assert sum(isinstance(e, KeyRemoved) for e in events) == 3
+    assert [b.seq for batches in published for b in batches] == list(range(6))
+
+
+def test_a_first_block_carries_its_salt_and_a_later_one_its_parent_s_hash() -> None:
+    _, published = run([admit("a", (1, 2, 3, 4, 5), "tenant")])
+    first, second = published[0][0].events
+    assert isinstance(first, KeyStored) and isinstance(second, KeyStored)
+    assert (first.parent_block_hash, first.token_ids, first.cache_salt) == (None, (1, 2), "tenant")
+    assert (second.parent_block_hash, second.token_ids, second.cache_salt) == (
+        first.block_hash,
+        (3, 4),
+        None,
+    )
+    unsalted = run([admit("a", (1, 2, 3))])[1][0][0].events[0]
+    assert isinstance(unsalted, KeyStored) and unsalted.block_hash != first.block_hash
+
+
+# -- planted producer bugs: each a small change to the publisher's batches ----------------
+
+
+def events_of(published: Published) -> list[tuple[int, StreamEvent]]:
+    return [(step, e) for step, batches in enumerate(published) for b in batches for e in b.events]
+
+
+def adding(published: Published, step: int, *events: StreamEvent) -> Published:
+    """``published`` with ``events`` added at the end of step ``step``'s batch."""
+    out: Published = [list(batches) for batches in published]
+    old = tuple(e for b in out[step] for e in b.events)
+    out[step] = [EventBatch(0, (*old, *events))]
+    return numbered(out)
+
+
+def first(published: Published, kind: type[StreamEvent]) -> tuple[int, StreamEvent]:
+    return next((s, e) for s, e in events_of(published) if isinstance(e, kind))
+
+
+def stores_before_the_write(published: Published) -> Published:
+    """vLLM #41838: a block's key published a step before its K/V is written (here: step
+    1's store, of the block its appended token fills, sent with step 0's)."""
+    early = published[1][0].events[0]
+    return adding(published, 0, early)
+
+
+def removes_while_a_copy_remains(published: Published) -> Published:
+    """vLLM #55092: a store per copy and a remove per copy, so one copy's eviction removes
+    a key another still holds (here: request b's hit of [1 2] counted as a second copy at
+    step 2, and that copy's removal sent at step 3 while the key stays cached)."""
+    _, stored = first(published, KeyStored)
+    assert isinstance(stored, KeyStored)
+    copied = adding(published, 2, stored)
+    return adding(copied, 3, KeyRemoved(stored.group, stored.medium, stored.block_hash))
+
+
+def re_stores_without_a_remove(published: Published) -> Published:
+    """vLLM's ``full`` report mode (#45261): a reused block stored again and removed once,
+    so a counting consumer keeps the key after its removal (here: step 2 re-stores the
+    first key that step 5 evicts)."""
+    _, removed = first(published, KeyRemoved)
+    stored = next(
+        e
+        for _, e in events_of(published)
+        if isinstance(e, KeyStored)
+        and isinstance(removed, KeyRemoved)
+        and e.block_hash == removed.block_hash
+    )
+    return adding(published, 2, stored)
+
+
+def forgets_the_clear_on_reset(published: Published) -> Published:
+    """TensorRT-LLM #17145's class: a reset that tells the consumers nothing."""
+    step, _ = first(published, AllBlocksCleared)
+    out: Published = [list(batches) for batches in published]
+    out[step] = []
+    return numbered(out)
+
+
+def skips_a_sequence_number(published: Published) -> Published:
+    """A batch numbered past the next number (from step 5 on, every batch's seq + 1)."""
+    return [
+        [EventBatch(b.seq + (step >= 5), b.events) for b in batches]
+        for step, batches in enumerate(published)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bug", "message"),
+    [
+        (stores_before_the_write, "step 0: the set model holds 1 key"),
+        # Each copy's store is a store of a key present already: caught before the remove.
+        (removes_while_a_copy_remains, "step 2: a store of hash"),
+        (re_stores_without_a_remove, "step 2: a store of hash"),
+        (
+            forgets_the_clear_on_reset,
+            "step 7 reset the prefix cache but published no AllBlocksCleared",
+        ),
+        (skips_a_sequence_number, "step 5: batch 4 follows batch 2"),
+    ],
+)
+def test_the_checker_catches_each_planted_producer_bug(
+    bug: Callable[[Published], Published], message: str
+) -> None:
+    states, published = run(SCENARIO)
+    with pytest.raises(StreamError) as caught:
+        check_stream_of_states(states, bug(published))
+    assert message in str(caught.value)
+
+
+def test_one_step_is_checked_from_any_state_s_keys_as_the_bounded_walk_needs() -> None:
+    states, published = run(SCENARIO)
+    view = start_stream_view(get_present_keys(states[5]), BLOCK_SIZE)
+    after = check_stream_step(view, get_stream_step(states[6]), published[5], BLOCK_SIZE)
+    assert after.last_seq == published[5][0].seq and len(after.keys) == 4 - 3 + 4
+    with pytest.raises(StreamError, match=r"^step 5: the set model"):
+        check_stream_step(view, get_stream_step(states[6]), [], BLOCK_SIZE, "step 5")
+
+
+def test_a_reset_of_empty_caches_still_owes_its_clear() -> None:
+    states, published = run([reset])
+    check_stream_of_states(states, published)
+    with pytest.raises(StreamError, match="step 0 reset the prefix cache"):
+        check_stream_of_states(states, [[]])
+
+
+def test_a_store_that_names_its_key_wrongly_is_caught() -> None:
+    states, published = run([admit("a", (1, 2, 3))])
+    stored = published[0][0].events[0]
+    assert isinstance(stored, KeyStored)
+    wrong = replace(stored, token_ids=(2, 1))
+    with pytest.raises(StreamError, match="names its key wrongly"):
+        check_stream_of_states(states, [[EventBatch(0, (wrong,))]])
+
+
+# -- random runs ------------------------------------------------------------------------------
+
+
+@given(st.lists(operations, max_size=25))
+def test_the_publisher_s_stream_of_any_run_is_correct(
+    ops: list[Op],
+) -> None:
+    states, published = run(ops)
+    check_stream_of_states(states, published)
+
+
+@given(st.lists(operations, max_size=25))
+def test_the_canonical_events_of_each_step_are_a_correct_stream_too(
+    ops: list[Op],
+) -> None:
+    states, _ = run(ops)
+    published: Published = []
+    for index, (before, after) in enumerate(pairwise(states)):
+        step = compute_step_events(
+            get_present_keys(before),
+            get_present_keys(after),
+            any(isinstance(e, AllBlocksCleared) for e in after.events),
+            BLOCK_SIZE,
+        )
+        published.append([EventBatch(index, step)] if step else [])
+    check_stream_of_states(states, numbered(published))
+
+
+@given(st.lists(operations, max_size=25), st.data())
+def test_a_consumer_that_misses_a_batch_recovers_by_replay_or_by_a_resync(
+    ops: list[Op], data: st.DataObject
+) -> None:
+    states, published = run(ops)
+    batches = [b for bs in published for b in bs]
+    if not batches:
+        return
+    dropped = data.draw(st.integers(0, len(batches) - 1), label="dropped batch")
+    buffer_size = data.draw(st.integers(1, len(batches)), label="replay buffer")
+    expected = {compute_stream_key(p, BLOCK_SIZE) for p in get_present_keys(states[-1])}
+    keys: frozenset[StreamKey] = frozenset()
+    last: int | None = -1  # subscribed before the first batch: it expects batch 0
+    for index, batch in enumerate(batches):
+        if index == dropped:
+            continue
+        if is_gap(last, batch):
+            assert last is not None
+            missed = replay_batches(batches[max(0, index - buffer_size) : index], last + 1)
+            note(f"gap before {batch.seq}: replay {'failed' if missed is None else 'served'}")
+            if missed is None:
+                # The consumer drops what it knows; the producer resyncs it.
+                resync = compute_resync_events(get_present_keys(states[-1]), BLOCK_SIZE)
+                keys = frozenset()
+                for event in resync:
+                    keys = apply_to_key_set(keys, event)
+                assert keys == expected
+                return
+            for replayed in missed:
+                for event in replayed.events:
+                    keys = apply_to_key_set(keys, event)
+        for event in batch.events:
+            keys = apply_to_key_set(keys, event)
+        last = batch.seq
+    if dropped == len(batches) - 1:
+        return  # nothing came after the lost batch to reveal the gap
+    assert keys == expected
+
+
+def test_the_count_model_refuses_a_remove_it_has_no_store_for() -> None:
+    key = KeyRemoved(0, "GPU", 7)
+    with pytest.raises(StreamError, match="has no store left"):
+        apply_to_key_counts(FrozenMap(), key)
+    counts = apply_to_key_counts(FrozenMap(), KeyStored(0, "GPU", 7, None, (1, 2), None))
+    counts = apply_to_key_counts(counts, KeyStored(0, "GPU", 7, None, (1, 2), None))
+    assert get_counted_keys(apply_to_key_counts(counts, key)) == {(0, "GPU", 7)}
+
+
+def test_replay_answers_what_the_buffer_holds_and_none_when_it_no_longer_does() -> None:
+    buffer = [EventBatch(seq, ()) for seq in range(5, 9)]
+    assert [b.seq for b in replay_batches(buffer, 7) or ()] == [7, 8]
+    assert replay_batches(buffer, 4) is None
+    assert replay_batches(buffer, 9) == ()
+    assert not is_gap(None, buffer[0]) and is_gap(5, buffer[2]) and not is_gap(5, buffer[1])
