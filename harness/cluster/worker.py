@@ -32,8 +32,9 @@ from harness.cluster.tally import Failure, RunTally
 
 POLL_S = 1.0
 GRACE_S = 60  # SIGINT at the deadline, SIGKILL this much later (fuzz.sh's `timeout -k 60`)
-# NOTE: and SIGINT again every few seconds until then: once here, on a loaded machine, a
-# pytest process lost the first interrupt and fuzzed on, silent, until the SIGKILL.
+# NOTE: and SIGINT again every few seconds until then: on a loaded machine a pytest process
+# lost the first interrupt in a garbage-collector callback and fuzzed on (the fuzz target
+# now raises a lost interrupt again itself; a target of another kind may not).
 INTERRUPT_EVERY_S = 5
 STOP_S = 10  # on Ctrl-C, how long pytest gets to stop before SIGKILL
 PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider")  # + "-x" here, as in fuzz.sh
