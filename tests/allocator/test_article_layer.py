@@ -110,3 +110,51 @@ def test_a_planted_bug_in_the_inlined_append_slot_is_caught() -> None:
 
     with pytest.raises(AssertionError, match="append_slot"):
         the_property_on_the_planted_bug()
+
+
+# Scenarios with literal block ids: what the random calls above never draw (a count that is
+# not an int, more than one KV cache group, a window that skips blocks).
+
+
+def test_a_count_that_is_not_an_int_is_refused_naming_it() -> None:
+    manager = KVBlockManager(8, 2)
+    with pytest.raises(TypeError, match="token_count must be an int, got str '3'"):
+        manager.allocate("a", "3")  # type: ignore[arg-type]
+    manager.allocate("a", 1)
+    for count in (1.5, True, "2"):
+        with pytest.raises(TypeError, match=f"got {type(count).__name__} {count!r}"):
+            manager.append_tokens("a", count)  # type: ignore[arg-type]
+    assert manager.snapshot_request("a") == RequestBlockTable("a", [0], 1)
+
+
+def test_append_tokens_adds_one_token_by_default_and_none_for_zero() -> None:
+    manager = KVBlockManager(8, 2)
+    manager.allocate("a", 0)
+    assert manager.append_tokens("a") == RequestBlockTable("a", [0], 1)
+    assert manager.append_tokens("a", 0) == RequestBlockTable("a", [0], 1)
+
+
+def test_release_returns_the_blocks_of_each_group_in_turn() -> None:
+    manager = KVBlockManager(8, 2, group_windows=(None, None))
+    manager.allocate("a", 3)
+    assert manager.release("a") == [0, 1, 2, 3]
+
+
+def test_snapshot_request_gives_the_group_asked_and_refuses_a_bad_one() -> None:
+    manager = KVBlockManager(8, 2, group_windows=(None, None))
+    manager.allocate("a", 3)
+    assert manager.snapshot_request("a", 1) == RequestBlockTable("a", [2, 3], 3)
+    with pytest.raises(ValueError, match=r"\(the pool has 2 KV cache groups\), got 2"):
+        manager.snapshot_request("a", 2)
+    with pytest.raises(TypeError, match="group must be an int, got bool False"):
+        manager.snapshot_request("a", False)
+    one_group = KVBlockManager(8, 2)
+    one_group.allocate("a", 3)
+    with pytest.raises(ValueError, match=r"the pool has 1 KV cache groups\), got 1"):
+        one_group.snapshot_request("a", 1)
+
+
+def test_append_tokens_reports_the_blocks_a_window_skipped() -> None:
+    manager = KVBlockManager(8, 2, group_windows=(2,))
+    manager.allocate("a", 4)
+    assert manager.append_tokens("a", 2) == RequestBlockTable("a", [1, 2], 6, skipped_blocks=1)

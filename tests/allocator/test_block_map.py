@@ -218,3 +218,9 @@ def test_each_further_group_is_listed_after_the_last_in_group_order() -> None:
         "A  a: token_count = 9, block_ids = [0, 1, 6], group 1 block_ids = [3, 7] (skipped 1), "
         "group 2 block_ids = [4, 5, 2]"
     )
+
+
+def test_a_free_block_is_drawn_with_no_reference() -> None:
+    manager = KVCacheManager(4, 2)
+    manager.allocate("a", 3)
+    assert snapshot_pool(manager.to_spec()).ref_counts == (1, 1, 0, 0)

@@ -141,3 +141,13 @@ def test_the_article_layer_counts_one_block_for_a_state_group() -> None:
     pool = KVBlockManager(3, 4, group_windows=(None, STATE))
     assert pool.can_allocate(8)  # 2 blocks of attention, 1 of state
     assert not pool.can_allocate(9)
+
+
+@pytest.mark.parametrize(
+    ("interval", "computed_tokens", "checkpointed"),
+    [(1, 0, False), (1, 1, True), (4, 4, True), (4, 6, False), (4, 8, True)],
+)
+def test_a_checkpoint_is_due_at_each_positive_multiple_of_the_interval(
+    interval: int, computed_tokens: int, checkpointed: bool
+) -> None:
+    assert spec.kinds.is_checkpoint_at(interval, computed_tokens) is checkpointed

@@ -143,3 +143,8 @@ def test_two_groups_can_take_the_last_free_blocks(make: type[Manager]) -> None:
     pool.allocate("a", 2)  # blocks 0 and 1
     assert pool.append("a", 1).table() == RequestBlockTable("a", (0, 2), 3)
     assert (free_ids(pool), pool.usage().allocated_tokens) == ((), 3)
+
+
+def test_a_name_that_is_no_operation_is_an_attribute_error_naming_it() -> None:
+    with pytest.raises(AttributeError, match=r"^SpecBackedManager has no operation 'appendd'$"):
+        SpecBackedManager(4, 2).appendd  # noqa: B018

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import spec
 from impl import BlockAllocationError, KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import ReleasedBlocks, RequestBlockTable, next_skip_token_count, skipped_blocks_at
@@ -253,3 +254,11 @@ def test_a_windowed_hit_needs_every_block_its_window_reads(make: Factory) -> Non
     # 1..8 would need blocks 2 and 3 (a window of 5 at length 8 reads tokens 4..7);
     # block 3 is cached, 2 is not: no hit at all.
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 5, 6, 7, 8, 99, 98]) == 0
+
+
+def test_the_spec_records_table_in_a_window_group_keeps_its_skipped_blocks() -> None:
+    state = spec.init(8, 2, (None, 2))
+    state, _ = spec.api.allocate(state, "a", 3)  # group 0: [0, 1]; group 1: [2, 3]
+    _, step = spec.api.append(state, "a", 2)
+    assert step.table(1) == spec.RequestBlockTable("a", (3, 5), 5, skipped_blocks=1)
+    assert step.table() == spec.RequestBlockTable("a", (0, 1, 4), 5)
