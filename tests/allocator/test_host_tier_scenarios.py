@@ -434,3 +434,23 @@ def test_a_window_sliding_past_blocks_a_copy_out_reads_cannot_count_them_as_free
     assert table(pool, "a") == RequestBlockTable("a", (0, 1, 2), 6)
     pool.take_transfers()
     assert pool.append("a", 1).table() == RequestBlockTable("a", (2, 0), 7, skipped_blocks=2)
+
+
+def test_a_swap_of_three_groups_brings_each_group_its_own_host_copies_back(
+    make: Factory,
+) -> None:
+    pool = make(12, 4, group_windows=(None, None, None), host_blocks=6)
+    pool.allocate("a", 5)  # groups 0, 1, 2: blocks [0, 1], [2, 3], [4, 5]
+    pool.swap_out("a")
+    assert pool.take_transfers().device_to_host == tuple((b, b) for b in range(6))
+    assert pool.swap_in("a") == tuple(
+        RequestBlockTable("a", ids, 5) for ids in ((6, 7), (8, 9), (10, 11))
+    )
+    assert pool.take_transfers().host_to_device == (
+        (0, 6),
+        (1, 7),
+        (2, 8),
+        (3, 9),
+        (4, 10),
+        (5, 11),
+    )
