@@ -217,9 +217,7 @@ class Judge:
                 expected_step=expected,
                 exact=self.exact,
                 cached_before=cached_before,
-                target_tables_after=[
-                    {r: t.block_ids for r, t in tables.items()} for tables in call.after.tables
-                ],
+                target_after=call.after,
             )
         hit = outcome.result
         if shadow_hit is not None and isinstance(hit, int) and hit < shadow_hit:

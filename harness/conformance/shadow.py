@@ -50,14 +50,22 @@ def computed_keys(state: spec.AllocatorState, request_id: str, computed_from: in
     """The keys of the blocks a call computed: ``request_id``'s full blocks in ``state``
     that end past token ``computed_from`` (its length before an append; 0 for an
     admission), per group, past skipped_blocks, whose tokens are all known (none for a
-    request tracked by count)."""
+    request tracked by count); in a recurrent state group, the checkpoint of the state
+    the call starts from when ``computed_from`` is on the group's grid (``spec.kinds``)."""
     token_ids = state.token_ids.get(request_id)
     salt = state.cache_salts.get(request_id)
     found: Keys = []
-    for tables in state.group_tables:
+    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
         table = tables.get(request_id)
         if token_ids is None or table is None:
             found.append(frozenset())
+            continue
+        if isinstance(kind, spec.RecurrentState):
+            # A state group checkpoints the state a call starts from, on its grid.
+            on_grid = spec.kinds.is_checkpoint_at(kind.interval, computed_from)
+            found.append(
+                frozenset({spec.CacheKey(salt, token_ids[:computed_from])} if on_grid else ())
+            )
             continue
         full = min(table.token_count, len(token_ids)) // state.block_size
         found.append(

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import spec
 from harness.conformance.adapter import Observation, TargetTable
+from spec.kinds import is_state_group
 
 TokenIds = tuple[int, ...]
 
@@ -48,7 +49,9 @@ class Bijection:
 
 class Contents:
     """What each target block holds, per KV cache group: the key of the prefix its last
-    token ends (the salt of the table it sat full in, and the prefix)."""
+    token ends (the salt of the table it sat full in, and the prefix). A state group's
+    block at position p (``skipped_blocks``) holds the state after (p + 1) * block_size
+    tokens once its request has that many."""
 
     def __init__(self, groups: int) -> None:
         self.keys: list[dict[int, spec.CacheKey]] = [{} for _ in range(groups)]
@@ -90,7 +93,7 @@ def to_state(
     observation: Observation,
     *,
     block_size: int,
-    group_windows: Sequence[int | None],
+    group_windows: Sequence[spec.GroupKind],
     bijection: Bijection,
     contents: Contents,
     token_ids: Mapping[str, TokenIds],
@@ -105,11 +108,11 @@ def to_state(
     group_tables = tuple(
         spec.FrozenMap(
             {
-                request_id: _spec_table(request_id, table, bijection)
+                request_id: _spec_table(request_id, table, bijection, is_state_group(kind))
                 for request_id, table in tables.items()
             }
         )
-        for tables in observation.tables
+        for kind, tables in zip(group_windows, observation.tables, strict=False)
     )
     if observation.ref_counts is None:
         holders: dict[int, int] = {}
@@ -145,9 +148,13 @@ def to_state(
         ref_counts=ref_counts,
         token_ids=spec.FrozenMap({r: ids for r, ids in token_ids.items() if r in requests}),
         group_caches=tuple(caches),
-        pending_copies=(),
+        pending_copies=tuple(
+            (bijection.spec_id(source), bijection.spec_id(destination))
+            for source, destination in observation.pending_copies
+        ),
         counters=spec.SharingCounters(),
         group_windows=tuple(group_windows),
+        host=spec.HostTier(in_flight_block_ids=bijection.spec_ids(observation.in_flight_block_ids)),
         cache_salts=spec.FrozenMap(
             {r: salt for r, salt in (cache_salts or {}).items() if r in requests}
         ),
@@ -171,8 +178,11 @@ def duplicate_cached_blocks(observation: Observation, contents: Contents) -> lis
 
 
 def _spec_table(
-    request_id: str, table: TargetTable, bijection: Bijection
+    request_id: str, table: TargetTable, bijection: Bijection, state_group: bool
 ) -> spec.RequestBlockTable:
+    """A state group's table never skips: its ``skipped_blocks`` is the running block's
+    position, which ``Contents`` keys its checkpoint by."""
+    skipped = 0 if state_group else table.skipped_blocks
     return spec.RequestBlockTable(
-        request_id, bijection.spec_ids(table.block_ids), table.token_count, table.skipped_blocks
+        request_id, bijection.spec_ids(table.block_ids), table.token_count, skipped
     )
