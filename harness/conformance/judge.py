@@ -42,6 +42,7 @@ from harness.conformance.shadow import (
     computed_keys,
     evicted_counts,
     eviction_findings,
+    extra_state_blocks,
     revived_counts,
     visible_keys,
 )
@@ -229,6 +230,9 @@ class Judge:
         else:
             events = expected.state.events if expected is not None and expected.state else ()
             allowed = evicted_counts(events, self.groups)
+            if expected is not None and expected.state is not None and args:
+                extra = extra_state_blocks(before, after, expected.state, str(args[0]))
+                allowed = [a + b for a, b in zip(allowed, extra, strict=True)]
         eviction, evicted = eviction_findings(
             visible_before, visible_keys(call.after, self.contents, self.groups), allowed, spare
         )

@@ -90,6 +90,31 @@ def evicted_counts(events: Sequence[spec.KVCacheEvent], groups: int) -> list[flo
     return counts
 
 
+def extra_state_blocks(
+    before: spec.AllocatorState,
+    after: spec.AllocatorState,
+    expected: spec.AllocatorState,
+    request_id: str,
+) -> list[float]:
+    """Per group, 1 where a recurrent state group's call took the request a new block
+    that the spec's operation did not (vLLM's Mamba group takes one at every block
+    boundary, the spec only to copy a cached or shared state): a block taken beyond the
+    spec's may evict one more key. 0 elsewhere."""
+    extra = []
+    for kind, old, new, spec_new in zip(
+        before.group_windows,
+        before.group_tables,
+        after.group_tables,
+        expected.group_tables,
+        strict=True,
+    ):
+        held, now, spec_now = old.get(request_id), new.get(request_id), spec_new.get(request_id)
+        took = held is not None and now is not None and now.block_ids != held.block_ids
+        spec_took = spec_now is not None and spec_now.block_ids != held.block_ids if held else True
+        extra.append(1.0 if spec.kinds.is_state_group(kind) and took and not spec_took else 0.0)
+    return extra
+
+
 class Shadow:
     """What should be cached, per group, given the target's own admissions and evictions."""
 

@@ -224,7 +224,14 @@ class VLLMEngine:
     def _step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> None:
         scheduled = self.scheduler.schedule()
         request_ids = list(scheduled.num_scheduled_tokens)
-        tokens = [[STOP_TOKEN if r in finishing else sampled[r]] for r in request_ids]
+        # As the model runner does, a chunk that does not finish its prompt samples nothing.
+        requests = self.scheduler.requests
+        tokens = [
+            []
+            if requests[r].num_computed_tokens < requests[r].num_tokens
+            else [STOP_TOKEN if r in finishing else sampled[r]]
+            for r in request_ids
+        ]
         output = ModelRunnerOutput(
             req_ids=request_ids,
             req_id_to_index={r: i for i, r in enumerate(request_ids)},
