@@ -163,7 +163,9 @@ class Judge:
         bugs = []
         for finding in findings:
             if declared_reason(finding, differences):
-                self.tally.declared[finding.name] += 1
+                # Counted under the key that declared it: a property, or property/operation.
+                key = finding.name if finding.name in differences else None
+                self.tally.declared[key or f"{finding.name}/{finding.operation}"] += 1
             else:
                 bugs.append(finding)
         if bugs:
