@@ -59,8 +59,15 @@ class VLLMMambaEngine(VLLMEngine):
     supports = frozenset({CACHE_SALT})
 
     def __init__(
-        self, *, block_size: int = 4, total_blocks: int = 16, known_findings: bool = False
+        self,
+        *,
+        block_size: int = 4,
+        total_blocks: int = 16,
+        known_findings: bool = False,
+        retention_interval: int | None = None,
     ) -> None:
+        """``retention_interval``: vLLM's ``prefix_cache_retention_interval``; by default
+        the block size (one state kept per block, the spec's rule)."""
         mamba = MambaSpec(
             block_size=block_size,
             shapes=((2, 8),),
@@ -73,7 +80,7 @@ class VLLMMambaEngine(VLLMEngine):
             config=vllm_config(block_size, total_blocks, TOKEN_BUDGET, mamba_align=True),
             differences={**MAMBA_DIFFERENCES, **(FINDINGS if known_findings else {})},
             name=f"vllm Scheduler full + mamba(align, C={block_size})",
-            retention_interval=block_size,
+            retention_interval=block_size if retention_interval is None else retention_interval,
         )
         self.mamba: Any = self.manager.coordinator.single_type_managers[1]
         self._watch_copy_sources()
