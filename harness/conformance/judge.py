@@ -47,6 +47,7 @@ from harness.conformance.shadow import (
     visible_keys,
 )
 from harness.conformance.view import Bijection, Contents, duplicate_cached_blocks, to_state
+from spec.kinds import is_state_group
 
 
 class Tally:
@@ -68,7 +69,8 @@ class Judge:
         self.exact = bool(getattr(adapter, "exact", False))
         self.groups = len(adapter.group_windows)
         self.bijection = Bijection(adapter.pool_block_ids)
-        self.contents = Contents(self.groups)
+        kinds = enumerate(adapter.group_windows)
+        self.contents = Contents(self.groups, frozenset(g for g, k in kinds if is_state_group(k)))
         self.shadow = Shadow(self.groups)
         self.token_ids: dict[str, tuple[int, ...]] = {}
         self.cache_salts: dict[str, str] = {}

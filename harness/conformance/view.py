@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import spec
 from harness.conformance.adapter import Observation, TargetTable
-from spec.kinds import is_state_group
 
 TokenIds = tuple[int, ...]
 
@@ -49,12 +48,14 @@ class Bijection:
 
 class Contents:
     """What each target block holds, per KV cache group: the key of the prefix its last
-    token ends (the salt of the table it sat full in, and the prefix). A state group's
-    block at position p (``skipped_blocks``) holds the state after (p + 1) * block_size
-    tokens once its request has that many."""
+    token ends (the salt of the table it sat full in, and the prefix). In a recurrent state
+    group (``state_groups``), the key of the tokens its request had when the block was its
+    running state with a length on the block grid: the state it holds, learned from the
+    tokens, not from where the target puts the block."""
 
-    def __init__(self, groups: int) -> None:
+    def __init__(self, groups: int, state_groups: frozenset[int] = frozenset()) -> None:
         self.keys: list[dict[int, spec.CacheKey]] = [{} for _ in range(groups)]
+        self.state_groups = state_groups
 
     def learn(
         self,
@@ -65,7 +66,9 @@ class Contents:
     ) -> None:
         """Record the key of every full block in a table whose tokens the kit knows, under
         the salt of that table's request (``cache_salts``; none if absent); a block in a
-        table tracked by count, or not yet full, holds nothing findable."""
+        table tracked by count, or not yet full, holds nothing findable. A state group's
+        running block holds the state after its request's tokens when their count is a
+        positive multiple of ``block_size``, and nothing findable otherwise."""
         salts = cache_salts or {}
         for group, tables in enumerate(observation.tables):
             keys = self.keys[group]
@@ -73,7 +76,9 @@ class Contents:
                 ids = token_ids.get(request_id)
                 for index, block_id in enumerate(table.block_ids, start=table.skipped_blocks):
                     end = (index + 1) * block_size
-                    if ids is not None and end <= len(ids):
+                    if group in self.state_groups:
+                        end = table.token_count if table.token_count % block_size == 0 else -1
+                    if ids is not None and 0 < end <= len(ids):
                         keys[block_id] = spec.CacheKey(salts.get(request_id), ids[:end])
                     else:
                         keys.pop(block_id, None)
@@ -108,11 +113,11 @@ def to_state(
     group_tables = tuple(
         spec.FrozenMap(
             {
-                request_id: _spec_table(request_id, table, bijection, is_state_group(kind))
+                request_id: _spec_table(request_id, table, bijection)
                 for request_id, table in tables.items()
             }
         )
-        for kind, tables in zip(group_windows, observation.tables, strict=False)
+        for tables in observation.tables
     )
     if observation.ref_counts is None:
         holders: dict[int, int] = {}
@@ -178,11 +183,8 @@ def duplicate_cached_blocks(observation: Observation, contents: Contents) -> lis
 
 
 def _spec_table(
-    request_id: str, table: TargetTable, bijection: Bijection, state_group: bool
+    request_id: str, table: TargetTable, bijection: Bijection
 ) -> spec.RequestBlockTable:
-    """A state group's table never skips: its ``skipped_blocks`` is the running block's
-    position, which ``Contents`` keys its checkpoint by."""
-    skipped = 0 if state_group else table.skipped_blocks
     return spec.RequestBlockTable(
-        request_id, bijection.spec_ids(table.block_ids), table.token_count, skipped
+        request_id, bijection.spec_ids(table.block_ids), table.token_count, table.skipped_blocks
     )

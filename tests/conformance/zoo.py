@@ -26,6 +26,7 @@ from tests.conformance.zoo_mamba import (
     hit_above_the_last_checkpoint,
     mamba_shortfall_ignored,
     restored_checkpoint,
+    state_index_one_block_short,
 )
 from tests.conformance.zoo_transformers import (
     P8,
@@ -388,5 +389,10 @@ ZOO: list[Mutant] = [
         "the common hit taken as the max over groups (Mamba's shortfall ignored)",
         "vLLM #45614, #46453", "vllm-mamba", "MambaManager.find_longest_cache_hit",
         mamba_shortfall_ignored, hit_above_the_last_checkpoint, "state_hit_exact",
+    ),
+    Mutant(
+        "a restored state's index in the wrong units (one block short)",
+        "vLLM #55600 (PR #55601), #53142", "vllm-mamba", "MambaManager.find_longest_cache_hit",
+        state_index_one_block_short, restored_checkpoint, "state_hit_exact",
     ),
 ]  # fmt: skip

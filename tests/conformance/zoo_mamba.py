@@ -127,3 +127,22 @@ def hit_above_the_last_checkpoint() -> object:
     manager, hasher = vllm_mamba_manager()
     prefill_in_chunks(manager, hasher, PROMPT, [4, 9])
     return probe(manager, hasher, [*PROMPT[:8], 3, 3, 3, 3, 3])
+
+
+# -- a state index in the wrong units (vllm #55600, #53142) ---------------------------------
+
+
+def state_index_one_block_short(mp: pytest.MonkeyPatch) -> None:
+    """MambaManager.find_longest_cache_hit seeds the restored checkpoint's table index one
+    block short (one leading null fewer), as an index computed in the wrong block-size
+    units does: the checkpoint sits where allocate_slots' remove_skipped_blocks takes it
+    for a spent state and frees it, so the request starts from no restored state."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager  # noqa: PLC0415
+
+    find: Any = MambaManager.__dict__["find_longest_cache_hit"].__func__
+
+    def planted(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        found, length = find(cls, *args, **kwargs)
+        return tuple(blocks[1:] if len(blocks) > 1 else blocks for blocks in found), length
+
+    mp.setattr(MambaManager, "find_longest_cache_hit", classmethod(planted))

@@ -18,15 +18,19 @@ is the state after (p + 1) * block_size tokens, null blocks stand anywhere for p
 with no state (not only leading ones), and beside its running block (the last) a request
 keeps earlier ones while the worker copies the state from them (``preprocess_mamba``
 copies the block before the running one into it: a prefix hit's checkpoint, or the
-previous running block, freed by ``remove_skipped_blocks`` two steps later). The adapter
-shows the spec's shape: the running block as the group's one-block table (its position
-as ``skipped_blocks``, which ``harness.conformance.view`` learns the checkpoint key by and
-then drops), the earlier blocks as copy sources in flight, and the copy into the running
-block from the block before it as a pending copy, so the spec's state hit rule
-(``state_hit_exact``) reads which checkpoint a hit restores.
+previous running block). The adapter
+shows the spec's shape: the running block as the group's one-block table, the earlier
+blocks as copy sources in flight, and the copy into the running block from the block
+before it as a pending copy, so the spec's state hit rule (``state_hit_exact``) reads
+which checkpoint a hit restores. The kit learns which state a block holds from its
+request's tokens (``harness.conformance.view.Contents``), not from the block's position,
+which is what vLLM's hash is computed from: a state cached at the wrong position shows
+as the wrong state restored. vLLM frees a spent copy source in the request's next
+``allocate_slots`` (``MambaManager.remove_skipped_blocks``, run first), reported as a
+call of its own, ``take_copies(r)``.
 
-Where vLLM's rules differ from the spec's by design, the differences below say why
-(docs/conformance.md, "vLLM's hybrid manager").
+Where vLLM's rules differ from the spec's by design, ``vllm_differences.MAMBA_DIFFERENCES``
+says why (docs/conformance.md, "vLLM's hybrid manager").
 """
 
 from collections.abc import Sequence
@@ -104,17 +108,16 @@ class VLLMMambaEngine(VLLMEngine):
 
     def _table(self, group: int, blocks: Sequence[Any], token_count: int) -> ShownTable:
         """A Mamba table (position-indexed, null blocks anywhere) as the spec sees it: the
-        running block (the last non-null one) at its position, the blocks before it as
+        running block (the last non-null one) as the one-block table, the blocks before it as
         copy sources in flight, the one just before it copied into it."""
         if group == 0:
             return super()._table(group, blocks, token_count)
-        held = [(p, block.block_id) for p, block in enumerate(blocks) if not block.is_null]
+        held = [block.block_id for block in blocks if not block.is_null]
         if not held:
             return ShownTable(TargetTable((), token_count))
-        position, running = held[-1]
-        sources = tuple(block_id for _, block_id in held[:-1])
+        running, sources = held[-1], tuple(held[:-1])
         copies = ((sources[-1], running),) if sources else ()
-        return ShownTable(TargetTable((running,), token_count, position), sources, copies)
+        return ShownTable(TargetTable((running,), token_count), sources, copies)
 
     def _refusal(self, admitting: bool, hit_blocks: Any) -> str:  # Any: KVCacheBlocks
         """A deferred admission (a hit on a Mamba checkpoint cached in this step) is tagged
