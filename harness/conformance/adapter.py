@@ -64,9 +64,13 @@ CACHE_SALT = "cache_salt"
 # Not an operation: in ``supports``, it says the adapter has ``take_events()``, the KV cache
 # events of the last step (``harness.conformance.events``), which the kit then judges.
 KV_EVENTS = "kv_events"
-# A refusal whose message starts with this is a deferral, not a want of blocks: the target
-# postpones an admission by design (vLLM: a hit on a Mamba checkpoint cached this step).
+# A refusal whose message starts with one of these names its own cause, declared apart
+# from a plain want of blocks: a deferral (vLLM postpones a hit on a Mamba checkpoint
+# cached this step), or an admission gate on the whole prompt where the call admits only
+# its first chunk (vLLM's full_sequence_must_fit under chunked prefill).
 DEFERRED = "deferred"
+WHOLE_PROMPT = "whole_prompt"
+REFUSAL_CAUSES = (DEFERRED, WHOLE_PROMPT)
 
 
 @dataclass(frozen=True, slots=True)

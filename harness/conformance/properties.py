@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import spec
-from harness.conformance.adapter import DEFERRED, OPERATION_NAMES, Observation, Outcome
+from harness.conformance.adapter import OPERATION_NAMES, REFUSAL_CAUSES, Observation, Outcome
 from spec.invariants import INVARIANTS
 from spec.kinds import is_state_group
 
@@ -186,10 +186,10 @@ def step_findings(
         return findings
     if outcome.refusal is not None:
         if refusal is None:
-            # A deferral is named apart from a want of blocks (``adapter.DEFERRED``).
-            deferred = DEFERRED if outcome.refusal.startswith(DEFERRED) else None
+            # A refusal that names its cause is declared apart (``adapter.REFUSAL_CAUSES``).
+            cause = next((c for c in REFUSAL_CAUSES if outcome.refusal.startswith(c)), None)
             findings.append(
-                Finding("refusal_justified", f"refused: {outcome.refusal}", "fits", deferred)
+                Finding("refusal_justified", f"refused: {outcome.refusal}", "fits", cause)
             )
         if _comparable(after) != _comparable(before):
             findings.append(Finding("refusal_atomic", _describe(after), _describe(before)))

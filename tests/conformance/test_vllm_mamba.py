@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.conformance.adapter import DEFERRED, Call
+from harness.conformance.adapter import DEFERRED, WHOLE_PROMPT, Call
 from harness.conformance.targets import configuration
 
 vllm = pytest.importorskip("vllm")
@@ -87,3 +87,16 @@ def test_a_hit_on_a_checkpoint_cached_in_the_same_step_is_a_declared_deferral() 
     calls = engine.step({"r0": 0, "r1": 0}, frozenset())  # the next step admits it, hit 4
     admitted = [c for c in calls if c.operation == "allocate_prompt"]
     assert [(c.args[0], c.outcome.result) for c in admitted] == [("r1", 4)]
+
+
+def test_an_admission_refused_for_its_whole_prompt_is_a_declared_cause() -> None:
+    from harness.conformance.targets.vllm_mamba import VLLMMambaEngine  # noqa: PLC0415
+
+    engine = VLLMMambaEngine(total_blocks=5)
+    engine.submit("r1", (0, 0, 0))  # one full block and one Mamba block
+    engine.submit("r0", PROMPT)  # its first chunk fits in 2 blocks, its whole prompt needs 5
+    calls = engine.step({"r0": 0, "r1": 0}, frozenset())
+    refused = next(c for c in calls if c.args[0] == "r0")
+    assert refused.outcome.refusal == f"{WHOLE_PROMPT}: its whole prompt needs 5 blocks, 3 free"
+    assert refused.args[1] == PROMPT[:4]  # the budget r1 left, down to the grid
+    assert "refusal_justified/whole_prompt" in engine.differences

@@ -55,6 +55,10 @@ MAMBA_DIFFERENCES: Mapping[str, str] = MappingProxyType(
     {
         **FULL_DIFFERENCES,
         "refusal_justified/append_token_ids": _HELD,
+        "refusal_justified/whole_prompt": "with prefills chunked, the scheduler admits a "
+        "request only if its whole prompt's blocks fit (allocate_slots' "
+        "full_sequence_must_fit: get_num_blocks_to_allocate with apply_admission_cap), "
+        "where the call admits its first chunk, all the spec's allocate_prompt is given",
         "refusal_justified/deferred": "a hit on a Mamba checkpoint cached in the same "
         "step is deferred to the next (MambaManager.get_num_blocks_to_allocate returns "
         "more blocks than the pool has while the block is in cached_blocks_this_step): "

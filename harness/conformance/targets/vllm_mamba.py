@@ -40,7 +40,14 @@ import torch
 from vllm.v1.kv_cache_interface import MambaSpec
 
 import spec
-from harness.conformance.adapter import CACHE_SALT, DEFERRED, Call, Outcome, TargetTable
+from harness.conformance.adapter import (
+    CACHE_SALT,
+    DEFERRED,
+    WHOLE_PROMPT,
+    Call,
+    Outcome,
+    TargetTable,
+)
 from harness.conformance.targets.vllm_differences import FINDINGS, MAMBA_DIFFERENCES
 from harness.conformance.targets.vllm_engine import (
     ShownTable,
@@ -88,6 +95,23 @@ class VLLMMambaEngine(VLLMEngine):
         )
         self.mamba: Any = self.manager.coordinator.single_type_managers[1]
         self._watch_copy_sources()
+        self._watch_admission_gate()
+
+    def _watch_admission_gate(self) -> None:
+        """Note the blocks the last whole-prompt admission check counted (vLLM's
+        ``full_sequence_must_fit``: the coordinator's count with ``apply_admission_cap``)."""
+        coordinator = self.manager.coordinator
+        count = coordinator.get_num_blocks_to_allocate
+        self._gate: tuple[int, int] | None = None
+
+        def watched(*args: Any, **kwargs: Any) -> int:
+            needed = int(count(*args, **kwargs))
+            gated = kwargs.get("apply_admission_cap", False)
+            free = self.manager.block_pool.get_num_free_blocks()
+            self._gate = (needed, free) if gated else None
+            return needed
+
+        coordinator.get_num_blocks_to_allocate = watched
 
     def _watch_copy_sources(self) -> None:
         """Report the Mamba manager's ``remove_skipped_blocks``, which a request's
@@ -121,9 +145,13 @@ class VLLMMambaEngine(VLLMEngine):
 
     def _refusal(self, admitting: bool, hit_blocks: Any) -> str:  # Any: KVCacheBlocks
         """A deferred admission (a hit on a Mamba checkpoint cached in this step) is tagged
-        ``DEFERRED``; any other refusal is a capacity refusal."""
+        ``DEFERRED``, one refused by the whole-prompt gate ``WHOLE_PROMPT``; any other
+        refusal is a capacity refusal."""
         if admitting and hit_blocks is not None:
             mamba_hit = hit_blocks.blocks[1]
             if mamba_hit and mamba_hit[-1].block_hash in self.mamba.cached_blocks_this_step:
                 return f"{DEFERRED}: its Mamba checkpoint was cached in this step"
+        if admitting and self._gate is not None:
+            needed, free = self._gate
+            return f"{WHOLE_PROMPT}: its whole prompt needs {needed} blocks, {free} free"
         return super()._refusal(admitting, hit_blocks)
