@@ -4,7 +4,8 @@ The real package (``scripts/setup.sh`` installs the 'conformance' pins without t
 dependencies), on CPU: the real ``vllm.v1.core.sched.scheduler.Scheduler`` built from a
 ``VllmConfig`` of a one-layer Llama (read from a config.json the adapter writes; no weights,
 no model runner), with prefix caching on, over a ``KVCacheConfig`` of one full-attention
-group, or a full group beside a sliding-window group (a hybrid model). Each engine step is
+group, or a full group beside a sliding-window group (a hybrid model;
+``harness.conformance.targets.vllm_mamba`` builds on it for a Mamba group). Each engine step is
 what vLLM's engine core does: ``schedule()``, a stub model that samples the kit's tokens
 (``ModelRunnerOutput``), ``update_from_output()``; requests arrive by ``add_request`` and
 are cancelled by ``finish_requests(..., FINISHED_ABORTED)``. The scheduler admits,
