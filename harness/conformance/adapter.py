@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from spec.kinds import GroupKind
+
 # The operations an adapter may support, named and shaped as spec's functions:
 #   allocate_prompt(request_id, token_ids) -> cached (hit) tokens
 #     (allocate_prompt(request_id, token_ids, cache_salt) too, if it supports CACHE_SALT)
@@ -52,14 +54,23 @@ OPERATION_NAMES = (
 # What a server does to its allocator that is none of the spec's operations, so an engine
 # adapter reports it as a call of its own: ``cache_blocks(request_id)``, hashing the blocks
 # a forward pass completed after the forward (the spec caches them in the operation that
-# adds the tokens), and ``evict()``, dropping cached free blocks outside any allocation.
-TARGET_OPERATIONS = ("cache_blocks", "evict")
+# adds the tokens), ``evict()``, dropping cached free blocks outside any allocation, and
+# ``take_copies(request_id)``, freeing the in-flight blocks a request's state copies read
+# once the forward that made them has run (the spec's ``take_transfers``, one request's).
+TARGET_OPERATIONS = ("cache_blocks", "evict", "take_copies")
 # Not an operation: in ``supports``, it says ``allocate_prompt`` (or ``submit``) takes a
 # ``cache_salt`` (a ``str``; the machine then draws prompts under no salt and a few salts).
 CACHE_SALT = "cache_salt"
 # Not an operation: in ``supports``, it says the adapter has ``take_events()``, the KV cache
 # events of the last step (``harness.conformance.events``), which the kit then judges.
 KV_EVENTS = "kv_events"
+# A refusal whose message starts with one of these names its own cause, declared apart
+# from a plain want of blocks: a deferral (vLLM postpones a hit on a Mamba checkpoint
+# cached this step), or an admission gate on the whole prompt where the call admits only
+# its first chunk (vLLM's full_sequence_must_fit under chunked prefill).
+DEFERRED = "deferred"
+WHOLE_PROMPT = "whole_prompt"
+REFUSAL_CAUSES = (DEFERRED, WHOLE_PROMPT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +91,10 @@ class Observation:
     hold nothing reusable, head first; ``cached_free_block_ids`` are free but still
     findable by a prefix hit (evictable). ``cached_block_ids[g]`` are group g's blocks that
     a prefix hit may find, held or free (``()``: the target does not show them).
-    ``ref_counts`` is ``None`` for a target that keeps none.
+    ``ref_counts`` is ``None`` for a target that keeps none. ``in_flight_block_ids`` are
+    blocks the target holds in no table of the spec's shape, only as the source of a state
+    copy it makes before the next forward; ``pending_copies`` those copies, (source,
+    destination) (a recurrent state group's: ``spec.kinds``).
     """
 
     tables: tuple[Mapping[str, TargetTable], ...]
@@ -88,6 +102,8 @@ class Observation:
     cached_free_block_ids: tuple[int, ...] = ()
     cached_block_ids: tuple[frozenset[int], ...] = ()
     ref_counts: Mapping[int, int] | None = field(default=None)
+    in_flight_block_ids: tuple[int, ...] = ()
+    pending_copies: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +154,11 @@ class _Target(Protocol):
     @property
     def block_size(self) -> int: ...
     @property
-    def group_windows(self) -> tuple[int | None, ...]: ...
+    def group_windows(self) -> tuple[GroupKind, ...]:
+        """Each KV cache group's kind: full attention (``None``), a window W, or a
+        recurrent state group (``spec.RecurrentState``)."""
+        ...
+
     @property
     def pool_block_ids(self) -> Sequence[int]:
         """Every block id the target may lend, in any order (the bijection's domain)."""

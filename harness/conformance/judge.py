@@ -42,10 +42,12 @@ from harness.conformance.shadow import (
     computed_keys,
     evicted_counts,
     eviction_findings,
+    extra_state_blocks,
     revived_counts,
     visible_keys,
 )
 from harness.conformance.view import Bijection, Contents, duplicate_cached_blocks, to_state
+from spec.kinds import is_state_group
 
 
 class Tally:
@@ -67,7 +69,8 @@ class Judge:
         self.exact = bool(getattr(adapter, "exact", False))
         self.groups = len(adapter.group_windows)
         self.bijection = Bijection(adapter.pool_block_ids)
-        self.contents = Contents(self.groups)
+        kinds = enumerate(adapter.group_windows)
+        self.contents = Contents(self.groups, frozenset(g for g, k in kinds if is_state_group(k)))
         self.shadow = Shadow(self.groups)
         self.token_ids: dict[str, tuple[int, ...]] = {}
         self.cache_salts: dict[str, str] = {}
@@ -162,7 +165,9 @@ class Judge:
         bugs = []
         for finding in findings:
             if declared_reason(finding, differences):
-                self.tally.declared[finding.name] += 1
+                # Counted under the key that declared it: a property, or property/operation.
+                key = finding.name if finding.name in differences else None
+                self.tally.declared[key or f"{finding.name}/{finding.operation}"] += 1
             else:
                 bugs.append(finding)
         if bugs:
@@ -217,9 +222,7 @@ class Judge:
                 expected_step=expected,
                 exact=self.exact,
                 cached_before=cached_before,
-                target_tables_after=[
-                    {r: t.block_ids for r, t in tables.items()} for tables in call.after.tables
-                ],
+                target_after=call.after,
             )
         hit = outcome.result
         if shadow_hit is not None and isinstance(hit, int) and hit < shadow_hit:
@@ -231,6 +234,9 @@ class Judge:
         else:
             events = expected.state.events if expected is not None and expected.state else ()
             allowed = evicted_counts(events, self.groups)
+            if expected is not None and expected.state is not None and args:
+                extra = extra_state_blocks(before, after, expected.state, str(args[0]))
+                allowed = [a + b for a, b in zip(allowed, extra, strict=True)]
         eviction, evicted = eviction_findings(
             visible_before, visible_keys(call.after, self.contents, self.groups), allowed, spare
         )

@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import spec
-from harness.conformance.adapter import OPERATION_NAMES, Outcome
+from harness.conformance.adapter import OPERATION_NAMES, REFUSAL_CAUSES, Observation, Outcome
 from spec.invariants import INVARIANTS
+from spec.kinds import is_state_group
 
 # The kit's operation names (``adapter.OPERATION_NAMES``) that are another row of
 # ``spec.api``: token ids or a count, the same ``allocate`` and ``append``.
@@ -48,6 +49,10 @@ STATE_PROPERTIES: Mapping[str, Callable[[spec.AllocatorState], bool]] = {
         "shared_over_common_prefix",
         "grouped_consistently",
         "window_readable",
+        "state_table_single",
+        "checkpoint_unwritten",
+        "checkpoint_on_grid",
+        "state_shared_only_by_forks",
     )
 }
 
@@ -71,6 +76,9 @@ STEP_PROPERTIES: Mapping[str, str] = {
     "hit_confirmed": "every block a prompt hit reuses was cached for exactly that prefix of "
     "the prompt's tokens",
     "hit_maximal": "a hit is as long as the spec's hit rule finds in the target's own cache",
+    "state_hit_exact": "a prompt hit of h tokens restores, in each recurrent state group, "
+    "the state cached under exactly the prompt's first h tokens (copied into the "
+    "request's running block), and no state for h = 0",
     "window_untouched": "no block that a query at or past L0 reads is released: "
     "skipped_blocks <= skipped_blocks_at(block_size, L0, W)",
     "exact_state": "(exact mode) free queue order, cached free queue order, tables, ref "
@@ -162,11 +170,11 @@ def step_findings(
     expected_step: Expected,
     exact: bool,
     cached_before: list[dict[int, spec.CacheKey]],
-    target_tables_after: list[dict[str, tuple[int, ...]]],
+    target_after: Observation,
 ) -> list[Finding]:
     """The step properties that one step broke. ``cached_before[g]`` maps each block the
     target could find by a hit in group g before the step (target ids) to its key;
-    ``target_tables_after[g]`` holds the tables after, in target ids."""
+    ``target_after`` is what the target showed after it, in target ids."""
     expected, refusal = expected_step.state, expected_step.refusal
     findings: list[Finding] = []
     if expected_step.error is not None:
@@ -178,7 +186,11 @@ def step_findings(
         return findings
     if outcome.refusal is not None:
         if refusal is None:
-            findings.append(Finding("refusal_justified", f"refused: {outcome.refusal}", "fits"))
+            # A refusal that names its cause is declared apart (``adapter.REFUSAL_CAUSES``).
+            cause = next((c for c in REFUSAL_CAUSES if outcome.refusal.startswith(c)), None)
+            findings.append(
+                Finding("refusal_justified", f"refused: {outcome.refusal}", "fits", cause)
+            )
         if _comparable(after) != _comparable(before):
             findings.append(Finding("refusal_atomic", _describe(after), _describe(before)))
         return findings
@@ -195,7 +207,7 @@ def step_findings(
             expected=expected_step.hit,
             after=after,
             cached_before=cached_before,
-            target_tables_after=target_tables_after,
+            target_after=target_after,
         )
     if operation in ADDING_OPERATIONS:
         findings += _window_findings(operation, args, before, after, outcome)
@@ -213,7 +225,7 @@ def target_operation_findings(
     """The step properties of a call that is none of the spec's operations
     (``TARGET_OPERATIONS``): ``cache_blocks(r)`` may change which block holds a prefix in
     r's table (a block computed twice is swapped for the one already caching it) but not its
-    shape, nor any other table; ``evict()`` changes no table at all."""
+    shape, nor any other table; ``evict()`` and ``take_copies(r)`` change no table at all."""
     acting = {args[0]} if operation == "cache_blocks" else set()
     findings = _shape_findings(after, before)
     for group, (old, new) in enumerate(zip(before.group_tables, after.group_tables, strict=True)):
@@ -263,7 +275,7 @@ def _hit_findings(
     expected: int,
     after: spec.AllocatorState,
     cached_before: list[dict[int, spec.CacheKey]],
-    target_tables_after: list[dict[str, tuple[int, ...]]],
+    target_after: Observation,
 ) -> list[Finding]:
     request_id, token_ids = args[0], args[1]
     cache_salt = args[2] if len(args) > 2 else None
@@ -276,10 +288,20 @@ def _hit_findings(
     if not isinstance(hit, int):
         return findings
     block_size = after.block_size
-    for group, tables in enumerate(target_tables_after):
+    findings += _state_hit_findings(
+        request_id=request_id,
+        hit=hit,
+        prefix=spec.CacheKey(cache_salt, token_ids[:hit]),
+        after=after,
+        cached_before=cached_before,
+        target_after=target_after,
+    )
+    for group, tables in enumerate(target_after.tables):
+        if is_state_group(after.group_windows[group]):
+            continue  # one running block: _state_hit_findings
         skipped = after.group_tables[group][request_id].skipped_blocks
         for index in range(skipped, hit // block_size):
-            block_id = tables[request_id][index - skipped]
+            block_id = tables[request_id].block_ids[index - skipped]
             prefix = spec.CacheKey(cache_salt, token_ids[: (index + 1) * block_size])
             if cached_before[group].get(block_id) != prefix:
                 findings.append(
@@ -292,6 +314,39 @@ def _hit_findings(
                 )
                 return findings
     return findings
+
+
+def _state_hit_findings(
+    *,
+    request_id: str,
+    hit: int,
+    prefix: spec.CacheKey,
+    after: spec.AllocatorState,
+    cached_before: list[dict[int, spec.CacheKey]],
+    target_after: Observation,
+) -> list[Finding]:
+    """``state_hit_exact``: ``spec.invariants.is_state_hit_exact``'s rule in target ids, read
+    over every block the target cached (a target may cache a prefix twice and restore
+    either copy): a hit of h > 0 tokens copies into the request's running block a state
+    cached under exactly the prompt's first h tokens; a hit of 0 copies none."""
+    sources = {destination: source for source, destination in target_after.pending_copies}
+    for group, kind in enumerate(after.group_windows):
+        if not is_state_group(kind):
+            continue
+        (running,) = target_after.tables[group][request_id].block_ids
+        source = sources.get(running)
+        if hit == 0 and source is None:
+            continue
+        restored = None if source is None else cached_before[group].get(source)
+        if hit == 0 or restored != prefix:
+            return [
+                Finding(
+                    "state_hit_exact",
+                    f"hit {hit} tokens, group {group} restores block {source} holding {restored}",
+                    f"the state cached under {prefix}" if hit else "no state (a fresh block)",
+                )
+            ]
+    return []
 
 
 def _window_findings(

@@ -138,9 +138,7 @@ class Report:
             f"  properties checked: {', '.join(self.properties)}",
         ]
         for name, count in sorted(self.declared.items()):
-            reason = self.differences.get(name) or next(
-                (r for k, r in self.differences.items() if k.startswith(f"{name}/")), ""
-            )
+            reason = self.differences.get(name, "")
             lines.append(f"  declared difference {name}: seen {count} times ({reason})")
         if self.discrepancy is not None:
             lines.append(self.discrepancy.describe())

@@ -50,14 +50,22 @@ def computed_keys(state: spec.AllocatorState, request_id: str, computed_from: in
     """The keys of the blocks a call computed: ``request_id``'s full blocks in ``state``
     that end past token ``computed_from`` (its length before an append; 0 for an
     admission), per group, past skipped_blocks, whose tokens are all known (none for a
-    request tracked by count)."""
+    request tracked by count); in a recurrent state group, the checkpoint of the state
+    the call starts from when ``computed_from`` is on the group's grid (``spec.kinds``)."""
     token_ids = state.token_ids.get(request_id)
     salt = state.cache_salts.get(request_id)
     found: Keys = []
-    for tables in state.group_tables:
+    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
         table = tables.get(request_id)
         if token_ids is None or table is None:
             found.append(frozenset())
+            continue
+        if isinstance(kind, spec.RecurrentState):
+            # A state group checkpoints the state a call starts from, on its grid.
+            on_grid = spec.kinds.is_checkpoint_at(kind.interval, computed_from)
+            found.append(
+                frozenset({spec.CacheKey(salt, token_ids[:computed_from])} if on_grid else ())
+            )
             continue
         full = min(table.token_count, len(token_ids)) // state.block_size
         found.append(
@@ -80,6 +88,31 @@ def evicted_counts(events: Sequence[spec.KVCacheEvent], groups: int) -> list[flo
         if isinstance(event, spec.BlockRemoved):
             counts[event.group] += 1
     return counts
+
+
+def extra_state_blocks(
+    before: spec.AllocatorState,
+    after: spec.AllocatorState,
+    expected: spec.AllocatorState,
+    request_id: str,
+) -> list[float]:
+    """Per group, 1 where a recurrent state group's call took the request a new block
+    that the spec's operation did not (vLLM's Mamba group takes one at every block
+    boundary, the spec only to copy a cached or shared state): a block taken beyond the
+    spec's may evict one more key. 0 elsewhere."""
+    extra = []
+    for kind, old, new, spec_new in zip(
+        before.group_windows,
+        before.group_tables,
+        after.group_tables,
+        expected.group_tables,
+        strict=True,
+    ):
+        held, now, spec_now = old.get(request_id), new.get(request_id), spec_new.get(request_id)
+        took = held is not None and now is not None and now.block_ids != held.block_ids
+        spec_took = spec_now is not None and spec_now.block_ids != held.block_ids if held else True
+        extra.append(1.0 if spec.kinds.is_state_group(kind) and took and not spec_took else 0.0)
+    return extra
 
 
 class Shadow:

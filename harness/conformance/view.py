@@ -48,10 +48,14 @@ class Bijection:
 
 class Contents:
     """What each target block holds, per KV cache group: the key of the prefix its last
-    token ends (the salt of the table it sat full in, and the prefix)."""
+    token ends (the salt of the table it sat full in, and the prefix). In a recurrent state
+    group (``state_groups``), the key of the tokens its request had when the block was its
+    running state with a length on the block grid: the state it holds, learned from the
+    tokens, not from where the target puts the block."""
 
-    def __init__(self, groups: int) -> None:
+    def __init__(self, groups: int, state_groups: frozenset[int] = frozenset()) -> None:
         self.keys: list[dict[int, spec.CacheKey]] = [{} for _ in range(groups)]
+        self.state_groups = state_groups
 
     def learn(
         self,
@@ -62,7 +66,9 @@ class Contents:
     ) -> None:
         """Record the key of every full block in a table whose tokens the kit knows, under
         the salt of that table's request (``cache_salts``; none if absent); a block in a
-        table tracked by count, or not yet full, holds nothing findable."""
+        table tracked by count, or not yet full, holds nothing findable. A state group's
+        running block holds the state after its request's tokens when their count is a
+        positive multiple of ``block_size``, and nothing findable otherwise."""
         salts = cache_salts or {}
         for group, tables in enumerate(observation.tables):
             keys = self.keys[group]
@@ -70,7 +76,9 @@ class Contents:
                 ids = token_ids.get(request_id)
                 for index, block_id in enumerate(table.block_ids, start=table.skipped_blocks):
                     end = (index + 1) * block_size
-                    if ids is not None and end <= len(ids):
+                    if group in self.state_groups:
+                        end = table.token_count if table.token_count % block_size == 0 else -1
+                    if ids is not None and 0 < end <= len(ids):
                         keys[block_id] = spec.CacheKey(salts.get(request_id), ids[:end])
                     else:
                         keys.pop(block_id, None)
@@ -90,7 +98,7 @@ def to_state(
     observation: Observation,
     *,
     block_size: int,
-    group_windows: Sequence[int | None],
+    group_windows: Sequence[spec.GroupKind],
     bijection: Bijection,
     contents: Contents,
     token_ids: Mapping[str, TokenIds],
@@ -145,9 +153,13 @@ def to_state(
         ref_counts=ref_counts,
         token_ids=spec.FrozenMap({r: ids for r, ids in token_ids.items() if r in requests}),
         group_caches=tuple(caches),
-        pending_copies=(),
+        pending_copies=tuple(
+            (bijection.spec_id(source), bijection.spec_id(destination))
+            for source, destination in observation.pending_copies
+        ),
         counters=spec.SharingCounters(),
         group_windows=tuple(group_windows),
+        host=spec.HostTier(in_flight_block_ids=bijection.spec_ids(observation.in_flight_block_ids)),
         cache_salts=spec.FrozenMap(
             {r: salt for r, salt in (cache_salts or {}).items() if r in requests}
         ),

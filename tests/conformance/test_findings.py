@@ -89,7 +89,7 @@ def vllm_declaring(finding: str) -> Callable[[], Any]:
     """vllm-full with one of its findings declared, so that a run reports the other."""
 
     def make() -> Any:
-        from harness.conformance.targets.vllm_engine import FINDINGS  # noqa: PLC0415
+        from harness.conformance.targets.vllm_differences import FINDINGS  # noqa: PLC0415
 
         engine: Any = configuration("vllm-full")()
         engine.differences = {**engine.differences, finding: FINDINGS[finding]}

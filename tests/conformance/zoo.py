@@ -21,6 +21,13 @@ from typing import Any
 import pytest
 
 from tests.conformance.direct import vllm_admit, vllm_hit, vllm_manager
+from tests.conformance.zoo_mamba import (
+    checkpoint_one_block_late,
+    hit_above_the_last_checkpoint,
+    mamba_shortfall_ignored,
+    restored_checkpoint,
+    state_index_one_block_short,
+)
 from tests.conformance.zoo_transformers import (
     P8,
     eviction_keeps_hashes,
@@ -372,5 +379,20 @@ ZOO: list[Mutant] = [
         "a key kept after eviction", "vLLM #4761", "transformers-full",
         "BlockLedger.evict_cached_blocks", eviction_keeps_hashes, hashes_after_an_eviction,
         "cache_sound",
+    ),
+    Mutant(
+        "a hit one block past the Mamba checkpoint it restores",
+        "vLLM #57128, #53912, #50630", "vllm-mamba", "MambaManager.find_longest_cache_hit",
+        checkpoint_one_block_late, restored_checkpoint, "state_hit_exact",
+    ),
+    Mutant(
+        "the common hit taken as the max over groups (Mamba's shortfall ignored)",
+        "vLLM #45614, #46453", "vllm-mamba", "MambaManager.find_longest_cache_hit",
+        mamba_shortfall_ignored, hit_above_the_last_checkpoint, "state_hit_exact",
+    ),
+    Mutant(
+        "a restored state's index in the wrong units (one block short)",
+        "vLLM #55600 (PR #55601), #53142", "vllm-mamba", "MambaManager.find_longest_cache_hit",
+        state_index_one_block_short, restored_checkpoint, "state_hit_exact",
     ),
 ]  # fmt: skip

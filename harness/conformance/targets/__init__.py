@@ -68,6 +68,20 @@ def _vllm(sliding_window: int | None) -> Callable[[bool], Factory]:
     return with_findings
 
 
+def _vllm_mamba(known_findings: bool) -> Factory:
+    def make() -> EngineAdapter:
+        if importlib.util.find_spec("vllm") is None:
+            raise TargetUnavailableError(
+                "target vllm-mamba needs the vllm package: run scripts/setup.sh (it installs "
+                "the 'conformance' pins)"
+            )
+        from harness.conformance.targets.vllm_mamba import VLLMMambaEngine  # noqa: PLC0415
+
+        return VLLMMambaEngine(known_findings=known_findings)
+
+    return make
+
+
 _MAKERS: Mapping[str, Callable[[bool], Factory]] = MappingProxyType(
     {
         "pagedkv-full": _pagedkv((None,)),
@@ -77,6 +91,7 @@ _MAKERS: Mapping[str, Callable[[bool], Factory]] = MappingProxyType(
         "transformers-sliding": _transformers(6),
         "vllm-full": _vllm(None),
         "vllm-hybrid": _vllm(6),
+        "vllm-mamba": _vllm_mamba,
     }
 )
 

@@ -4,7 +4,8 @@ The real package (``scripts/setup.sh`` installs the 'conformance' pins without t
 dependencies), on CPU: the real ``vllm.v1.core.sched.scheduler.Scheduler`` built from a
 ``VllmConfig`` of a one-layer Llama (read from a config.json the adapter writes; no weights,
 no model runner), with prefix caching on, over a ``KVCacheConfig`` of one full-attention
-group, or a full group beside a sliding-window group (a hybrid model). Each engine step is
+group, or a full group beside a sliding-window group (a hybrid model;
+``harness.conformance.targets.vllm_mamba`` builds on it for a Mamba group). Each engine step is
 what vLLM's engine core does: ``schedule()``, a stub model that samples the kit's tokens
 (``ModelRunnerOutput``), ``update_from_output()``; requests arrive by ``add_request`` and
 are cancelled by ``finish_requests(..., FINISHED_ABORTED)``. The scheduler admits,
@@ -30,7 +31,7 @@ blocks), so only what must hold whatever the order is compared.
 import functools
 import tempfile
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,53 +69,26 @@ from harness.conformance.adapter import (
     record_calls,
 )
 from harness.conformance.events import TargetEvent, TargetRemoved, TargetStored
+from harness.conformance.targets.vllm_differences import (
+    FINDINGS,
+    FULL_DIFFERENCES,
+    HYBRID_DIFFERENCES,
+)
 
 STOP_TOKEN = 7  # outside the kit's vocabulary (0..3): the stub model samples it to finish
-
-_WHICH_COPY = (
-    "with two cached blocks for a prefix, a hit takes the one cached first, evictable or "
-    "held; reviving an evictable one costs a free block, so an admission can need a block "
-    "more or less than the kit's model (one block per prefix) predicts"
-)
-FULL_DIFFERENCES: Mapping[str, str] = MappingProxyType(
-    {
-        "one_block_per_prefix": "a prompt's last full block, recomputed because the last "
-        "token is never a hit, is cached again beside the block already caching its "
-        "prefix (BlockHashToBlockMap keeps several blocks per hash)",
-        "refusal_justified/allocate_prompt": _WHICH_COPY,
-        "capacity_respected/allocate_prompt": _WHICH_COPY,
-        "events_stored_twice": "each copy of a prefix (one_block_per_prefix) is stored, so "
-        "its hash is stored again while present",
-    }
-)
-HYBRID_DIFFERENCES: Mapping[str, str] = MappingProxyType(
-    {
-        **FULL_DIFFERENCES,
-        "refusal_atomic/append_token_ids": "allocate_slots releases the blocks that left "
-        "the window before it finds it cannot allocate, and keeps them released (its "
-        "comment: 'We can do this even if we cannot schedule this request')",
-    }
-)
-
-# The findings (docs/findings/), declared only when a run asks to look past them.
-FINDINGS: Mapping[str, str] = MappingProxyType(
-    {
-        "eviction_justified/duplicate": "FINDING docs/findings/vllm-duplicate-blocks.md: a "
-        "second cached block for a prefix is evicted in LRU order like a unique one, so a "
-        "unique cached prefix goes while a redundant copy stays",
-        "events_missing": "FINDING docs/findings/vllm-kv-events.md: evicting one copy of a "
-        "prefix publishes BlockRemoved for its hash while another copy stays cached (vLLM "
-        "#55092's class): a router's set of keys loses a prefix the engine still hits",
-    }
-)
 
 init_none_hash(sha256)
 
 
 @functools.cache
-def vllm_config(block_size: int, total_blocks: int) -> Any:  # Any: vLLM's config
+def vllm_config(
+    block_size: int, total_blocks: int, token_budget: int = 2048, mamba_align: bool = False
+) -> Any:  # Any: vLLM's config
     """The ``VllmConfig`` of a one-layer Llama on the CPU platform, once per process
-    (building its ``ModelConfig`` inspects the architecture: seconds)."""
+    (building its ``ModelConfig`` inspects the architecture: seconds). ``token_budget``
+    is the scheduler's tokens per step; ``mamba_align`` sets the cache config a hybrid
+    Mamba model with prefix caching gets (``mamba_cache_mode="align"``, whose prefills
+    the scheduler splits on the block grid)."""
     model_dir = tempfile.mkdtemp(prefix="pagedkv-vllm-")
     LlamaConfig(
         vocab_size=16,
@@ -128,9 +102,14 @@ def vllm_config(block_size: int, total_blocks: int) -> Any:  # Any: vLLM's confi
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=4096)
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=True)
     cache.num_gpu_blocks = total_blocks + 1  # and the null block
-    # A token budget no batch of the kit's requests reaches: no prefill is chunked.
+    if mamba_align:
+        cache.mamba_cache_mode = "align"
+    # The default budget is one no batch of the kit's requests reaches: no prefill is chunked.
     scheduler = SchedulerConfig(
-        max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=4096, is_encoder_decoder=False
+        max_num_batched_tokens=token_budget,
+        max_num_seqs=8,
+        max_model_len=4096,
+        is_encoder_decoder=False,
     )
     return VllmConfig(
         model_config=model,
@@ -157,17 +136,39 @@ class VLLMEngine:
         total_blocks: int = 12,
         known_findings: bool = False,
     ) -> None:
-        self.group_windows: tuple[int | None, ...] = (
+        windows: tuple[int | None, ...] = (
             (None,) if sliding_window is None else (None, sliding_window)
         )
-        groups = [
-            KVCacheGroupSpec([f"layer.{g}"], _attention(block_size, window))
-            for g, window in enumerate(self.group_windows)
-        ]
-        kv_cache = KVCacheConfig(
-            num_blocks=total_blocks + 1, kv_cache_tensors=[], kv_cache_groups=groups
+        differences = FULL_DIFFERENCES if sliding_window is None else HYBRID_DIFFERENCES
+        self._start(
+            group_windows=windows,
+            specs=[_attention(block_size, window) for window in windows],
+            config=vllm_config(block_size, total_blocks),
+            differences={**differences, **(FINDINGS if known_findings else {})},
+            name=f"vllm Scheduler windows={list(windows)}",
         )
-        config = vllm_config(block_size, total_blocks)
+
+    def _start(
+        self,
+        *,
+        group_windows: tuple[spec.GroupKind, ...],
+        specs: list[Any],  # Any: vLLM's KVCacheSpec classes
+        config: Any,  # Any: vLLM's config
+        differences: Mapping[str, str],
+        name: str,
+        retention_interval: int | None = None,
+    ) -> None:
+        """Build the scheduler over one KV cache group per spec of ``specs``."""
+        self.group_windows = group_windows
+        block_size = config.cache_config.block_size
+        total_blocks = config.cache_config.num_gpu_blocks - 1
+        groups = [KVCacheGroupSpec([f"layer.{g}"], kind) for g, kind in enumerate(specs)]
+        kv_cache = KVCacheConfig(
+            num_blocks=total_blocks + 1,
+            kv_cache_tensors=[],
+            kv_cache_groups=groups,
+            prefix_cache_retention_interval=retention_interval,
+        )
         # Any: vLLM objects are the untyped boundary.
         self.scheduler: Any = Scheduler(
             config, kv_cache, StructuredOutputManager(config), block_size=block_size
@@ -176,13 +177,15 @@ class VLLMEngine:
         self.hasher: Any = get_request_block_hasher(block_size, sha256)
         self.block_size = block_size
         self.total_blocks = total_blocks
-        self.name = f"vllm Scheduler windows={list(self.group_windows)}"
-        differences = FULL_DIFFERENCES if sliding_window is None else HYBRID_DIFFERENCES
-        self.differences = {**differences, **(FINDINGS if known_findings else {})}
+        self.name = name
+        self.differences = dict(differences)
         # Tokens each request holding blocks has slots for (what its tables cover).
         self.slot_tokens: dict[str, int] = {}
         self.calls: list[Call] = []
-        self._admitting: tuple[str, Observation] | None = None
+        # An admission's request, what the pool showed before it and its prefix hit.
+        self._admitting: tuple[str, Observation, Any] | None = None
+        # What the pool showed after a call reported inside an allocate_slots, if any.
+        self._landed: Observation | None = None
         self._watch()
         # The KVEventBatches the scheduler published since the last take_events().
         self.published: list[Any] = []
@@ -222,7 +225,14 @@ class VLLMEngine:
     def _step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> None:
         scheduled = self.scheduler.schedule()
         request_ids = list(scheduled.num_scheduled_tokens)
-        tokens = [[STOP_TOKEN if r in finishing else sampled[r]] for r in request_ids]
+        # As the model runner does, a chunk that does not finish its prompt samples nothing.
+        requests = self.scheduler.requests
+        tokens = [
+            []
+            if requests[r].num_computed_tokens < requests[r].num_tokens
+            else [STOP_TOKEN if r in finishing else sampled[r]]
+            for r in request_ids
+        ]
         output = ModelRunnerOutput(
             req_ids=request_ids,
             req_id_to_index={r: i for i, r in enumerate(request_ids)},
@@ -246,8 +256,10 @@ class VLLMEngine:
         )
 
         def watched_get_computed_blocks(request: Any, *args: Any, **kwargs: Any) -> Any:
-            self._admitting = (request.request_id, self.observe())
-            return get_computed_blocks(request, *args, **kwargs)
+            before = self.observe()
+            found = get_computed_blocks(request, *args, **kwargs)
+            self._admitting = (request.request_id, before, found[0])
+            return found
 
         def watched_allocate_slots(
             request: Any,
@@ -259,10 +271,14 @@ class VLLMEngine:
             request_id = request.request_id
             admitting = request_id not in self.slot_tokens
             pending, self._admitting = self._admitting, None
-            before = pending[1] if pending and pending[0] == request_id else self.observe()
+            mine = pending if pending and pending[0] == request_id else None
+            before = mine[1] if mine else self.observe()
+            self._landed = None
             blocks = allocate_slots(
                 request, num_new_tokens, num_new_computed_tokens, *args, **kwargs
             )
+            # A call the allocation made first (take_copies) ends where this one starts.
+            before = self._landed or before
             start = 0 if admitting else self.slot_tokens[request_id]
             end = (num_new_computed_tokens if admitting else start) + num_new_tokens
             token_ids = tuple(request.all_token_ids[start:end])
@@ -273,7 +289,9 @@ class VLLMEngine:
             if admitting:
                 operation, result = "allocate_prompt", num_new_computed_tokens
                 call_args = (request_id, token_ids, request.cache_salt)
-            outcome = Outcome(result) if blocks is not None else Outcome(refusal="no free blocks")
+            outcome = Outcome(result)
+            if blocks is None:
+                outcome = Outcome(refusal=self._refusal(admitting, mine[2] if mine else None))
             self.calls.append(Call(operation, call_args, outcome, before, self.observe()))
             return blocks
 
@@ -297,6 +315,11 @@ class VLLMEngine:
         batches, self.published = self.published, []
         return [_neutral(event) for batch in batches for event in batch.events]
 
+    def _refusal(self, admitting: bool, hit_blocks: Any) -> str:  # Any: KVCacheBlocks
+        """Why ``allocate_slots`` returned ``None``: a capacity refusal (a target with
+        another reason reports it here)."""
+        return "no free blocks"
+
     def observe(self) -> Observation:
         pool = self.manager.block_pool
         free = pool.free_block_queue.get_all_free_blocks()
@@ -306,20 +329,20 @@ class VLLMEngine:
                 cached[get_group_id(block.block_hash)].add(block.block_id)
         tables = []
         ref_counts: dict[int, int] = {}
-        for manager in self.manager.coordinator.single_type_managers:
+        in_flight: list[int] = []
+        copies: list[tuple[int, int]] = []
+        managers = self.manager.coordinator.single_type_managers
+        for group, manager in enumerate(managers):
             group_tables = {}
             for request_id, blocks in manager.req_to_blocks.items():
                 if request_id not in self.slot_tokens:
                     continue  # a refused admission's empty entry (req_to_blocks is a defaultdict)
-                skipped = 0
-                while skipped < len(blocks) and blocks[skipped].is_null:
-                    skipped += 1
-                held = blocks[skipped:]
-                for block in held:
-                    ref_counts[block.block_id] = block.ref_cnt
-                group_tables[request_id] = TargetTable(
-                    tuple(block.block_id for block in held), self.slot_tokens[request_id], skipped
-                )
+                shown = self._table(group, blocks, self.slot_tokens[request_id])
+                for block_id in shown.table.block_ids:
+                    ref_counts[block_id] = pool.blocks[block_id].ref_cnt
+                group_tables[request_id] = shown.table
+                in_flight += shown.in_flight
+                copies += shown.copies
             tables.append(group_tables)
         return Observation(
             tables=tuple(tables),
@@ -327,7 +350,29 @@ class VLLMEngine:
             cached_free_block_ids=tuple(b.block_id for b in free if b.block_hash is not None),
             cached_block_ids=tuple(frozenset(ids) for ids in cached),
             ref_counts=ref_counts,
+            # A checkpoint two requests hit is the source of both their copies.
+            in_flight_block_ids=tuple(dict.fromkeys(in_flight)),
+            pending_copies=tuple(copies),
         )
+
+    def _table(self, group: int, blocks: Sequence[Any], token_count: int) -> "ShownTable":
+        """One request's table in ``group`` (``blocks``: its ``req_to_blocks`` entry), as the
+        spec sees it. An attention group's leading null blocks are the skipped ones."""
+        skipped = 0
+        while skipped < len(blocks) and blocks[skipped].is_null:
+            skipped += 1
+        held = tuple(block.block_id for block in blocks[skipped:])
+        return ShownTable(TargetTable(held, token_count, skipped))
+
+
+@dataclass(frozen=True, slots=True)
+class ShownTable:
+    """A request's table as the adapter shows it, and the blocks it holds outside the spec's
+    table shape: copy sources in flight and the copies that read them (source, destination)."""
+
+    table: TargetTable
+    in_flight: tuple[int, ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
 
 
 def _attention(block_size: int, window: int | None) -> Any:  # Any: vLLM's spec classes
