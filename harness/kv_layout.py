@@ -9,59 +9,18 @@ from dataclasses import dataclass
 
 import torch
 
+from spec import GroupKind, RecurrentState
+
 
 @dataclass(frozen=True, slots=True)
-class KVLayout:
-    """The K/V shape of a model: layers, KV heads, head dim, dtype and device.
+class StateShape:
+    """One state layer's per-request state: its conv state's shape and dtype, and its
+    recurrent state's (``None`` for a pure short convolution), batch dimension left out."""
 
-    ``layer_windows[l]`` is layer ``l``'s sliding window in tokens (its query at position
-    ``q`` reads keys ``q - W + 1 .. q``), or ``None`` for full attention; empty when no
-    layer has a window.
-    """
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    device: torch.device
-    layer_windows: tuple[int | None, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.layer_windows and len(self.layer_windows) != self.num_layers:
-            raise ValueError(
-                f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers"
-            )
-
-    def window(self, layer_idx: int) -> int | None:
-        """Layer ``layer_idx``'s sliding window, or ``None`` for full attention."""
-        return self.layer_windows[layer_idx] if self.layer_windows else None
-
-    @property
-    def bytes_per_token(self) -> int:
-        """K and V of one token over all layers, in bytes."""
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
-
-    @property
-    def group_windows(self) -> tuple[int | None, ...]:
-        """The window of each KV cache group (``impl.KVCacheManager``'s ``group_windows``)."""
-        return tuple(window for window, _ in kv_cache_groups(self.layer_windows, self.num_layers))
-
-    @property
-    def group_layers(self) -> tuple[tuple[int, ...], ...]:
-        """The layers of each KV cache group, in group order."""
-        return tuple(layers for _, layers in kv_cache_groups(self.layer_windows, self.num_layers))
-
-    @property
-    def layers_per_block(self) -> int:
-        """How many layers' K/V one block holds: the largest group's."""
-        return max(len(layers) for layers in self.group_layers)
-
-    @property
-    def bytes_per_block_token(self) -> int:
-        """K and V of one token in one block (the layers of one group), in bytes; with one
-        group of every layer, ``bytes_per_token``."""
-        return self.bytes_per_token // self.num_layers * self.layers_per_block
+    conv_shape: tuple[int, ...]
+    conv_dtype: torch.dtype
+    recurrent_shape: tuple[int, ...] | None = None
+    recurrent_dtype: torch.dtype | None = None
 
 
 def kv_cache_groups(
@@ -84,3 +43,90 @@ def kv_cache_groups(
         for window, layers in by_window.items()
         for start in range(0, len(layers), size)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The K/V shape of a model: layers, KV heads, head dim, dtype and device.
+
+    ``layer_windows[l]`` is layer ``l``'s sliding window in tokens (its query at position
+    ``q`` reads keys ``q - W + 1 .. q``), or ``None`` for full attention; empty when no
+    layer has a window.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    layer_windows: tuple[int | None, ...] = ()
+    # A hybrid's recurrent state layers (short convolution, gated DeltaNet): one state
+    # group of all of them, checkpointed every ``checkpoint_interval`` tokens; their
+    # state tensors' shapes are ``state_shapes`` (``harness.runtime.state_store``).
+    state_layers: tuple[int, ...] = ()
+    checkpoint_interval: int = 0
+    state_shapes: tuple[StateShape, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(
+                f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers"
+            )
+        if len(self.state_shapes) != len(self.state_layers):
+            raise ValueError(
+                f"state_shapes has {len(self.state_shapes)} entries for "
+                f"{len(self.state_layers)} state layers"
+            )
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers whose K/V the pool holds: every layer but the state layers."""
+        return tuple(i for i in range(self.num_layers) if i not in self.state_layers)
+
+    def window(self, layer_idx: int) -> int | None:
+        """Layer ``layer_idx``'s sliding window, or ``None`` for full attention."""
+        return self.layer_windows[layer_idx] if self.layer_windows else None
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one token over all layers, in bytes."""
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.attention_layers) * self.num_kv_heads * self.head_dim * element_size
+
+    @property
+    def group_windows(self) -> tuple[GroupKind, ...]:
+        """The kind of each KV cache group (``impl.KVCacheManager``'s ``group_windows``):
+        the attention groups' windows, then ``RecurrentState(checkpoint_interval)`` for a
+        hybrid's state group."""
+        windows: tuple[GroupKind, ...] = tuple(window for window, _ in self._attention_groups())
+        if self.state_layers:
+            windows += (RecurrentState(self.checkpoint_interval),)
+        return windows
+
+    @property
+    def group_layers(self) -> tuple[tuple[int, ...], ...]:
+        """The layers of each KV cache group, in group order (a state group last)."""
+        layers = tuple(layers for _, layers in self._attention_groups())
+        return layers + ((self.state_layers,) if self.state_layers else ())
+
+    @property
+    def state_group(self) -> int | None:
+        """The index of the state group (the last), or ``None`` without state layers."""
+        return len(self.group_layers) - 1 if self.state_layers else None
+
+    @property
+    def layers_per_block(self) -> int:
+        """How many layers' K/V one block holds: the largest attention group's."""
+        return max(len(layers) for _, layers in self._attention_groups())
+
+    @property
+    def bytes_per_block_token(self) -> int:
+        """K and V of one token in one block (the layers of one group), in bytes; with one
+        group of every layer, ``bytes_per_token``."""
+        return self.bytes_per_token // len(self.attention_layers) * self.layers_per_block
+
+    def _attention_groups(self) -> tuple[tuple[int | None, tuple[int, ...]], ...]:
+        layers = self.attention_layers
+        windows = tuple(self.window(i) for i in layers) if self.layer_windows else ()
+        groups = kv_cache_groups(windows, len(layers))
+        return tuple((window, tuple(layers[i] for i in group)) for window, group in groups)

@@ -188,6 +188,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "tokens in one forward and rolls the rejected ones back (truncate)",
     )
     parser.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=None,
+        metavar="C",
+        help="hybrid models (LFM2, Qwen3-Next): cache the recurrent state every C tokens "
+        "(a multiple of --block-size; prefill chunks end there, and a prefix hit needs a "
+        "state cached at exactly its length); default: 16 rounded up to the block size",
+    )
+    parser.add_argument(
         "--max-batch-tokens",
         type=int,
         default=None,
@@ -336,6 +345,7 @@ def _settings(args: argparse.Namespace) -> CheckSettings:
         salts=args.salts,
         preempt=args.preempt,
         host_blocks=args.host_blocks,
+        checkpoint_interval=args.checkpoint_interval,
     )
 
 
