@@ -148,7 +148,7 @@ def check_hybrid_settings(settings: CheckSettings, interval: int) -> None:
     if interval % settings.block_size:
         raise CheckSettingsError(
             "checkpoint_interval",
-            f"checkpoint_interval {interval} is not a multiple of block_size "
+            f"checkpoint_interval {interval} is not a multiple of the block size "
             f"{settings.block_size}: a checkpoint ends on a block boundary",
         )
     refusals = (

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from harness.kv_layout import StateShape
 from spec import GroupKind, RecurrentState
@@ -86,7 +87,9 @@ def state_shapes(model: Any) -> tuple[StateShape, ...]:  # Any: a transformers P
     shapes = []
     for layer_idx in layers:
         layer = cache.layers[layer_idx]
+        assert isinstance(layer, LinearAttentionCacheLayerMixin), f"layer {layer_idx} state"
         conv, recurrent = layer.conv_states[0], layer.recurrent_states[0]
+        assert conv is not None, f"layer {layer_idx} wrote no conv state"
         shapes.append(
             StateShape(
                 conv_shape=tuple(conv.shape[1:]),

@@ -224,7 +224,7 @@ class PagedKVPool:
 
         In order, so a destination of one pair could be a later pair's source.
         """
-        self.states.copy(copies)
+        self.copy_states(copies)
         device = self.layout.device
         for source, destination in copies:
             source_index = torch.tensor([source], dtype=torch.int64, device=device)
@@ -233,6 +233,10 @@ class PagedKVPool:
                 # keys.index_select(...): [1, block_size, num_kv_heads, head_dim]
                 keys.index_copy_(0, destination_index, keys.index_select(0, source_index))
                 values.index_copy_(0, destination_index, values.index_select(0, source_index))
+
+    def copy_states(self, copies: Sequence[tuple[int, int]]) -> None:
+        """The state rows of each ``(source, destination)`` pair, in order."""
+        self.states.copy(copies)
 
     def release_skipped(self, block_ids: list[int]) -> None:
         """Sliding windows let go of ``block_ids``; their rows keep stale K/V."""
@@ -245,6 +249,10 @@ class PagedKVPool:
         """Fill ``block_ids`` with ``poison_value()`` in every layer, state rows too, so any
         later read of them shows."""
         _fill(self.keys + self.values, block_ids, self.poison_value())
+        self.poison_states(block_ids)
+
+    def poison_states(self, block_ids: list[int]) -> None:
+        """Fill the state rows of ``block_ids`` with ``poison_value()``."""
         self.states.fill(block_ids, self.poison_value())
 
     def poison_slots(self, slots: list[int]) -> None:

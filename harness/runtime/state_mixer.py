@@ -74,7 +74,6 @@ class PagedStateMixer(nn.Module):
         tokens (none when ``prior == 0``)."""
         conv, recurrent = views
         layer = LinearAttentionLayer()
-        layer.dtype, layer.device = conv.dtype, conv.device
         layer.conv_states[0] = conv
         layer.conv_kernel_size[0] = conv.shape[-1]
         layer.is_conv_states_initialized[0] = True
