@@ -148,6 +148,10 @@ class EquivalenceReport:
     # per layer, max |kernel - gather| over the batched run's attention outputs (empty
     # for gather)
     attention_agreement: dict[int, float] = field(default_factory=dict)
+    # a hybrid's: the state group's checkpoint interval (0: no state group) and the bytes
+    # of the paged pool's state rows, beside the K/V's pool_bytes
+    checkpoint_interval: int = 0
+    state_bytes: int = 0
 
     @property
     def prefix_hit_tokens_by_salt(self) -> dict[str, int]:
@@ -279,7 +283,12 @@ def run_equivalence(
         pool=pool,
         model_name=loaded.name,
     )
-    return replace(report, attention_agreement=agreement.max_abs_diff)
+    return replace(
+        report,
+        attention_agreement=agreement.max_abs_diff,
+        checkpoint_interval=layout.checkpoint_interval,
+        state_bytes=paged_pool.states.nbytes,
+    )
 
 
 def measured(attention: AttentionBackend, agreement: LayerAgreement) -> AttentionBackend:

@@ -11,6 +11,7 @@ written, impl's tracker bugs) are each caught by the checks.
 import functools
 import json
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -180,11 +181,17 @@ def test_python_m_harness_passes_on_a_saved_hybrid_with_state_hits(
     architecture: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = [*_saved(architecture, tmp_path), "--checkpoint-interval", "16", "--json"]
-    assert main(argv) == 0
-    result = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--pool-map", "1000"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
     assert result["passed"]
     # The byte-level chat template's shared system turn is over 64 bytes long.
     assert result["totals"]["prefix_hit_tokens"] > 0
+    assert result["checkpoint_interval"] == 16
+    assert result["state_bytes"] > 0
+    # The pool map names each request's state block and the checkpoints cached.
+    assert "state group 1 (checkpoint every 16 tokens): running A:" in captured.err
+    assert re.search(r"checkpoints \(block@tokens\) \d+@(16|32|48|64)\b", captured.err)
 
 
 @pytest.mark.parametrize(
