@@ -41,9 +41,12 @@ STATE_MIXERS: dict[str, StateMixer] = {
     "qwen3_next": StateMixer("linear_attn", "cache_params"),
 }
 
-# The checkpoint interval C a run takes unless told (tokens; a multiple of the block size):
-# the figures in docs/results.md "Hybrid models" chose it.
-DEFAULT_CHECKPOINT_INTERVAL = 16
+# The checkpoint interval C a run takes unless told (tokens; rounded up to a multiple of
+# the block size): on the built-in prompts it gave the most prefix hit tokens and the
+# fewest prefill forwards of 16, 32 and 64 (docs/results.md "Hybrid models"), and 64 is
+# the chunk of transformers' torch gated-delta-rule kernel, whose chunks a prefill from a
+# checkpoint on that grid lines up with.
+DEFAULT_CHECKPOINT_INTERVAL = 64
 
 
 def checkpoint_interval_of(group_windows: Sequence[GroupKind]) -> int:

@@ -194,7 +194,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         metavar="C",
         help="hybrid models (LFM2, Qwen3-Next): cache the recurrent state every C tokens "
         "(a multiple of --block-size; prefill chunks end there, and a prefix hit needs a "
-        "state cached at exactly its length); default: 16 rounded up to the block size",
+        "state cached at exactly its length); default: 64 rounded up to the block size",
     )
     parser.add_argument(
         "--max-batch-tokens",

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import BambaConfig, BambaForCausalLM
 
 from harness.check import check_model
 from harness.cli.main import main
-from harness.models import LoadedModel, kv_layout
+from harness.models import LoadedModel, UnsupportedModelError, check_supported, kv_layout
 from harness.oracle.checks import TokenTrace, check_batch, tie_rule
 from harness.oracle.dense import DenseOutput, generate_dense
 from harness.oracle.equivalence import PoolConfig, run_equivalence
@@ -31,6 +32,7 @@ from harness.runtime.requests import Request, RequestOutput
 from harness.runtime.scheduler import Scheduling
 from harness.runtime.state_mixer import PagedStateMixer
 from harness.tiny_models import HYBRID_ARCHITECTURES, save_tiny_model, tiny_model
+from harness.tiny_models import main as tiny_models_main
 from impl import KVCacheManager
 from tests.support.state_planted_bugs import CommonHitIsTheMax, HitsPastTheLastCheckpoint
 
@@ -274,3 +276,28 @@ def test_impls_planted_hit_bugs_fail_check_3(manager_type: type[KVCacheManager])
     # only its last three inputs, which attention then dilutes).
     outputs = _engine_run(_hybrid("qwen3_next"), manager_type=manager_type)
     assert _batch_failures(outputs, "qwen3_next") != []
+
+
+def test_a_hybrid_whose_state_mixer_the_harness_does_not_know_is_refused() -> None:
+    # Bamba's Mamba-2 layers are `linear_attention` too, but its mixer (`layer.mamba`)
+    # is not in STATE_MIXERS: refused in one line, never run with mixed requests.
+    config = BambaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=[1],
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_d_state=8,
+        mamba_chunk_size=16,
+    )
+    model = BambaForCausalLM(config).eval()
+    with pytest.raises(UnsupportedModelError, match=r"layer_types has \['linear_attention'\]"):
+        check_supported(model)
+
+
+def test_saving_a_tiny_model_names_the_architectures_when_asked_for_another() -> None:
+    assert tiny_models_main(["mamba", "/nonexistent"]) == 2
