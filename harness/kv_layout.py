@@ -23,28 +23,6 @@ class StateShape:
     recurrent_dtype: torch.dtype | None = None
 
 
-def kv_cache_groups(
-    layer_windows: tuple[int | None, ...], num_layers: int
-) -> tuple[tuple[int | None, tuple[int, ...]], ...]:
-    """The KV cache groups of a model: ``(window, layers)`` each, full attention first, then
-    windows from narrowest; every group as large as the fewest layers of one window (the
-    last group of a window may be smaller). No windows (``()``): one group of every layer.
-
-    Equal groups let one block hold one layer of each slot for any group (vLLM's hybrid
-    allocator groups the same way): Gemma 2's 1:1 layers give ``(None, W)`` of one layer
-    each, Gemma 3's 5:1 give one full group and five windowed ones.
-    """
-    windows = layer_windows or (None,) * num_layers
-    order = sorted(set(windows), key=lambda window: -1 if window is None else window)
-    by_window = {window: [i for i, w in enumerate(windows) if w == window] for window in order}
-    size = min(len(layers) for layers in by_window.values())
-    return tuple(
-        (window, tuple(layers[start : start + size]))
-        for window, layers in by_window.items()
-        for start in range(0, len(layers), size)
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """The K/V shape of a model: layers, KV heads, head dim, dtype and device.
@@ -130,3 +108,25 @@ class KVLayout:
         windows = tuple(self.window(i) for i in layers) if self.layer_windows else ()
         groups = kv_cache_groups(windows, len(layers))
         return tuple((window, tuple(layers[i] for i in group)) for window, group in groups)
+
+
+def kv_cache_groups(
+    layer_windows: tuple[int | None, ...], num_layers: int
+) -> tuple[tuple[int | None, tuple[int, ...]], ...]:
+    """The KV cache groups of a model: ``(window, layers)`` each, full attention first, then
+    windows from narrowest; every group as large as the fewest layers of one window (the
+    last group of a window may be smaller). No windows (``()``): one group of every layer.
+
+    Equal groups let one block hold one layer of each slot for any group (vLLM's hybrid
+    allocator groups the same way): Gemma 2's 1:1 layers give ``(None, W)`` of one layer
+    each, Gemma 3's 5:1 give one full group and five windowed ones.
+    """
+    windows = layer_windows or (None,) * num_layers
+    order = sorted(set(windows), key=lambda window: -1 if window is None else window)
+    by_window = {window: [i for i, w in enumerate(windows) if w == window] for window in order}
+    size = min(len(layers) for layers in by_window.values())
+    return tuple(
+        (window, tuple(layers[start : start + size]))
+        for window, layers in by_window.items()
+        for start in range(0, len(layers), size)
+    )

@@ -79,9 +79,7 @@ class ContiguousKVBuffers:
             new_token_counts=tuple(len(step.slots[0]) for step in steps),
             token_counts=tuple(step.token_count for step in steps),
             groups=(everything,),
-            state_rows=tuple(self._rows[step.request_id] for step in steps)
-            if self.layout.state_layers
-            else (),
+            state_rows=tuple(self._rows[step.request_id] for step in steps),
         )
 
     def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:

@@ -39,8 +39,8 @@ class KVPlan:
     The step packs ``len(request_ids)`` requests, each feeding ``new_token_counts[i]`` new
     tokens and holding ``token_counts[i]`` after them; ``groups[g]`` is KV cache group
     ``g``'s part (one group unless the model has sliding windows); ``state_rows[i]`` is
-    the row of the store's ``states`` holding request ``i``'s recurrent state (a hybrid;
-    empty otherwise).
+    the row of the store's ``states`` holding request ``i``'s recurrent state (what a
+    hybrid's state layers read; the paged pool's are empty without a state group).
     """
 
     request_ids: tuple[str, ...]

@@ -28,6 +28,7 @@ from harness.oracle.dense import DenseOutput, generate_dense
 from harness.oracle.equivalence import PoolConfig, run_equivalence
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
+from harness.runtime.paged_cache import PagedCache
 from harness.runtime.requests import Request, RequestOutput
 from harness.runtime.scheduler import Scheduling
 from harness.runtime.state_mixer import PagedStateMixer
@@ -301,3 +302,21 @@ def test_a_hybrid_whose_state_mixer_the_harness_does_not_know_is_refused() -> No
 
 def test_saving_a_tiny_model_names_the_architectures_when_asked_for_another() -> None:
     assert tiny_models_main(["mamba", "/nonexistent"]) == 2
+
+
+def test_paged_cache_under_generate_refuses_a_hybrid() -> None:
+    layout = kv_layout(_hybrid("lfm2"), INTERVAL)
+    pool = PagedKVPool(layout, 8, BLOCK_SIZE)
+    manager = KVCacheManager(8, BLOCK_SIZE, group_windows=layout.group_windows)
+    with pytest.raises(ValueError, match=r"PagedCache holds attention layers only; layers"):
+        PagedCache(manager, pool, 1)
+
+
+def test_the_table_names_the_state_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_saved("lfm2", tmp_path)) == 0
+    assert (
+        "recurrent state group: one state block per request, checkpointed every 64 tokens"
+        in capsys.readouterr().out
+    )
