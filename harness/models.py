@@ -280,7 +280,7 @@ def _unsupported_features(model: Any) -> list[str]:  # Any: a transformers PreTr
         refusals.append(
             f"layer_types has {other_layers} (the hook implements full_attention and "
             "sliding_attention, and the state layers of "
-            f"{' and '.join(sorted(STATE_MIXERS))} models)"
+            f"{', '.join(sorted(STATE_MIXERS)[:-1])} and {sorted(STATE_MIXERS)[-1]} models)"
         )
     return refusals
 

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    BambaConfig,
+    BambaForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -42,8 +44,8 @@ from harness.models import LoadedModel, dense_attention
 # prompts, and 7 and 6 are no multiple of the tests' 4-token blocks. The hybrids hold a
 # recurrent state beside attention: LFM2 a short convolution (3 taps) in two of three
 # layers, Qwen3-Next a gated DeltaNet layer (2 key heads, 4 value heads, 4-tap conv) and
-# a mixture of 4 experts, top 2. Any: transformers' config and model classes, untyped at
-# this boundary.
+# a mixture of 4 experts, top 2, Bamba a Mamba-2 layer (4 heads of 32, state 16, chunk
+# 16). Any: transformers' config and model classes, untyped at this boundary.
 TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
@@ -89,9 +91,24 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
             "shared_expert_intermediate_size": 32,
         },
     ),
+    "bamba": (
+        BambaConfig,
+        BambaForCausalLM,
+        {
+            "attn_layer_indices": [1],
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 16,
+            "max_position_embeddings": 4096,
+        },
+    ),
 }
 # The architectures of TINY_ARCHITECTURES that are hybrids (a recurrent state group).
-HYBRID_ARCHITECTURES = ("lfm2", "qwen3_next")
+HYBRID_ARCHITECTURES = ("lfm2", "qwen3_next", "bamba")
 
 
 def tiny_model(architecture: str, seed: int) -> LoadedModel:

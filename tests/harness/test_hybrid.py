@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BambaConfig, BambaForCausalLM
+from transformers import NemotronHConfig, NemotronHForCausalLM
 
 from harness.check import check_model
 from harness.cli.main import main
@@ -280,22 +280,24 @@ def test_impls_planted_hit_bugs_fail_check_3(manager_type: type[KVCacheManager])
 
 
 def test_a_hybrid_whose_state_mixer_the_harness_does_not_know_is_refused() -> None:
-    # Bamba's Mamba-2 layers are `linear_attention` too, but its mixer (`layer.mamba`)
+    # Nemotron-H's Mamba-2 layers are `linear_attention` too, but its mixer (`layer.mixer`)
     # is not in STATE_MIXERS: refused in one line, never run with mixed requests.
-    config = BambaConfig(
+    config = NemotronHConfig(
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        attn_layer_indices=[1],
-        mamba_n_heads=4,
-        mamba_d_head=16,
-        mamba_d_state=8,
-        mamba_chunk_size=16,
+        layers_block_type=["mamba", "attention"],
+        head_dim=8,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        n_groups=1,
+        ssm_state_size=8,
+        chunk_size=16,
     )
-    model = BambaForCausalLM(config).eval()
+    model = NemotronHForCausalLM(config).eval()
     with pytest.raises(UnsupportedModelError, match=r"layer_types has \['linear_attention'\]"):
         check_supported(model)
 
