@@ -4,9 +4,10 @@ shapes of its state.
 
 A hybrid (LFM2: short convolution beside attention; Qwen3-Next: gated DeltaNet beside
 attention; Bamba: Mamba-2 beside attention) has layers whose per-request state is a
-fixed-size tensor, not a K/V that grows by token. transformers 5.23 keeps it in ``LinearAttentionLayer`` (``conv_states``,
-``recurrent_states``); a recurrent state stays float32 in a bf16 model, so the shapes
-are read, dtype and all, from a one-token forward into HF's own ``DynamicCache``.
+fixed-size tensor, not a K/V that grows by token. transformers 5.23 keeps it in
+``LinearAttentionLayer`` (``conv_states``, ``recurrent_states``); a recurrent state stays
+float32 in a bf16 model, so the shapes are read, dtype and all, from a one-token forward
+into HF's own ``DynamicCache``.
 """
 
 from collections.abc import Sequence
