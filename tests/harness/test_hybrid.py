@@ -286,7 +286,6 @@ def test_a_hybrid_whose_state_mixer_the_harness_does_not_know_is_refused() -> No
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         layers_block_type=["mamba", "attention"],
