@@ -198,6 +198,23 @@ def test_python_m_harness_passes_on_a_saved_hybrid_with_state_hits(
 
 
 @pytest.mark.parametrize(
+    "options",
+    [
+        ["--no-prefix-cache"],
+        ["--max-batch-tokens", "24"],
+        ["--n", "2"],
+        ["--salts", "2"],
+    ],
+)
+def test_python_m_harness_passes_on_a_saved_hybrid_with_other_options(
+    options: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*_saved("lfm2", tmp_path), "--checkpoint-interval", "16", "--json", *options]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["passed"]
+
+
+@pytest.mark.parametrize(
     ("options", "message"),
     [
         (["--speculate", "2"], "--speculate 2 is refused for a hybrid model: a rejected draft"),
