@@ -5,6 +5,7 @@ and the pools (``harness.runtime``) and the manager's ``group_windows`` read it.
 here holds a tensor.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,14 @@ class StateShape:
     conv_dtype: torch.dtype
     recurrent_shape: tuple[int, ...] | None = None
     recurrent_dtype: torch.dtype | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """One request's state, conv and recurrent, in bytes."""
+        total = math.prod(self.conv_shape) * self.conv_dtype.itemsize
+        if self.recurrent_shape is not None and self.recurrent_dtype is not None:
+            total += math.prod(self.recurrent_shape) * self.recurrent_dtype.itemsize
+        return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +79,11 @@ class KVLayout:
         """K and V of one token over all layers, in bytes."""
         element_size = torch.empty((), dtype=self.dtype).element_size()
         return 2 * len(self.attention_layers) * self.num_kv_heads * self.head_dim * element_size
+
+    @property
+    def state_bytes_per_block(self) -> int:
+        """The state rows of one block id over all state layers, in bytes (0 without)."""
+        return sum(shape.nbytes for shape in self.state_shapes)
 
     @property
     def group_windows(self) -> tuple[GroupKind, ...]:

@@ -21,6 +21,7 @@ import torch
 from transformers import NemotronHConfig, NemotronHForCausalLM
 
 from harness.check import check_model
+from harness.cli.limits import MEMORY_FRACTION, check_memory, kv_bytes
 from harness.cli.main import main
 from harness.models import LoadedModel, UnsupportedModelError, check_supported, kv_layout
 from harness.oracle.checks import TokenTrace, check_batch, tie_rule
@@ -32,6 +33,8 @@ from harness.runtime.paged_cache import PagedCache
 from harness.runtime.requests import Request, RequestOutput
 from harness.runtime.scheduler import Scheduling
 from harness.runtime.state_mixer import PagedStateMixer
+from harness.runtime.state_store import StateRows
+from harness.settings import CheckSettingsError
 from harness.tiny_models import HYBRID_ARCHITECTURES, save_tiny_model, tiny_model
 from harness.tiny_models import main as tiny_models_main
 from impl import KVCacheManager
@@ -337,4 +340,22 @@ def test_the_table_names_the_state_group(
     assert (
         "recurrent state group: one state block per request, checkpointed every 64 tokens"
         in capsys.readouterr().out
+    )
+
+
+def test_the_memory_check_counts_the_state_rows() -> None:
+    layout = kv_layout(_hybrid("qwen3_next"), INTERVAL)
+    # The layout's arithmetic is what the rows really take.
+    assert layout.state_bytes_per_block == StateRows(layout, 1).nbytes > 0
+    requests = _requests()
+    blocks = 40
+    pool, contiguous = kv_bytes(requests, blocks, BLOCK_SIZE, layout)
+    state = blocks * layout.state_bytes_per_block
+    kv_alone = pool - state + contiguous
+    # Room for the K/V and half the state rows: refused, the state rows named.
+    available = int((kv_alone + state // 2) / MEMORY_FRACTION)
+    with pytest.raises(CheckSettingsError, match=r"bytes of state rows a block"):
+        check_memory(requests, blocks, BLOCK_SIZE, layout, available)
+    check_memory(
+        requests, blocks, BLOCK_SIZE, layout, int((pool + contiguous) / MEMORY_FRACTION) + 1
     )
