@@ -39,8 +39,14 @@ from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.events import PoolObserver
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.requests import Request
-from harness.runtime.scheduler import Scheduling
-from harness.settings import CheckSettings, CheckSettingsError, CheckSettingsKeywords
+from harness.runtime.scheduler import Scheduling, group_counts
+from harness.settings import (
+    CheckSettings,
+    CheckSettingsError,
+    CheckSettingsKeywords,
+    check_hybrid_settings,
+)
+from harness.state_models import default_interval
 
 # A prompt: text (one user message), chat messages ({"role": ..., "content": ...}, rendered
 # with the tokenizer's chat template), or token ids as they are.
@@ -80,7 +86,10 @@ def check_model(
         for number, prompt in enumerate(_prompt_list(prompts))
     ]
     loaded = LoadedModel(model=model, tokenizer=tokenizer, name=name or _model_name(model))
-    layout = kv_layout(loaded)  # refuses a model the paged hook cannot run exactly
+    interval = chosen.checkpoint_interval or default_interval(chosen.block_size)
+    layout = kv_layout(loaded, interval)  # refuses a model the paged hook cannot run exactly
+    if layout.state_layers:
+        check_hybrid_settings(chosen, interval)
     check_options(model, chosen.block_size, chosen.max_new_tokens, chosen.n)
     backend = ATTENTION_BACKENDS[chosen.attention]
     backend.check(model, layout, chosen.block_size)
@@ -96,7 +105,7 @@ def check_model(
         for number, prompt in enumerate(ids)
     ]
     check_context(requests, model_context(model))
-    blocks = _total_blocks(requests, chosen, len(layout.group_windows))
+    blocks = _total_blocks(requests, chosen, group_counts(layout.group_windows))
     # Before any pool (or the manager's free list) is built.
     host = _host_blocks(chosen, blocks)
     check_memory(
@@ -116,7 +125,11 @@ def check_model(
         prefix_caching=chosen.prefix_cache,
         observer=observer,
         kv_events=kv_events,
-        scheduling=Scheduling(chosen.speculate or 0, chosen.max_batch_tokens),
+        scheduling=Scheduling(
+            chosen.speculate or 0,
+            chosen.max_batch_tokens,
+            checkpoint_interval=interval if layout.state_layers else 0,
+        ),
         attention=backend,
         preemption=chosen.preempt,
         host_blocks=host,
@@ -275,11 +288,12 @@ def _check_arguments(
             )
 
 
-def _total_blocks(requests: list[Request], settings: CheckSettings, group_count: int) -> int:
+def _total_blocks(requests: list[Request], settings: CheckSettings, groups: tuple[int, int]) -> int:
+    """The pool's blocks for ``groups`` (attention groups, state groups)."""
     block_size = settings.block_size
     if settings.total_blocks is None:
-        return tight_total_blocks(requests, block_size, group_count)
-    needs = [request.blocks_needed(block_size, group_count) for request in requests]
+        return tight_total_blocks(requests, block_size, *groups)
+    needs = [request.blocks_needed(block_size, *groups) for request in requests]
     if settings.total_blocks < max(needs):
         longest = max(range(len(requests)), key=lambda index: needs[index])
         raise CheckSettingsError(

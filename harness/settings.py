@@ -57,7 +57,9 @@ class CheckSettings:
     (``tenant0`` .. ``tenant{K-1}``) round-robin over the prompts; ``None``: no salt.
     ``preempt``: ``"recompute"`` or ``"swap"`` (to a host tier, recompute when it is
     full). ``host_blocks``: the host tier's blocks, which also keep freed cached prefixes;
-    ``None``: as many as the pool with ``"swap"``, none otherwise. Counts are ``int``
+    ``None``: as many as the pool with ``"swap"``, none otherwise. ``checkpoint_interval``:
+    a hybrid's state checkpoints every that many tokens (a multiple of ``block_size``);
+    ``None``: ``harness.state_models.default_interval``. Counts are ``int``
     (not ``bool``, not ``float``), switches ``bool``; ``None`` only where the default is.
     """
 
@@ -75,6 +77,7 @@ class CheckSettings:
     salts: int | None = field(default=None, metadata=_within(1))
     preempt: PreemptMode = field(default="recompute", metadata=_one_of(PREEMPT_MODES))
     host_blocks: int | None = field(default=None, metadata=_within(1, MAX_TOTAL_BLOCKS))
+    checkpoint_interval: int | None = field(default=None, metadata=_within(1))
 
     def __post_init__(self) -> None:
         for setting in fields(self):
@@ -107,6 +110,7 @@ class CheckSettingsKeywords(TypedDict, total=False):
     salts: int | None
     preempt: PreemptMode
     host_blocks: int | None
+    checkpoint_interval: int | None
 
 
 def _check_field(name: str, value: object, default: object, rule: Mapping[str, object]) -> None:
@@ -133,3 +137,46 @@ def _check_field(name: str, value: object, default: object, rule: Mapping[str, o
         raise CheckSettingsError(name, f"{name} must be >= {least}, got {value}")
     if isinstance(most, int) and not least <= value <= most:
         raise CheckSettingsError(name, f"{name} must be in [{least}, {most:,}], got {value:,}")
+
+
+def check_hybrid_settings(settings: CheckSettings, interval: int) -> None:
+    """Refuse, for a hybrid model (a recurrent state group), what its state cannot do, in
+    one line each: a checkpoint interval off the block grid (``spec.kinds``), speculative
+    decoding (a rejected draft would need a state rewind, which no state has), the host
+    tier (a swapped or demoted state is not specified) and a kernel attention backend
+    (the state layers run per request under gather only)."""
+    if interval % settings.block_size:
+        raise CheckSettingsError(
+            "checkpoint_interval",
+            f"checkpoint_interval {interval} is not a multiple of the block size "
+            f"{settings.block_size}: a checkpoint ends on a block boundary",
+        )
+    refusals = (
+        (
+            "speculate",
+            settings.speculate is not None,
+            "a rejected draft would need the recurrent state rewound, which it cannot be",
+        ),
+        (
+            "preempt",
+            settings.preempt == "swap",
+            "a recurrent state is not swapped to the "
+            "host tier (preemption recomputes from the last checkpoint)",
+        ),
+        (
+            "host_blocks",
+            settings.host_blocks is not None,
+            "checkpoints are never demoted to a host tier",
+        ),
+        (
+            "attention",
+            settings.attention != "gather",
+            "the state layers run per request beside gather attention only",
+        ),
+    )
+    for setting, refused, why in refusals:
+        if refused:
+            raise CheckSettingsError(
+                setting,
+                f"{setting} {getattr(settings, setting)} is refused for a hybrid model: {why}",
+            )

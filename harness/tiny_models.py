@@ -2,24 +2,34 @@
 tests and the CPU smoke runs use instead of a model no hub can serve here.
 """
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    BambaConfig,
+    BambaForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Lfm2Config,
+    Lfm2ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 from harness.models import LoadedModel, dense_attention
@@ -31,8 +41,11 @@ from harness.models import LoadedModel, dense_attention
 # Gemma 2 sliding and full layers in turn with attention and final logit softcapping and
 # query_pre_attn_scalar (eager attention), Gemma 3 sliding and full layers with a rope of
 # their own each and q/k norms. The windows (7, 8, 6 tokens) are narrower than the test
-# prompts, and 7 and 6 are no multiple of the tests' 4-token blocks. Any: transformers'
-# config and model classes, untyped at this boundary.
+# prompts, and 7 and 6 are no multiple of the tests' 4-token blocks. The hybrids hold a
+# recurrent state beside attention: LFM2 a short convolution (3 taps) in two of three
+# layers, Qwen3-Next a gated DeltaNet layer (2 key heads, 4 value heads, 4-tap conv) and
+# a mixture of 4 experts, top 2, Bamba a Mamba-2 layer (4 heads of 32, state 16, chunk
+# 16). Any: transformers' config and model classes, untyped at this boundary.
 TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
@@ -50,7 +63,52 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
             "layer_types": ["sliding_attention", "full_attention"],
         },
     ),
+    "lfm2": (
+        Lfm2Config,
+        Lfm2ForCausalLM,
+        {
+            "num_hidden_layers": 3,
+            "layer_types": ["conv", "full_attention", "conv"],
+            # Byte-level prompts (``save_tiny_model``): the long built-in ones run ~1,700.
+            "max_position_embeddings": 4096,
+        },
+    ),
+    "qwen3_next": (
+        Qwen3NextConfig,
+        Qwen3NextForCausalLM,
+        {
+            "head_dim": 16,
+            "layer_types": ["linear_attention", "full_attention"],
+            "max_position_embeddings": 4096,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+        },
+    ),
+    "bamba": (
+        BambaConfig,
+        BambaForCausalLM,
+        {
+            "attn_layer_indices": [1],
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 16,
+            "max_position_embeddings": 4096,
+        },
+    ),
 }
+# The architectures of TINY_ARCHITECTURES that are hybrids (a recurrent state group).
+HYBRID_ARCHITECTURES = ("lfm2", "qwen3_next", "bamba")
 
 
 def tiny_model(architecture: str, seed: int) -> LoadedModel:
@@ -61,20 +119,20 @@ def tiny_model(architecture: str, seed: int) -> LoadedModel:
     SmolLM2 (nine query heads over three KV heads).
     """
     config_class, model_class, extra = TINY_ARCHITECTURES[architecture]
-    config = config_class(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=False,
-        **extra,
-    )
+    shape: dict[str, object] = {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "tie_word_embeddings": False,
+    }
+    config = config_class(**(shape | extra))
     torch.manual_seed(seed)
     model = model_class(config)
     # NOTE: default init gives near-uniform logits, where argmax ties are common; a wider
@@ -91,3 +149,70 @@ def tiny_model(architecture: str, seed: int) -> LoadedModel:
 def tiny_llama(seed: int) -> LoadedModel:
     """The tiny Llama every harness test runs on."""
     return tiny_model("llama", seed)
+
+
+# A ChatML template with a default system turn, as SmolLM2's and Qwen's have: every
+# built-in prompt without a system message starts with the same ~75 bytes.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer of 256 ids, one per byte (the tiny models' vocabulary), with
+    ``CHAT_TEMPLATE``: any text tokenizes, and decodes back."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    # Byte b's symbol is the one GPT-2's byte-level map gives it: build that order.
+    byte_symbols = _byte_symbols()
+    assert set(byte_symbols) == set(alphabet), "byte-level alphabet changed"
+    vocab = {symbol: byte for byte, symbol in enumerate(byte_symbols)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's byte-to-unicode map, byte 0 to 255: printable bytes stand for themselves,
+    the rest for code points from 256 on."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    symbols, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            symbols[byte] = chr(byte)
+        else:
+            symbols[byte] = chr(256 + extra)
+            extra += 1
+    return [symbols[byte] for byte in range(256)]
+
+
+def save_tiny_model(architecture: str, seed: int, directory: Path) -> Path:
+    """``tiny_model(architecture, seed)`` saved as a HF model directory with
+    ``byte_tokenizer()``: what ``python -m harness --model DIRECTORY`` loads."""
+    model = tiny_model(architecture, seed).model
+    model.save_pretrained(directory)
+    byte_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def main(argv: list[str]) -> int:
+    """``python -m harness.tiny_models ARCHITECTURE DIRECTORY [SEED]``: save a tiny model."""
+    if len(argv) not in (2, 3) or argv[0] not in TINY_ARCHITECTURES:
+        print(
+            "usage: python -m harness.tiny_models ARCHITECTURE DIRECTORY [SEED]; "
+            f"ARCHITECTURE one of {', '.join(TINY_ARCHITECTURES)}",
+            file=sys.stderr,
+        )
+        return 2
+    seed = int(argv[2]) if len(argv) == 3 else 0
+    print(save_tiny_model(argv[0], seed, Path(argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

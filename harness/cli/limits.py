@@ -87,13 +87,14 @@ def check_context(requests: Sequence[Request], context: int) -> None:
 def kv_bytes(
     requests: Sequence[Request], total_blocks: int, block_size: int, layout: KVLayout
 ) -> tuple[int, int]:
-    """The K/V bytes of the paged pool, and at most of the gate's contiguous buffers.
+    """The K/V bytes of the paged pool (a hybrid's state rows included), and at most of
+    the gate's contiguous buffers.
 
     The gate's contiguous run follows the paged schedule, where every live sequence holds a
     block, so at most ``min(sequences, total_blocks)`` buffers of the longest request's
     ``max_tokens`` rows exist at once.
     """
-    pool = total_blocks * block_size * layout.bytes_per_block_token
+    pool = total_blocks * (block_size * layout.bytes_per_block_token + layout.state_bytes_per_block)
     sequences = sum(request.num_continuations for request in requests)
     longest = max(request.max_tokens for request in requests)
     contiguous = min(sequences, total_blocks) * longest * layout.bytes_per_token
@@ -122,11 +123,18 @@ def check_memory(
             "total_blocks",
             f"total_blocks {total_blocks}: the run's K/V needs {_size(pool + contiguous + host)}: "
             f"a pool of {total_blocks} blocks x {block_size} tokens "
-            f"x {layout.bytes_per_block_token} bytes ({_size(pool)}) "
+            f"x {layout.bytes_per_block_token} bytes{_state_rows(layout)} ({_size(pool)}) "
             f"and the gate's contiguous buffers ({_size(contiguous)}){host_tier}; the limit is "
             f"{MEMORY_FRACTION:g} of the {_size(available)} of {layout.device.type} memory "
             f"available, {_size(limit)}",
         )
+
+
+def _state_rows(layout: KVLayout) -> str:
+    """A hybrid's state rows per block, as a clause of the memory refusal ("" without)."""
+    if not layout.state_layers:
+        return ""
+    return f" and {layout.state_bytes_per_block} bytes of state rows a block"
 
 
 def check_host_memory(host_blocks: int, block_size: int, layout: KVLayout, available: int) -> None:

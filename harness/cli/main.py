@@ -188,6 +188,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "tokens in one forward and rolls the rejected ones back (truncate)",
     )
     parser.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=None,
+        metavar="C",
+        help="hybrid models (LFM2, Qwen3-Next): cache the recurrent state every C tokens "
+        "(a multiple of --block-size; prefill chunks end there, and a prefix hit needs a "
+        "state cached at exactly its length); default: 64 rounded up to the block size",
+    )
+    parser.add_argument(
         "--max-batch-tokens",
         type=int,
         default=None,
@@ -269,9 +278,17 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
             raise UsageError(f"model {loaded.name} has no tokenizer")
         if isinstance(args.events, ZmqTarget):
             windows = kv_layout(loaded).group_windows
+            if not all(window is None or isinstance(window, int) for window in windows):
+                raise UsageError(
+                    f"--events {args.events}: the wire formats have no recurrent state "
+                    f"group, which {loaded.name} has (write the events to a file instead)"
+                )
             wait = f"{SUBSCRIBER_WAIT_S:g} s"
             progress(f"binding {args.events}; waiting up to {wait} for a router to subscribe")
-            kv_events = open_event_stream(args.events, args.events_format, args.block_size, windows)
+            attention_windows = tuple(w for w in windows if w is None or isinstance(w, int))
+            kv_events = open_event_stream(
+                args.events, args.events_format, args.block_size, attention_windows
+            )
         report = check_model(
             loaded.model,
             loaded.tokenizer,
@@ -336,6 +353,7 @@ def _settings(args: argparse.Namespace) -> CheckSettings:
         salts=args.salts,
         preempt=args.preempt,
         host_blocks=args.host_blocks,
+        checkpoint_interval=args.checkpoint_interval,
     )
 
 

@@ -15,6 +15,7 @@ from typing import TextIO
 from harness.runtime.events import PoolEvent
 from impl import KVCacheManager
 from impl.block_map import extend_labels, render_block_map, snapshot_pool
+from spec import AllocatorState, RecurrentState
 
 
 def wants_color(stream: TextIO) -> bool:
@@ -47,7 +48,31 @@ class PoolMapPrinter:
             title += " " + " -> ".join(event.request_ids)
         map_text = render_block_map(pool, self._labels, width=self._width, color=self._color)
         host = host_tier_map(manager, state.host.swapped, self._labels, self._width)
-        print(f"{title}\n{map_text}{host}\n", file=self._stream, flush=True)
+        states = state_group_lines(state, self._labels)
+        print(f"{title}\n{map_text}{states}{host}\n", file=self._stream, flush=True)
+
+
+def state_group_lines(state: AllocatorState, labels: Mapping[str, str]) -> str:
+    """A line per recurrent state group under the map: its checkpoint interval, each
+    request's running state block (``A:5``) and the checkpoints cached (block ids, with
+    the length each holds the state after); empty without a state group."""
+    lines = []
+    for group, kind in enumerate(state.group_windows):
+        if not isinstance(kind, RecurrentState):
+            continue
+        running = ", ".join(
+            f"{labels.get(request_id, request_id)}:{table.block_ids[0]}"
+            for request_id, table in sorted(state.group_tables[group].items())
+        )
+        checkpoints = ", ".join(
+            f"{block}@{len(key.token_ids)}"
+            for key, block in sorted(state.group_caches[group].items(), key=lambda item: item[1])
+        )
+        lines.append(
+            f"state group {group} (checkpoint every {kind.interval} tokens): running "
+            f"{running or 'none'}; checkpoints (block@tokens) {checkpoints or 'none'}"
+        )
+    return "".join(f"\n{line}" for line in lines)
 
 
 def host_tier_map(

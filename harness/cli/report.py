@@ -82,6 +82,13 @@ def print_table(report: EquivalenceReport) -> None:
         )
     if report.chunks_per_prompt > 1:
         print(f"chunked prefill: {report.chunks_per_prompt:.2f} forwards per prompt (mean)")
+    if report.checkpoint_interval:
+        print(
+            f"recurrent state group: one state block per request, checkpointed every "
+            f"{report.checkpoint_interval} tokens (prefill chunks end there); a prefix hit "
+            f"restores the state checkpointed at exactly its length; state rows "
+            f"{report.state_bytes / 1024:.1f} KiB beside the K/V pool"
+        )
     if report.blocks_freed_by_window:
         print(
             f"sliding windows: blocks freed {report.blocks_freed_by_window}; blocks saved "
@@ -149,6 +156,8 @@ def as_json(
         "host_blocks": pool.host_blocks,
         "host_prefix_cache": pool.host_prefix_cache,
         "attention": report.attention,
+        "checkpoint_interval": report.checkpoint_interval,
+        "state_bytes": report.state_bytes,
         "passed": report.passed,
         "schedules_equal": report.schedules_equal,
         "attention_agreement_max_abs_diff": {

@@ -47,6 +47,7 @@ from harness.runtime.preemption import PreemptMode
 from harness.runtime.requests import Request, RequestOutput
 from harness.runtime.results import EngineResult, HostTierCounts, SpeculationCounts, UsageSample
 from harness.runtime.scheduler import NO_SCHEDULING, Scheduling
+from harness.state_models import default_interval
 
 Progress = Callable[[str], None]
 
@@ -82,11 +83,14 @@ class PoolConfig:
     host_prefix_cache: bool = False
 
 
-def tight_total_blocks(requests: Sequence[Request], block_size: int, group_count: int = 1) -> int:
+def tight_total_blocks(
+    requests: Sequence[Request], block_size: int, group_count: int = 1, state_groups: int = 0
+) -> int:
     """The main job's pool: about a quarter of what all requests need at once (so blocks
     are freed and reused, and requests are preempted), but at least the largest one; with
-    ``group_count`` KV cache groups each may need its blocks once per group."""
-    needs = [request.blocks_needed(block_size, group_count) for request in requests]
+    ``group_count`` attention KV cache groups each may need its blocks once per group, and
+    ``state_groups`` state groups two blocks each (``Request.blocks_needed``)."""
+    needs = [request.blocks_needed(block_size, group_count, state_groups) for request in requests]
     return max(*needs, -(-sum(needs) // 4))
 
 
@@ -144,6 +148,10 @@ class EquivalenceReport:
     # per layer, max |kernel - gather| over the batched run's attention outputs (empty
     # for gather)
     attention_agreement: dict[int, float] = field(default_factory=dict)
+    # a hybrid's: the state group's checkpoint interval (0: no state group) and the bytes
+    # of the paged pool's state rows, beside the K/V's pool_bytes
+    checkpoint_interval: int = 0
+    state_bytes: int = 0
 
     @property
     def prefix_hit_tokens_by_salt(self) -> dict[str, int]:
@@ -193,8 +201,11 @@ class EquivalenceReport:
 def run_equivalence(
     loaded: LoadedModel, requests: list[Request], pool: PoolConfig, progress: Progress
 ) -> EquivalenceReport:
-    """Run all four generations of ``requests`` and check them against each other."""
-    layout = kv_layout(loaded)
+    """Run all four generations of ``requests`` and check them against each other (a
+    hybrid's state checkpointed every ``pool.scheduling.checkpoint_interval`` tokens, the
+    default for the block size when 0)."""
+    interval = pool.scheduling.checkpoint_interval or default_interval(pool.block_size)
+    layout = kv_layout(loaded, interval)
     eos = loaded.eos_token_id
     dense: dict[str, DenseOutput] = {}
     for number, request in enumerate(requests, 1):
@@ -272,7 +283,12 @@ def run_equivalence(
         pool=pool,
         model_name=loaded.name,
     )
-    return replace(report, attention_agreement=agreement.max_abs_diff)
+    return replace(
+        report,
+        attention_agreement=agreement.max_abs_diff,
+        checkpoint_interval=layout.checkpoint_interval,
+        state_bytes=paged_pool.states.nbytes,
+    )
 
 
 def measured(attention: AttentionBackend, agreement: LayerAgreement) -> AttentionBackend:

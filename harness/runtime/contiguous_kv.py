@@ -10,6 +10,7 @@ import torch
 
 from harness.kv_layout import KVLayout
 from harness.runtime.kv_store import GroupPlan, KVPlan, sdpa_layout
+from harness.runtime.state_store import StateRows, grown_rows
 from impl import AppendedSlots, Transfers
 from spec import RequestBlockTable, blocks_for_tokens
 
@@ -25,7 +26,16 @@ class ContiguousKVBuffers:
     that is an ``arange``.
     """
 
-    __slots__ = ("_free_rows", "_keys", "_rows", "_values", "block_size", "layout", "row_tokens")
+    __slots__ = (
+        "_free_rows",
+        "_keys",
+        "_rows",
+        "_values",
+        "block_size",
+        "layout",
+        "row_tokens",
+        "states",
+    )
 
     def __init__(self, layout: KVLayout, max_tokens: int, block_size: int = 1) -> None:
         if max_tokens < 1 or block_size < 1:
@@ -44,6 +54,8 @@ class ContiguousKVBuffers:
         self._values = [torch.zeros_like(k) for k in self._keys]
         self._rows: dict[str, int] = {}  # request_id -> its row
         self._free_rows: list[int] = []
+        # A hybrid's recurrent states: the request's row of them, as its K/V's
+        self.states = StateRows(layout, 0)
 
     def plan(self, steps: Sequence[AppendedSlots]) -> KVPlan:
         """Rows are positions in each request's own buffer; block tables are not used (nor
@@ -67,6 +79,7 @@ class ContiguousKVBuffers:
             new_token_counts=tuple(len(step.slots[0]) for step in steps),
             token_counts=tuple(step.token_count for step in steps),
             groups=(everything,),
+            state_rows=tuple(self._rows[step.request_id] for step in steps),
         )
 
     def write(self, layer_idx: int, plan: KVPlan, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -113,6 +126,7 @@ class ContiguousKVBuffers:
         for keys, values in zip(self._keys, self._values, strict=True):
             keys[child] = keys[parent]
             values[child] = values[parent]
+        self.states.copy([(parent, child)])
 
     def transfer(self, transfers: Transfers) -> None:
         """Nothing to copy or drop: no two requests share a buffer, a swapped-out request
@@ -131,18 +145,12 @@ class ContiguousKVBuffers:
         if not self._free_rows:
             rows = self._keys[0].shape[0]
             grown = max(1, 2 * rows)
-            self._keys = [_grown(keys, grown) for keys in self._keys]
-            self._values = [_grown(values, grown) for values in self._values]
+            self._keys = [grown_rows(keys, grown) for keys in self._keys]
+            self._values = [grown_rows(values, grown) for values in self._values]
+            self.states.grow(grown)
             self._free_rows.extend(range(grown - 1, rows - 1, -1))
         row = self._free_rows.pop()
         for keys, values in zip(self._keys, self._values, strict=True):
             keys[row].zero_()
             values[row].zero_()
         return row
-
-
-def _grown(buffers: torch.Tensor, rows: int) -> torch.Tensor:
-    """``buffers`` ``[old_rows, ...]`` copied into a zeroed ``[rows, ...]`` tensor."""
-    grown = torch.zeros((rows, *buffers.shape[1:]), dtype=buffers.dtype, device=buffers.device)
-    grown[: buffers.shape[0]] = buffers
-    return grown

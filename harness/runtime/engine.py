@@ -57,7 +57,9 @@ from harness.runtime.results import EngineResult, SpeculationCounts, UsageSample
 from harness.runtime.sampling import continuation_first_tokens, logits_to_host, sample_token
 from harness.runtime.scheduler import NO_SCHEDULING, Scheduler, Scheduling
 from harness.runtime.speculation import accepted_tokens
+from harness.runtime.state_mixer import using_paged_state
 from harness.runtime.step_batch import StepMetadata, pack_step
+from harness.state_models import checkpoint_interval_of
 from impl import AppendedSlots, KVCacheManager
 
 
@@ -85,7 +87,10 @@ class Engine:
         attention: AttentionBackend = GATHER,
         preemption: PreemptMode = "recompute",
     ) -> None:
-        model_groups = model_kv_layout(model).group_windows  # refuses what the hook cannot run
+        # Refuses what the hook cannot run; a hybrid's state group checkpoints every C.
+        model_groups = model_kv_layout(
+            model, checkpoint_interval_of(manager.group_windows)
+        ).group_windows
         self.attention = attention
         if manager.group_windows != model_groups:
             raise ValueError(
@@ -126,7 +131,7 @@ class Engine:
         step = 0
         started = time.perf_counter()
         try:
-            with torch.no_grad(), using_paged_attention(self.model):
+            with torch.no_grad(), using_paged_attention(self.model), using_paged_state(self.model):
                 while waiting or running:
                     if not running and waiting[0].request.arrival_step > step:
                         step = waiting[0].request.arrival_step  # nothing to do until then

@@ -29,6 +29,7 @@ import torch
 from harness.kv_layout import KVLayout
 from harness.runtime.host_store import HostKVStore
 from harness.runtime.kv_store import GroupPlan, KVPlan, sdpa_layout
+from harness.runtime.state_store import StateRows
 from impl import AppendedSlots, KVCacheManager, Transfers
 from impl.prefix_cache import EventSink
 from spec import RequestBlockTable
@@ -75,6 +76,7 @@ class PagedKVPool:
         "host",
         "keys",
         "layout",
+        "states",
         "total_blocks",
         "values",
     )
@@ -107,8 +109,11 @@ class PagedKVPool:
             for group, layers in enumerate(layout.group_layers)
             for index, layer_idx in enumerate(layers)
         }
-        self._places = tuple(places[layer_idx] for layer_idx in range(layout.num_layers))
+        # A hybrid's state layers hold no K/V: (-1, -1)
+        self._places = tuple(places.get(i, (-1, -1)) for i in range(layout.num_layers))
         self.host = HostKVStore(layout, host_blocks, block_size)
+        # A hybrid's recurrent states, one row per block id (the state group's)
+        self.states = StateRows(layout, total_blocks if layout.state_layers else 0)
 
     @property
     def nbytes(self) -> int:
@@ -128,11 +133,14 @@ class PagedKVPool:
             raise ValueError(
                 f"the pool has {groups} KV cache groups, the plan {len(steps[0].block_ids)}"
             )
+        state = self.layout.state_group
         return KVPlan(
             request_ids=tuple(step.request_id for step in steps),
             new_token_counts=tuple(len(step.slots[0]) for step in steps),
             token_counts=tuple(step.token_count for step in steps),
             groups=tuple(self._group_plan(steps, group) for group in range(groups)),
+            # A state group's table holds one block: the request's running state.
+            state_rows=() if state is None else tuple(step.block_ids[state][0] for step in steps),
         )
 
     def _group_plan(self, steps: Sequence[AppendedSlots], group: int) -> GroupPlan:
@@ -210,10 +218,13 @@ class PagedKVPool:
             self.release_skipped(list(transfers.skipped_block_ids))
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
-        """Copy-on-write: every layer's K and V rows of each ``source`` block to ``destination``.
+        """Copy-on-write: every layer's K and V rows of each ``source`` block to ``destination``,
+        and its state rows (a hybrid's state group copies its states so: a checkpoint, a
+        hit, a fork's first write).
 
         In order, so a destination of one pair could be a later pair's source.
         """
+        self.copy_states(copies)
         device = self.layout.device
         for source, destination in copies:
             source_index = torch.tensor([source], dtype=torch.int64, device=device)
@@ -223,6 +234,10 @@ class PagedKVPool:
                 keys.index_copy_(0, destination_index, keys.index_select(0, source_index))
                 values.index_copy_(0, destination_index, values.index_select(0, source_index))
 
+    def copy_states(self, copies: Sequence[tuple[int, int]]) -> None:
+        """The state rows of each ``(source, destination)`` pair, in order."""
+        self.states.copy(copies)
+
     def release_skipped(self, block_ids: list[int]) -> None:
         """Sliding windows let go of ``block_ids``; their rows keep stale K/V."""
 
@@ -231,9 +246,14 @@ class PagedKVPool:
         and uncached. Their rows keep stale K/V until overwritten."""
 
     def poison(self, block_ids: list[int]) -> None:
-        """Fill ``block_ids`` with ``poison_value()`` in every layer, so any later read of
-        them shows."""
+        """Fill ``block_ids`` with ``poison_value()`` in every layer, state rows too, so any
+        later read of them shows."""
         _fill(self.keys + self.values, block_ids, self.poison_value())
+        self.poison_states(block_ids)
+
+    def poison_states(self, block_ids: list[int]) -> None:
+        """Fill the state rows of ``block_ids`` with ``poison_value()``."""
+        self.states.fill(block_ids, self.poison_value())
 
     def poison_slots(self, slots: list[int]) -> None:
         """Fill the rows ``slots`` (``block_id * block_size + offset``) with ``poison_value()``

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import torch
 
+from harness.runtime.state_store import StateRows
 from impl import AppendedSlots, Transfers
 
 
@@ -37,13 +38,16 @@ class KVPlan:
 
     The step packs ``len(request_ids)`` requests, each feeding ``new_token_counts[i]`` new
     tokens and holding ``token_counts[i]`` after them; ``groups[g]`` is KV cache group
-    ``g``'s part (one group unless the model has sliding windows).
+    ``g``'s part (one group unless the model has sliding windows); ``state_rows[i]`` is
+    the row of the store's ``states`` holding request ``i``'s recurrent state (what a
+    hybrid's state layers read; the paged pool's are empty without a state group).
     """
 
     request_ids: tuple[str, ...]
     new_token_counts: tuple[int, ...]
     token_counts: tuple[int, ...]
     groups: tuple[GroupPlan, ...]
+    state_rows: tuple[int, ...] = ()
 
     @property
     def write_index(self) -> torch.Tensor:
@@ -71,7 +75,10 @@ class KVStore(Protocol):
     in their order, then the blocks sliding windows made free), ``release`` (with the
     blocks that became free and hold no cached prefix: a shared or cached block keeps
     valid K/V), ``fork``, the rollback ``truncate`` and the host tier's ``swap_out``.
+    A hybrid's recurrent states are in ``states``, at the plan's ``state_rows``.
     """
+
+    states: StateRows
 
     def plan(self, steps: Sequence[AppendedSlots]) -> KVPlan:
         """The step's plan, built once and used by every layer."""

@@ -49,6 +49,11 @@ class PagedCache(Cache):
                 f"the manager's group_windows {manager.group_windows} are not the pool's KV "
                 f"cache groups {pool.layout.group_windows} (kv_pool.new_manager)"
             )
+        if pool.layout.state_layers:
+            raise ValueError(
+                f"PagedCache holds attention layers only; layers {pool.layout.state_layers} "
+                "hold a recurrent state (a hybrid runs through harness.runtime.engine)"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.manager = manager

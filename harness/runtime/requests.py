@@ -48,18 +48,21 @@ class Request:
         """The most tokens this request can hold: prompt plus every new token."""
         return len(self.prompt_ids) + self.max_new_tokens
 
-    def blocks_needed(self, block_size: int, group_count: int = 1) -> int:
+    def blocks_needed(self, block_size: int, group_count: int = 1, state_groups: int = 0) -> int:
         """The most blocks all its continuations hold at once, alone in a pool of
-        ``group_count`` KV cache groups.
+        ``group_count`` attention KV cache groups and ``state_groups`` recurrent state
+        groups.
 
         They share the prompt's full blocks; each needs the rest of its own up to
         ``max_tokens`` (a copy of a shared partly filled block included). Each group holds
         the whole prompt's blocks until a decode skips some, so with several groups a
-        request may need its blocks once per group.
+        request may need its blocks once per group. In a state group each continuation
+        holds one block, and two while a checkpoint's copy is pending (``spec.kinds``).
         """
         shared = len(self.prompt_ids) // block_size  # the prompt's full blocks
         own = blocks_for_tokens(block_size, self.max_tokens) - shared
-        return group_count * (shared + self.num_continuations * own)
+        states = state_groups * 2 * self.num_continuations
+        return group_count * (shared + self.num_continuations * own) + states
 
     @property
     def sequence_ids(self) -> list[str]:

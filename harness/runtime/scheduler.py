@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.speculation import propose_drafts
 from impl import AppendedSlots, KVCacheManager
-from spec import BlockAllocationError, blocks_for_tokens
+from spec import BlockAllocationError, GroupKind, RecurrentState, blocks_for_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,16 +31,22 @@ class Scheduling:
     in its forward (``harness.runtime.speculation``); sampled requests never speculate.
     ``max_batch_tokens = N``: at most ``N`` tokens per step, decodes (and their drafts)
     first, then prefill chunks; ``None``: no budget, every prompt in one forward.
+    ``checkpoint_interval = C`` (a hybrid's): every prefill chunk ends on a multiple of
+    ``C``, so the state group checkpoints there (``spec.kinds``: only a chunk's end gets a
+    checkpoint); 0: chunks end where the budget does.
     """
 
     speculate: int = 0
     max_batch_tokens: int | None = None
+    checkpoint_interval: int = 0
 
     def __post_init__(self) -> None:
         if self.speculate < 0:
             raise ValueError(f"speculate must be >= 0 drafts, got {self.speculate}")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.checkpoint_interval < 0:
+            raise ValueError(f"checkpoint_interval must be >= 0, got {self.checkpoint_interval}")
 
 
 NO_SCHEDULING = Scheduling()
@@ -73,7 +79,7 @@ class Scheduler:
                     f"request {request.request_id!r}: several continuations are greedy with "
                     "distinct first tokens; sampling is not supported with them"
                 )
-            needed = request.blocks_needed(block_size, len(self.manager.group_windows))
+            needed = request.blocks_needed(block_size, *group_counts(self.manager.group_windows))
             if needed > self.manager.total_blocks:
                 raise ValueError(
                     f"request {request.request_id!r} needs up to {needed} blocks "
@@ -100,7 +106,7 @@ class Scheduler:
         token_ids = request.prompt_ids + tuple(waiting.output.token_ids)
         salt = request.cache_salt
         hit = self.manager.cached_prefix_tokens(token_ids, salt) if self.prefix_caching else 0
-        end = min(len(token_ids), hit + budget)
+        end = self.chunk_end(hit, min(len(token_ids), hit + budget))
         try:
             if self.prefix_caching:
                 appended = self.manager.allocate(request.request_id, token_ids[:end], salt)
@@ -199,6 +205,22 @@ class Scheduler:
         return min(self.scheduling.speculate, budget, room)
 
     def next_chunk(self, running: RunningRequest, budget: int) -> list[int]:
-        """The next at most ``budget`` tokens of an unfinished prefill."""
+        """The next at most ``budget`` tokens of an unfinished prefill (to the next
+        checkpoint at most)."""
         start = running.computed
-        return list(running.prefill_ids[start : start + budget])
+        end = self.chunk_end(start, min(len(running.prefill_ids), start + budget))
+        return list(running.prefill_ids[start:end])
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a chunk from ``start`` that could run to ``end`` ends: at ``end``, or at
+        the first multiple of the checkpoint interval past ``start`` before it."""
+        interval = self.scheduling.checkpoint_interval
+        if not interval:
+            return end
+        return min(end, (start // interval + 1) * interval)
+
+
+def group_counts(group_windows: tuple[GroupKind, ...]) -> tuple[int, int]:
+    """How many of ``group_windows`` are attention groups, and how many state groups."""
+    states = sum(isinstance(kind, RecurrentState) for kind in group_windows)
+    return len(group_windows) - states, states

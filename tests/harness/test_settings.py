@@ -50,6 +50,8 @@ REFUSED: list[tuple[str, object, str]] = [
         MAX_TOTAL_BLOCKS + 1,
         "host_blocks must be in [1, 16,777,216], got 16,777,217",
     ),
+    ("checkpoint_interval", 16.0, "checkpoint_interval must be an int or None, got float 16.0"),
+    ("checkpoint_interval", 0, "checkpoint_interval must be >= 1, got 0"),
 ]
 
 
