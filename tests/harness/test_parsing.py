@@ -56,7 +56,9 @@ def test_threads_are_between_one_and_the_cpus_here(text: str) -> None:
 
 
 def test_the_startup_handler_is_undone_and_leaves_an_ignored_sigint_alone() -> None:
+    before = signal.getsignal(signal.SIGINT)  # (a fuzz target imported here sets its own)
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         exit_on_interrupt("prog")
         assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
         interrupts_raise()
@@ -66,7 +68,7 @@ def test_the_startup_handler_is_undone_and_leaves_an_ignored_sigint_alone() -> N
         interrupts_raise()
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, before)
 
 
 # (command, its program name, the module whose import completing triggers the Ctrl-C).
