@@ -19,7 +19,7 @@ own. transformers has no KV cache events: its adapters do not support ``KV_EVENT
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
@@ -29,13 +29,16 @@ from spec.event_consumers import StreamView, check_stream_step, get_stream_step,
 from spec.event_stream import (
     EventBatch,
     KeyRemoved,
+    KeyStored,
     PresentKey,
     StreamError,
     StreamEvent,
+    StreamKey,
     compute_key_stored,
     compute_stream_key,
     get_present_keys,
 )
+from spec.frozen_map import FrozenMap
 
 # Each rule of spec.event_stream.StreamError, as the finding events_<rule> states it.
 EVENT_RULES: Mapping[str, str] = MappingProxyType(
@@ -105,25 +108,53 @@ class EventJudge:
         self, events: Sequence[TargetEvent], state: AllocatorState, where: str
     ) -> list[Finding]:
         """The findings of one step's ``events``, the target now in ``state``."""
+        records: tuple[StreamEvent, ...] = ()
         try:
             # Each key's last event in the step: stored (True) or removed (False).
             last: dict[PresentKey, bool] = {}
+            removed: set[PresentKey] = set()  # every key the step removes, at any point
             records = tuple(
-                record for event in events for record in self._split(event, last, where)
+                record for event in events for record in self._split(event, last, removed, where)
             )
             batches = (EventBatch(self.next_seq, records),) if records else ()
             self.next_seq += len(batches)
             _check_no_remove_of_a_cached_key(last, state, where)
             step = get_stream_step(state)
-            self.view = check_stream_step(self.view, step, batches, self.block_size, where)
+            try:
+                self.view = check_stream_step(self.view, step, batches, self.block_size, where)
+            except StreamError as error:
+                raise _named_by_its_cause(error, removed, state) from None
         except StreamError as error:
-            resynced = start_stream_view(get_present_keys(state), self.block_size)
-            self.view = replace(resynced, last_seq=self.next_seq - 1)
+            self.view = self._resync(state, records)
             return [Finding(f"events_{error.rule}", str(error), PRESENCE)]
         return []
 
+    def _resync(self, state: AllocatorState, records: Sequence[StreamEvent]) -> StreamView:
+        """The consumer after a broken rule: the set model holds the keys the caches hold,
+        and the count model keeps for each of them the count the target's own stores and
+        removes give it (at least one).
+
+        NOTE: not a count of one for every key: after a declared second store of a key
+        (two cached copies, ``events_stored_twice``) a counting consumer rightly expects
+        two removes, and a reset count of one made the second copy's remove
+        ``events_unstored`` (vllm-hybrid, seed 7, in CI)."""
+        counts = dict(self.view.counts)
+        for record in records:
+            if isinstance(record, AllBlocksCleared):
+                counts.clear()
+                continue
+            key = StreamKey(record.group, record.medium, record.block_hash)
+            counts[key] = counts.get(key, 0) + (1 if isinstance(record, KeyStored) else -1)
+        present = start_stream_view(get_present_keys(state), self.block_size).keys
+        kept = FrozenMap({key: max(counts.get(key, 0), 1) for key in present})
+        return StreamView(present, kept, self.next_seq - 1)
+
     def _split(
-        self, event: TargetEvent, last: dict[PresentKey, bool], where: str
+        self,
+        event: TargetEvent,
+        last: dict[PresentKey, bool],
+        removed: set[PresentKey],
+        where: str,
     ) -> list[StreamEvent]:
         """One record per block, named by the spec's hash rule, each key's event noted in
         ``last``; ``StreamError`` for a hash the stores so far do not name, or one that
@@ -133,7 +164,8 @@ class EventJudge:
             return [event]
         if isinstance(event, TargetRemoved):
             return [
-                self._removed(event, block_hash, last, where) for block_hash in event.block_hashes
+                self._removed(event, block_hash, last, removed, where)
+                for block_hash in event.block_hashes
             ]
         prefix: tuple[int, ...] = ()
         salt = event.cache_salt
@@ -158,11 +190,17 @@ class EventJudge:
         return records
 
     def _removed(
-        self, event: TargetRemoved, block_hash: int, last: dict[PresentKey, bool], where: str
+        self,
+        event: TargetRemoved,
+        block_hash: int,
+        last: dict[PresentKey, bool],
+        removed: set[PresentKey],
+        where: str,
     ) -> KeyRemoved:
         key = self._prefix(event.group, event.medium, block_hash, where)
         present = PresentKey(event.group, event.medium, key)
         last[present] = False
+        removed.add(present)
         return KeyRemoved(*compute_stream_key(present, self.block_size))
 
     def _prefix(self, group: int, medium: str, block_hash: int, where: str) -> CacheKey:
@@ -170,6 +208,21 @@ class EventJudge:
         if key is None:
             raise StreamError(f"{where}: hash {block_hash:#018x}, which no store named", "unstored")
         return key
+
+
+def _named_by_its_cause(
+    error: StreamError, removed: set[PresentKey], state: AllocatorState
+) -> StreamError:
+    """``error`` as ``missing`` when it is a child's store before its parent in a step that
+    removed, and later stored again, a key the caches still hold at its end: the parent
+    dropped by a remove while a copy stayed (the case ``_check_no_remove_of_a_cached_key``
+    cannot see, the key's last event being its second store)."""
+    if error.rule != "parent_order":
+        return error
+    present = get_present_keys(state)
+    if not removed & present:
+        return error
+    return StreamError(f"{error} (a remove earlier in the step while a copy remained)", "missing")
 
 
 def _check_no_remove_of_a_cached_key(
