@@ -25,15 +25,19 @@ from typing import Protocol
 
 from harness.conformance.properties import Finding
 from spec import AllBlocksCleared, AllocatorState, CacheKey
-from spec.event_consumers import StreamView, check_stream_step, get_stream_step, start_stream_view
+from spec.event_consumers import (
+    StreamView,
+    apply_to_key_counts,
+    check_stream_step,
+    get_stream_step,
+    start_stream_view,
+)
 from spec.event_stream import (
     EventBatch,
     KeyRemoved,
-    KeyStored,
     PresentKey,
     StreamError,
     StreamEvent,
-    StreamKey,
     compute_key_stored,
     compute_stream_key,
     get_present_keys,
@@ -109,10 +113,10 @@ class EventJudge:
     ) -> list[Finding]:
         """The findings of one step's ``events``, the target now in ``state``."""
         records: tuple[StreamEvent, ...] = ()
+        # Each key's last event in the step: stored (True) or removed (False).
+        last: dict[PresentKey, bool] = {}
+        removed: set[PresentKey] = set()  # every key the step removes, at any point
         try:
-            # Each key's last event in the step: stored (True) or removed (False).
-            last: dict[PresentKey, bool] = {}
-            removed: set[PresentKey] = set()  # every key the step removes, at any point
             records = tuple(
                 record for event in events for record in self._split(event, last, removed, where)
             )
@@ -120,13 +124,11 @@ class EventJudge:
             self.next_seq += len(batches)
             _check_no_remove_of_a_cached_key(last, state, where)
             step = get_stream_step(state)
-            try:
-                self.view = check_stream_step(self.view, step, batches, self.block_size, where)
-            except StreamError as error:
-                raise _named_by_its_cause(error, removed, state) from None
+            self.view = check_stream_step(self.view, step, batches, self.block_size, where)
         except StreamError as error:
+            named = _named_by_its_cause(error, removed, state)
             self.view = self._resync(state, records)
-            return [Finding(f"events_{error.rule}", str(error), PRESENCE)]
+            return [Finding(f"events_{named.rule}", str(named), PRESENCE)]
         return []
 
     def _resync(self, state: AllocatorState, records: Sequence[StreamEvent]) -> StreamView:
@@ -138,13 +140,12 @@ class EventJudge:
         (two cached copies, ``events_stored_twice``) a counting consumer rightly expects
         two removes, and a reset count of one made the second copy's remove
         ``events_unstored`` (vllm-hybrid, seed 7, in CI)."""
-        counts = dict(self.view.counts)
+        counts = self.view.counts
         for record in records:
-            if isinstance(record, AllBlocksCleared):
-                counts.clear()
+            try:
+                counts = apply_to_key_counts(counts, record)
+            except StreamError:  # a remove with no store left: a counting consumer skips it
                 continue
-            key = StreamKey(record.group, record.medium, record.block_hash)
-            counts[key] = counts.get(key, 0) + (1 if isinstance(record, KeyStored) else -1)
         present = start_stream_view(get_present_keys(state), self.block_size).keys
         kept = FrozenMap({key: max(counts.get(key, 0), 1) for key in present})
         return StreamView(present, kept, self.next_seq - 1)

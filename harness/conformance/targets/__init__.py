@@ -51,14 +51,18 @@ def _transformers(sliding_window: int | None) -> Callable[[bool], Factory]:
     return with_findings
 
 
+def _require_vllm(target: str) -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise TargetUnavailableError(
+            f"target {target} needs the vllm package: run scripts/setup.sh (it installs "
+            "the 'conformance' pins)"
+        )
+
+
 def _vllm(sliding_window: int | None) -> Callable[[bool], Factory]:
     def with_findings(known_findings: bool) -> Factory:
         def make() -> EngineAdapter:
-            if importlib.util.find_spec("vllm") is None:
-                raise TargetUnavailableError(
-                    "target vllm needs the vllm package: run scripts/setup.sh (it installs "
-                    "the 'conformance' pins)"
-                )
+            _require_vllm("vllm")
             from harness.conformance.targets.vllm_engine import VLLMEngine  # noqa: PLC0415
 
             return VLLMEngine(sliding_window=sliding_window, known_findings=known_findings)
@@ -70,11 +74,7 @@ def _vllm(sliding_window: int | None) -> Callable[[bool], Factory]:
 
 def _vllm_mamba(known_findings: bool) -> Factory:
     def make() -> EngineAdapter:
-        if importlib.util.find_spec("vllm") is None:
-            raise TargetUnavailableError(
-                "target vllm-mamba needs the vllm package: run scripts/setup.sh (it installs "
-                "the 'conformance' pins)"
-            )
+        _require_vllm("vllm-mamba")
         from harness.conformance.targets.vllm_mamba import VLLMMambaEngine  # noqa: PLC0415
 
         return VLLMMambaEngine(known_findings=known_findings)
