@@ -60,6 +60,17 @@ def test_a_resync_clears_then_stores_every_present_key_in_a_batch_of_its_own() -
     assert publisher.end_step() == ()
 
 
+def test_a_salted_prefix_resyncs_to_the_hashes_it_was_stored_under() -> None:
+    # The salt is in the first block's hash only, so a second block's store does not show
+    # it: the key remembered for the resync must keep it.
+    publisher = EventPublisher(2)
+    manager = KVCacheManager(4, 2, event_sink=publisher.record)
+    manager.allocate("a", [1, 2, 3, 4, 5], cache_salt="tenant")
+    step, resync = publisher.resync()
+    assert len(stored(step.events, "GPU")) == 2
+    assert stored(resync.events[1:], "GPU") == stored(step.events, "GPU")
+
+
 def test_an_event_the_remembered_blocks_contradict_is_refused() -> None:
     publisher = EventPublisher(2)
     with pytest.raises(EventReplayError, match="the block caches nothing"):
