@@ -91,6 +91,28 @@ def test_the_salt_changes_every_hash_after_the_first_block() -> None:
     assert salted[0] != plain[0] and salted[1] != plain[1]
 
 
+@pytest.mark.parametrize(
+    ("value", "encoded"),
+    [
+        (23, b"\x17"),
+        (24, b"\x18\x18"),
+        (255, b"\x18\xff"),
+        (256, b"\x19\x01\x00"),
+        (65_535, b"\x19\xff\xff"),
+        (65_536, b"\x1a\x00\x01\x00\x00"),
+        (2**32, b"\x1b\x00\x00\x00\x01\x00\x00\x00\x00"),
+        (2**64 - 1, b"\x1b" + b"\xff" * 8),
+        (-257, b"\x39\x01\x00"),
+    ],
+)
+def test_an_int_s_head_takes_the_fewest_bytes_at_each_size_s_edge(
+    value: int, encoded: bytes
+) -> None:
+    # RFC 8949, 3.1: an argument below 24 in the head's byte, else in 1, 2, 4 or 8 bytes;
+    # the random ints of the property above rarely land on an edge.
+    assert encode_cbor(value) == encoded
+
+
 def test_values_cbor_cannot_encode_without_a_tag_are_refused() -> None:
     with pytest.raises(ValueError, match="does not fit a CBOR head"):
         encode_cbor(2**64)
