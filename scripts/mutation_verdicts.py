@@ -41,8 +41,36 @@ def _hash_of(meta: dict[str, dict[str, str]], function: str) -> str | None:
     return meta["hash_by_function_name"].get(function.rsplit(".", 1)[1])
 
 
+def _read(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """Each saved function's hash and verdicts (none if ``path`` does not exist)."""
+    saved: dict[str, tuple[str, list[str]]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line and not line.startswith("#"):
+                function, function_hash, *codes = line.split(" ")
+                saved[function] = (function_hash, codes)
+    return saved
+
+
+def _saved_code(
+    saved: dict[str, tuple[str, list[str]]], function: str, function_hash: str | None, number: int
+) -> int | None:
+    """The saved verdict of mutant ``number`` of ``function``, if its hash is unchanged."""
+    saved_hash, codes = saved.get(function, ("", []))
+    if saved_hash != function_hash or number > len(codes) or codes[number - 1] == NOT_RUN:
+        return None
+    return int(codes[number - 1])
+
+
 def save(root: Path, path: Path) -> int:
-    """Write the verdicts under ``root`` to ``path``; the number of mutants with one."""
+    """Write the verdicts under ``root`` to ``path``, keeping those ``path`` holds for
+    unchanged functions where ``root`` has none; the number of mutants with one.
+
+    NOTE: mutmut 3.8 forgets every verdict of a function when a test reaching it changed
+    (its stats run after ``restore``), so a save from ``root`` alone lost 1,840 verdicts of
+    an earlier run (2026-12-03); our policy is that a verdict stands until its function
+    changes."""
+    saved = _read(path)
     lines: list[str] = []
     decided = 0
     for meta_path in _metas(root):
@@ -50,7 +78,11 @@ def save(root: Path, path: Path) -> int:
         codes: dict[str, dict[int, int | None]] = {}
         for key, code in meta["exit_code_by_key"].items():
             function, number = _function_of(key)
-            codes.setdefault(function, {})[number] = code
+            if code is None:
+                code_or_saved = _saved_code(saved, function, _hash_of(meta, function), number)
+            else:
+                code_or_saved = code
+            codes.setdefault(function, {})[number] = code_or_saved
         for function, by_number in sorted(codes.items()):
             row = [by_number.get(n) for n in range(1, max(by_number) + 1)]
             decided += sum(code is not None for code in row)
@@ -63,22 +95,18 @@ def save(root: Path, path: Path) -> int:
 def restore(root: Path, path: Path) -> int:
     """Give mutants without a verdict their saved one where the function is unchanged;
     the number restored."""
-    saved: dict[str, tuple[str, list[str]]] = {}
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            function, function_hash, *codes = line.split(" ")
-            saved[function] = (function_hash, codes)
+    saved = _read(path)
     restored = 0
     for meta_path in _metas(root):
         meta = json.loads(meta_path.read_text())
         changed = False
         for key, code in meta["exit_code_by_key"].items():
             function, number = _function_of(key)
-            function_hash, codes = saved.get(function, ("", []))
-            if code is not None or function_hash != _hash_of(meta, function):
+            if code is not None:
                 continue
-            if number <= len(codes) and codes[number - 1] != NOT_RUN:
-                meta["exit_code_by_key"][key] = int(codes[number - 1])
+            saved_code = _saved_code(saved, function, _hash_of(meta, function), number)
+            if saved_code is not None:
+                meta["exit_code_by_key"][key] = saved_code
                 restored += 1
                 changed = True
         if changed:

@@ -64,3 +64,20 @@ def test_a_verdict_of_this_run_is_not_overwritten_by_a_saved_one(
     assert (
         json.loads(meta.read_text())["exit_code_by_key"]["spec.rules.x_slot_index__mutmut_1"] == 0
     )
+
+
+def test_a_save_keeps_the_saved_verdicts_mutmut_forgot_for_unchanged_functions(
+    verdicts: ModuleType, tmp_path: Path
+) -> None:
+    # mutmut forgets a function's verdicts when a test reaching it changes: a save after
+    # such a run must not lose them, while a function edited since loses its own.
+    saved = tmp_path / "verdicts.txt"
+    write_meta(tmp_path / "before", RUN, HASHES)
+    verdicts.save(tmp_path / "before", saved)
+    forgotten = {**dict.fromkeys(RUN), "spec.rules.x_slot_index__mutmut_2": 0}
+    write_meta(tmp_path / "after", forgotten, {**HASHES, "xǁRulesǁwidth": "cccc"})
+    assert verdicts.save(tmp_path / "after", saved) == 3
+    assert saved.read_text().splitlines()[2:] == [
+        "spec.rules.x_slot_index aaaa 1 0 0",
+        "spec.rules.xǁRulesǁwidth cccc -",
+    ]
