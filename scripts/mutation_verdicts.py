@@ -5,7 +5,8 @@
 mutants/ is git-ignored and a new checkout starts without it, while a run of every mutant
 takes hours more than a session has on the 2-core machine. ``save`` writes each mutated
 function's verdicts to FILE (default scripts/mutation_verdicts.txt, committed) with the
-hash mutmut gave the function's source; ``restore``, after mutmut has generated mutants/,
+hash mutmut gave the function's source, keeping the saved verdicts of unchanged functions
+that mutmut has forgotten; ``restore``, after mutmut has generated mutants/,
 gives every mutant without a verdict the saved one, but only where its function's hash is
 unchanged: a function edited since is run again. Tests are not hashed: a killed verdict
 stays until its function changes (as in mutmut's own mutants/); delete FILE to start over.
@@ -64,12 +65,10 @@ def _saved_code(
 
 def save(root: Path, path: Path) -> int:
     """Write the verdicts under ``root`` to ``path``, keeping those ``path`` holds for
-    unchanged functions where ``root`` has none; the number of mutants with one.
-
-    NOTE: mutmut 3.8 forgets every verdict of a function when a test reaching it changed
-    (its stats run after ``restore``), so a save from ``root`` alone lost 1,840 verdicts of
-    an earlier run (2026-12-03); our policy is that a verdict stands until its function
-    changes."""
+    unchanged functions where ``root`` has none; the number of mutants with one."""
+    # NOTE: mutmut 3.8 forgets a function's verdicts when a test reaching it changed, in
+    # its stats run, after ``restore``: without the saved ones a save would drop them,
+    # while here a verdict stands until its function changes.
     saved = _read(path)
     lines: list[str] = []
     decided = 0
