@@ -258,8 +258,3 @@ def compute_state_events(
 
 def _device_key(entry: CachedBlock) -> PresentKey:
     return PresentKey(entry.group, MEDIUM_GPU, entry.key)
-
-
-def get_block_keys(blocks: BlockKeys) -> frozenset[PresentKey]:
-    """The keys present in the caches ``blocks`` remembers."""
-    return frozenset(_device_key(entry) for entry in blocks.view)

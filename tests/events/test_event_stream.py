@@ -9,11 +9,14 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from spec.block_hash import compute_external_hash, iter_block_hashes
 from spec.event_consumers import (
     apply_to_key_counts,
     apply_to_key_set,
+    apply_to_key_tree,
     check_stream_of_states,
     check_stream_step,
+    compute_prefix_score,
     get_counted_keys,
     get_stream_step,
     is_gap,
@@ -281,3 +284,42 @@ def test_replay_answers_what_the_buffer_holds_and_none_when_it_no_longer_does() 
     assert replay_batches(buffer, 4) is None
     assert replay_batches(buffer, 9) == ()
     assert not is_gap(None, buffer[0]) and is_gap(5, buffer[2]) and not is_gap(5, buffer[1])
+
+
+def test_the_tree_model_drops_a_store_without_its_parent_and_a_remove_takes_a_subtree() -> None:
+    def stored(block_hash: int, parent: int | None, group: int = 0) -> KeyStored:
+        return KeyStored(group, "GPU", block_hash, parent, (block_hash,), None)
+
+    tree: FrozenMap[StreamKey, StreamKey | None] = FrozenMap()
+    for event in (stored(1, None), stored(2, 1), stored(3, 2), stored(4, 1), stored(5, 3)):
+        tree = apply_to_key_tree(tree, event)
+    key = {n: StreamKey(0, "GPU", n) for n in range(1, 6)}
+    held = {key[1]: None, key[2]: key[1], key[3]: key[2], key[4]: key[1], key[5]: key[3]}
+    assert dict(tree) == held
+    # Dropped: a parent never stored; a parent held in another group; a key already held
+    # (its first parent stays).
+    for event in (stored(6, 9), stored(7, 1, group=1), stored(3, 4)):
+        assert apply_to_key_tree(tree, event) == tree
+    # A remove takes the key's subtree, however deep; a remove of an absent key, nothing.
+    assert dict(apply_to_key_tree(tree, KeyRemoved(0, "GPU", 2))) == {key[1]: None, key[4]: key[1]}
+    assert apply_to_key_tree(tree, KeyRemoved(1, "GPU", 2)) == tree
+    assert apply_to_key_tree(tree, AllBlocksCleared()) == FrozenMap()
+
+
+def test_a_router_scores_the_longest_prefix_of_full_blocks_it_holds_on_the_device() -> None:
+    prompt = (1, 2, 3, 4, 5)
+    first, second = (compute_external_hash(h) for h in iter_block_hashes(prompt, 2, None))
+    salted = [compute_external_hash(h) for h in iter_block_hashes(prompt, 2, "t")]
+
+    def held(*hashes: int, medium: str = "GPU", group: int = 0) -> frozenset[StreamKey]:
+        return frozenset(StreamKey(group, medium, h) for h in hashes)
+
+    prefixes = ((first, second), (first,), (second,))
+    assert [compute_prefix_score(held(*hs), prompt, 2) for hs in prefixes] == [4, 2, 0]
+    assert compute_prefix_score(held(first, second, medium="CPU"), prompt, 2) == 0
+    assert compute_prefix_score(held(first, group=1), prompt, 2) == 0
+    assert compute_prefix_score(held(first, group=1), prompt, 2, group=1) == 2
+    assert compute_prefix_score(held(*salted), prompt, 2) == 0
+    assert compute_prefix_score(held(*salted), prompt, 2, cache_salt="t") == 4
+    # Every block of a prompt counts when all are full: a router computes no last token.
+    assert compute_prefix_score(held(first, second), prompt[:4], 2) == 4
