@@ -14,6 +14,7 @@ from spec.event_consumers import (
     apply_to_key_counts,
     apply_to_key_set,
     apply_to_key_tree,
+    check_stream,
     check_stream_of_states,
     check_stream_step,
     compute_prefix_score,
@@ -186,6 +187,18 @@ def test_one_step_is_checked_from_any_state_s_keys_as_the_bounded_walk_needs() -
         check_stream_step(view, get_stream_step(states[6]), [], BLOCK_SIZE, "step 5")
 
 
+def test_a_run_s_stream_is_checked_from_the_keys_its_first_state_holds() -> None:
+    states, published = run(SCENARIO)
+    check_stream_of_states(states[5:], published[5:])  # step 5 evicts blocks held before
+    steps = [get_stream_step(state) for state in states[6:]]
+    with pytest.raises(StreamError, match=r"^step 0: "):
+        check_stream(steps, published[5:], BLOCK_SIZE)  # a consumer that knew no key
+    with pytest.raises(ValueError, match=r"^4 steps but batches for 3$"):
+        check_stream(steps, published[5:-1], BLOCK_SIZE)
+    with pytest.raises(ValueError, match=r"^no states: need at least the one the stream starts"):
+        check_stream_of_states([], [])
+
+
 def test_a_reset_of_empty_caches_still_owes_its_clear() -> None:
     states, published = run([reset])
     check_stream_of_states(states, published)
@@ -281,7 +294,8 @@ def test_the_count_model_refuses_a_remove_it_has_no_store_for() -> None:
 def test_replay_answers_what_the_buffer_holds_and_none_when_it_no_longer_does() -> None:
     buffer = [EventBatch(seq, ()) for seq in range(5, 9)]
     assert [b.seq for b in replay_batches(buffer, 7) or ()] == [7, 8]
-    assert replay_batches(buffer, 4) is None
+    assert replay_batches(buffer, 5) == tuple(buffer) and replay_batches(buffer, 4) is None
+    assert replay_batches([], 3) == ()
     assert replay_batches(buffer, 9) == ()
     assert not is_gap(None, buffer[0]) and is_gap(5, buffer[2]) and not is_gap(5, buffer[1])
 
