@@ -6,10 +6,12 @@ mutants/ is git-ignored and a new checkout starts without it, while a run of eve
 takes hours more than a session has on the 2-core machine. ``save`` writes each mutated
 function's verdicts to FILE (default scripts/mutation_verdicts.txt, committed) with the
 hash mutmut gave the function's source, keeping the saved verdicts of unchanged functions
-that mutmut has forgotten; ``restore``, after mutmut has generated mutants/,
-gives every mutant without a verdict the saved one, but only where its function's hash is
-unchanged: a function edited since is run again. Tests are not hashed: a killed verdict
-stays until its function changes (as in mutmut's own mutants/); delete FILE to start over.
+that mutmut has forgotten; ``restore``, after mutmut has generated mutants/, gives every
+mutant without a verdict the saved one, but only where its function's hash is unchanged (a
+function edited since is run again), and takes away a verdict the file has cleared (``-``:
+a survivor since killed by a new test or explained), so the mutant runs again unless
+explained. Tests are not hashed: a killed verdict stays until its function changes (as in
+mutmut's own mutants/); delete FILE to start over.
 """
 
 import argparse
@@ -63,6 +65,14 @@ def _saved_code(
     return int(codes[number - 1])
 
 
+def _is_cleared(
+    saved: dict[str, tuple[str, list[str]]], function: str, function_hash: str | None, number: int
+) -> bool:
+    """Whether the file says mutant ``number`` of the unchanged ``function`` is not run."""
+    saved_hash, codes = saved.get(function, ("", []))
+    return saved_hash == function_hash and number <= len(codes) and codes[number - 1] == NOT_RUN
+
+
 def save(root: Path, path: Path) -> int:
     """Write the verdicts under ``root`` to ``path``, keeping those ``path`` holds for
     unchanged functions where ``root`` has none; the number of mutants with one."""
@@ -91,26 +101,34 @@ def save(root: Path, path: Path) -> int:
     return decided
 
 
-def restore(root: Path, path: Path) -> int:
-    """Give mutants without a verdict their saved one where the function is unchanged;
-    the number restored."""
+def restore(root: Path, path: Path) -> tuple[int, int]:
+    """Give mutants without a verdict their saved one where the function is unchanged, and
+    take away a verdict the file has cleared; the numbers restored and cleared."""
+    # NOTE: a save writes every verdict mutmut holds, so an unchanged function's `-` over
+    # a verdict in mutants/ is one cleared by hand: a survivor since killed by a new test
+    # or explained. Kept, it would never be run again and would still count as surviving.
     saved = _read(path)
-    restored = 0
+    restored = cleared = 0
     for meta_path in _metas(root):
         meta = json.loads(meta_path.read_text())
         changed = False
         for key, code in meta["exit_code_by_key"].items():
             function, number = _function_of(key)
+            function_hash = _hash_of(meta, function)
             if code is not None:
+                if _is_cleared(saved, function, function_hash, number):
+                    meta["exit_code_by_key"][key] = None
+                    cleared += 1
+                    changed = True
                 continue
-            saved_code = _saved_code(saved, function, _hash_of(meta, function), number)
+            saved_code = _saved_code(saved, function, function_hash, number)
             if saved_code is not None:
                 meta["exit_code_by_key"][key] = saved_code
                 restored += 1
                 changed = True
         if changed:
             meta_path.write_text(json.dumps(meta, indent=4))
-    return restored
+    return restored, cleared
 
 
 def main() -> int:
@@ -125,8 +143,10 @@ def main() -> int:
     if args.action == "save":
         print(f"mutation_verdicts: {save(args.root, args.file)} verdicts saved to {args.file}")
     elif args.file.exists():
-        count = restore(args.root, args.file)
-        print(f"mutation_verdicts: {count} verdicts restored from {args.file}")
+        restored, cleared = restore(args.root, args.file)
+        print(
+            f"mutation_verdicts: {restored} verdicts restored, {cleared} cleared, from {args.file}"
+        )
     return 0
 
 

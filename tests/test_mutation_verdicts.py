@@ -45,7 +45,7 @@ def test_saved_verdicts_come_back_for_unchanged_functions_only(
     # A fresh tree: width's source changed since (another hash), slot_index's did not.
     fresh = dict.fromkeys(RUN)
     meta = write_meta(tmp_path / "after", fresh, {**HASHES, "xǁRulesǁwidth": "cccc"})
-    assert verdicts.restore(tmp_path / "after", saved) == 2
+    assert verdicts.restore(tmp_path / "after", saved) == (2, 0)
     assert json.loads(meta.read_text())["exit_code_by_key"] == {
         **fresh,
         "spec.rules.x_slot_index__mutmut_1": 1,
@@ -60,7 +60,7 @@ def test_a_verdict_of_this_run_is_not_overwritten_by_a_saved_one(
     write_meta(tmp_path / "before", RUN, HASHES)
     verdicts.save(tmp_path / "before", saved)
     meta = write_meta(tmp_path / "after", {**RUN, "spec.rules.x_slot_index__mutmut_1": 0}, HASHES)
-    assert verdicts.restore(tmp_path / "after", saved) == 0
+    assert verdicts.restore(tmp_path / "after", saved) == (0, 0)
     assert (
         json.loads(meta.read_text())["exit_code_by_key"]["spec.rules.x_slot_index__mutmut_1"] == 0
     )
@@ -81,3 +81,20 @@ def test_a_save_keeps_the_saved_verdicts_mutmut_forgot_for_unchanged_functions(
         "spec.rules.x_slot_index aaaa 1 0 0",
         "spec.rules.xǁRulesǁwidth cccc -",
     ]
+
+
+def test_a_verdict_cleared_in_the_file_is_cleared_in_mutmut_s_tree(
+    verdicts: ModuleType, tmp_path: Path
+) -> None:
+    # A survivor killed by a new test is cleared by hand (`-`): mutants/ still holding its
+    # survived verdict would never run it again, and count it as surviving.
+    saved = tmp_path / "verdicts.txt"
+    write_meta(tmp_path / "before", RUN, HASHES)
+    verdicts.save(tmp_path / "before", saved)
+    saved.write_text(saved.read_text().replace("aaaa 1 - 0", "aaaa 1 - -").replace("37", "-"))
+    meta = write_meta(tmp_path / "after", RUN, {**HASHES, "xǁRulesǁwidth": "cccc"})
+    assert verdicts.restore(tmp_path / "after", saved) == (0, 1)
+    assert json.loads(meta.read_text())["exit_code_by_key"] == {
+        **RUN,
+        "spec.rules.x_slot_index__mutmut_3": None,
+    }
