@@ -82,3 +82,17 @@ def test_an_admission_is_state_hit_exact_only_with_the_copy_of_its_own_checkpoin
     (b_state,) = after.group_tables[1]["b"].block_ids
     earlier = replace(after, pending_copies=((3, b_state),))  # a's running state, not the key's
     assert not is_state_hit_exact(before, earlier, "b", 4)
+    # A hit past every checkpoint, with no copy: the fresh block holds no state of h tokens.
+    fresh = replace(after, pending_copies=())
+    assert not is_state_hit_exact(before, fresh, "b", 8)
+
+
+def test_a_miss_is_state_hit_exact_only_with_no_copy_into_any_state_group() -> None:
+    before = spec.init(12, 4, (None, spec.RecurrentState(4), spec.RecurrentState(4)))
+    after, slots = OPERATIONS["allocate"].transition(before, "a", PROMPT[:3])
+    assert slots.cached_tokens == 0 and is_state_hit_exact(before, after, "a", 0)
+    (second_state,) = after.group_tables[2]["a"].block_ids
+    copied = replace(
+        after, pending_copies=((after.group_tables[1]["a"].block_ids[0], second_state),)
+    )
+    assert not is_state_hit_exact(before, copied, "a", 0)
