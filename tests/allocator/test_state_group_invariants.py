@@ -82,9 +82,10 @@ def test_an_admission_is_state_hit_exact_only_with_the_copy_of_its_own_checkpoin
     (b_state,) = after.group_tables[1]["b"].block_ids
     earlier = replace(after, pending_copies=((3, b_state),))  # a's running state, not the key's
     assert not is_state_hit_exact(before, earlier, "b", 4)
-    # A hit past every checkpoint, with no copy: the fresh block holds no state of h tokens.
-    fresh = replace(after, pending_copies=())
-    assert not is_state_hit_exact(before, fresh, "b", 8)
+    # A hit past every checkpoint, with the copy of an earlier one (block 1, at 4) or with
+    # none: the block holds no state of h tokens.
+    assert not is_state_hit_exact(before, after, "b", 8)
+    assert not is_state_hit_exact(before, replace(after, pending_copies=()), "b", 8)
 
 
 def test_a_miss_is_state_hit_exact_only_with_no_copy_into_any_state_group() -> None:
