@@ -32,6 +32,14 @@ RUN = {
 HASHES = {"x_slot_index": "aaaa", "xǁRulesǁwidth": "bbbb"}
 
 
+def save_run(verdicts: ModuleType, tmp_path: Path) -> Path:
+    """The verdicts file a save of the run ``RUN`` writes."""
+    saved = tmp_path / "verdicts.txt"
+    write_meta(tmp_path / "before", RUN, HASHES)
+    verdicts.save(tmp_path / "before", saved)
+    return saved
+
+
 def test_saved_verdicts_come_back_for_unchanged_functions_only(
     verdicts: ModuleType, tmp_path: Path
 ) -> None:
@@ -56,9 +64,7 @@ def test_saved_verdicts_come_back_for_unchanged_functions_only(
 def test_a_verdict_of_this_run_is_not_overwritten_by_a_saved_one(
     verdicts: ModuleType, tmp_path: Path
 ) -> None:
-    saved = tmp_path / "verdicts.txt"
-    write_meta(tmp_path / "before", RUN, HASHES)
-    verdicts.save(tmp_path / "before", saved)
+    saved = save_run(verdicts, tmp_path)
     meta = write_meta(tmp_path / "after", {**RUN, "spec.rules.x_slot_index__mutmut_1": 0}, HASHES)
     assert verdicts.restore(tmp_path / "after", saved) == (0, 0)
     assert (
@@ -71,9 +77,7 @@ def test_a_save_keeps_the_saved_verdicts_mutmut_forgot_for_unchanged_functions(
 ) -> None:
     # mutmut forgets a function's verdicts when a test reaching it changes: a save after
     # such a run must not lose them, while a function edited since loses its own.
-    saved = tmp_path / "verdicts.txt"
-    write_meta(tmp_path / "before", RUN, HASHES)
-    verdicts.save(tmp_path / "before", saved)
+    saved = save_run(verdicts, tmp_path)
     forgotten = {**dict.fromkeys(RUN), "spec.rules.x_slot_index__mutmut_2": 0}
     write_meta(tmp_path / "after", forgotten, {**HASHES, "xǁRulesǁwidth": "cccc"})
     assert verdicts.save(tmp_path / "after", saved) == 3
@@ -88,9 +92,7 @@ def test_a_verdict_cleared_in_the_file_is_cleared_in_mutmut_s_tree(
 ) -> None:
     # A survivor killed by a new test is cleared by hand (`-`): mutants/ still holding its
     # survived verdict would never run it again, and count it as surviving.
-    saved = tmp_path / "verdicts.txt"
-    write_meta(tmp_path / "before", RUN, HASHES)
-    verdicts.save(tmp_path / "before", saved)
+    saved = save_run(verdicts, tmp_path)
     saved.write_text(saved.read_text().replace("aaaa 1 - 0", "aaaa 1 - -").replace("37", "-"))
     meta = write_meta(tmp_path / "after", RUN, {**HASHES, "xǁRulesǁwidth": "cccc"})
     assert verdicts.restore(tmp_path / "after", saved) == (0, 1)
