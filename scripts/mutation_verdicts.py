@@ -55,22 +55,23 @@ def _read(path: Path) -> dict[str, tuple[str, list[str]]]:
     return saved
 
 
+def _saved_entry(
+    saved: dict[str, tuple[str, list[str]]], function: str, function_hash: str | None, number: int
+) -> str | None:
+    """What the file holds for mutant ``number`` of ``function`` (an exit code or ``-``),
+    if the function's hash is unchanged; None otherwise."""
+    saved_hash, codes = saved.get(function, ("", []))
+    if saved_hash != function_hash or number > len(codes):
+        return None
+    return codes[number - 1]
+
+
 def _saved_code(
     saved: dict[str, tuple[str, list[str]]], function: str, function_hash: str | None, number: int
 ) -> int | None:
     """The saved verdict of mutant ``number`` of ``function``, if its hash is unchanged."""
-    saved_hash, codes = saved.get(function, ("", []))
-    if saved_hash != function_hash or number > len(codes) or codes[number - 1] == NOT_RUN:
-        return None
-    return int(codes[number - 1])
-
-
-def _is_cleared(
-    saved: dict[str, tuple[str, list[str]]], function: str, function_hash: str | None, number: int
-) -> bool:
-    """Whether the file says mutant ``number`` of the unchanged ``function`` is not run."""
-    saved_hash, codes = saved.get(function, ("", []))
-    return saved_hash == function_hash and number <= len(codes) and codes[number - 1] == NOT_RUN
+    entry = _saved_entry(saved, function, function_hash, number)
+    return None if entry is None or entry == NOT_RUN else int(entry)
 
 
 def save(root: Path, path: Path) -> int:
@@ -116,7 +117,7 @@ def restore(root: Path, path: Path) -> tuple[int, int]:
             function, number = _function_of(key)
             function_hash = _hash_of(meta, function)
             if code is not None:
-                if _is_cleared(saved, function, function_hash, number):
+                if _saved_entry(saved, function, function_hash, number) == NOT_RUN:
                     meta["exit_code_by_key"][key] = None
                     cleared += 1
                     changed = True
