@@ -27,7 +27,7 @@ What a consumer keeps, and when a stream is correct: ``spec.event_consumers``.
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from spec.block_hash import (
     compute_block_hash,
@@ -94,15 +94,21 @@ class EventBatch:
     events: tuple[StreamEvent, ...]
 
 
+# The rules a stream can break (``StreamError.rule``): ``seq`` (a batch number skips or
+# repeats), ``clear`` (a reset without ``AllBlocksCleared``), ``key`` (a store names its
+# key unlike the hash rule), ``stored_twice`` (a store of a present key), ``parent_order``
+# (a store before its parent), ``unstored`` (a remove with no store left), ``extra`` or
+# ``missing`` (a consumer holds a key the caches do not, or lacks one they hold).
+StreamRule = Literal[
+    "seq", "clear", "key", "stored_twice", "parent_order", "unstored", "extra", "missing"
+]
+
+
 class StreamError(ValueError):
     """A stream that is not a correct stream of the steps it is checked against; ``rule``
-    names the rule it breaks: ``seq`` (a batch number skips or repeats), ``clear`` (a
-    reset without ``AllBlocksCleared``), ``key`` (a store names its key unlike the hash
-    rule), ``stored_twice`` (a store of a present key), ``parent_order`` (a store before
-    its parent), ``unstored`` (a remove with no store left), ``extra`` or ``missing`` (a
-    consumer holds a key the caches do not, or lacks one they hold)."""
+    names the rule it breaks (``StreamRule``)."""
 
-    def __init__(self, message: str, rule: str) -> None:
+    def __init__(self, message: str, rule: StreamRule) -> None:
         super().__init__(message)
         self.rule = rule
 

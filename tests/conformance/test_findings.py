@@ -9,14 +9,17 @@ declaration is to be revisited.
 
 import importlib.util
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import torch
 
 import spec
 from harness.conformance import check_target
+from harness.conformance.events import EVENT_RULES
+from harness.conformance.report import statement
 from harness.conformance.targets import configuration
+from spec.event_stream import StreamRule
 from tests.conformance.direct import (
     transformers_admit,
     transformers_cache,
@@ -30,6 +33,14 @@ needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vllm is not installed (scripts/setup.sh installs the 'conformance' pins)",
 )
+
+
+def test_each_rule_a_stream_can_break_is_a_finding_stated_in_one_line() -> None:
+    """A broken stream rule is reported as ``events_<rule>``: the kit states each rule the
+    spec's checker names, and no other."""
+    assert set(EVENT_RULES) == {f"events_{rule}" for rule in get_args(StreamRule)}
+    assert statement("events_parent_order") == EVENT_RULES["events_parent_order"]
+
 
 # -- finding: transformers does not cache the blocks of a request's last forward ----------
 

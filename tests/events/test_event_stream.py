@@ -28,9 +28,11 @@ from spec.event_stream import (
     EventBatch,
     KeyRemoved,
     KeyStored,
+    PresentKey,
     StreamError,
     StreamEvent,
     StreamKey,
+    compute_key_stored,
     compute_resync_events,
     compute_step_events,
     compute_stream_key,
@@ -38,6 +40,7 @@ from spec.event_stream import (
 )
 from spec.events import AllBlocksCleared
 from spec.frozen_map import FrozenMap
+from spec.records import CacheKey
 from tests.events.stream_runs import (
     BLOCK_SIZE,
     Op,
@@ -241,6 +244,27 @@ def test_the_canonical_events_of_each_step_are_a_correct_stream_too(
         )
         published.append([EventBatch(index, step)] if step else [])
     check_stream_of_states(states, numbered(published))
+
+
+def test_a_step_s_events_come_in_one_order_whatever_the_set_s_order() -> None:
+    """Parents before children (shorter prefixes first), and among equals a fixed order:
+    group, medium, salted keys by salt before unsalted ones, tokens; removes the reverse.
+    Seven keys of one prefix that differ only by salt: a tie would leave them in the
+    frozenset's order, which string hashing varies from process to process."""
+    salted = [PresentKey(0, "GPU", CacheKey(salt, (1, 2))) for salt in "abcdef"]
+    order = [
+        PresentKey(0, "CPU", CacheKey(None, (1, 2))),
+        *salted,
+        PresentKey(0, "GPU", CacheKey(None, (1, 2))),
+        PresentKey(0, "GPU", CacheKey(None, (5, 6))),
+        PresentKey(0, "GPU", CacheKey(None, (1, 2, 3, 4))),
+        PresentKey(1, "GPU", CacheKey(None, (1, 2))),
+    ]
+    stores = tuple(compute_key_stored(present, 2) for present in order)
+    removes = tuple(KeyRemoved(*compute_stream_key(present, 2)) for present in reversed(order))
+    assert compute_step_events(frozenset(), frozenset(order), False, 2) == stores
+    assert compute_step_events(frozenset(order), frozenset(), False, 2) == removes
+    assert compute_resync_events(frozenset(order), 2) == (AllBlocksCleared(), *stores)
 
 
 @given(st.lists(operations, max_size=25), st.data())
