@@ -308,11 +308,16 @@ def test_a_consumer_that_misses_a_batch_recovers_by_replay_or_by_a_resync(
 
 def test_the_count_model_refuses_a_remove_it_has_no_store_for() -> None:
     key = KeyRemoved(0, "GPU", 7)
-    with pytest.raises(StreamError, match="has no store left"):
+    with pytest.raises(StreamError, match="has no store left") as caught:
         apply_to_key_counts(FrozenMap(), key)
+    assert caught.value.rule == "unstored"
     counts = apply_to_key_counts(FrozenMap(), KeyStored(0, "GPU", 7, None, (1, 2), None))
     counts = apply_to_key_counts(counts, KeyStored(0, "GPU", 7, None, (1, 2), None))
-    assert get_counted_keys(apply_to_key_counts(counts, key)) == {(0, "GPU", 7)}
+    counts = apply_to_key_counts(counts, key)
+    assert get_counted_keys(counts) == {(0, "GPU", 7)}
+    # The second remove takes the key out of the map: a count of 0 kept would grow a
+    # long-running consumer's map with every key it ever saw.
+    assert apply_to_key_counts(counts, key) == FrozenMap()
 
 
 def test_replay_answers_what_the_buffer_holds_and_none_when_it_no_longer_does() -> None:
