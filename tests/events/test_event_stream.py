@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from spec.block_hash import compute_external_hash, iter_block_hashes
 from spec.event_consumers import (
+    StreamStep,
+    StreamView,
     apply_to_key_counts,
     apply_to_key_set,
     apply_to_key_tree,
@@ -202,6 +204,36 @@ def test_a_run_s_stream_is_checked_from_the_keys_its_first_state_holds() -> None
         check_stream_of_states([], [])
 
 
+def test_a_view_that_differs_from_the_caches_is_reported_with_its_keys_and_rule() -> None:
+    """The message names the model, how many keys it holds wrongly and which (the first
+    three, by hash), and says ``-`` for none; the rule says which side is wrong."""
+    gpu = [PresentKey(0, "GPU", CacheKey(None, tokens)) for tokens in ((1, 2), (3, 4))]
+    hashes = sorted(compute_stream_key(present, 2).block_hash for present in gpu)
+    named = ", ".join(f"hash {h:#018x} (group 0, GPU)" for h in hashes)
+    empty = start_stream_view(frozenset(), 2)
+    strays = tuple(KeyStored(0, "GPU", h, None, (9, 9), None) for h in hashes)
+    with pytest.raises(StreamError) as caught:
+        check_stream_step(empty, StreamStep(frozenset(), False), [EventBatch(0, strays)], 2)
+    assert str(caught.value) == (
+        f"step: the set model holds 2 key(s) the spec's caches do not ({named}) "
+        "and lacks 0 they hold (-)"
+    )
+    assert caught.value.rule == "extra"
+    with pytest.raises(StreamError) as caught:
+        check_stream_step(empty, StreamStep(frozenset(gpu), False), [], 2)
+    assert str(caught.value) == (
+        "step: the set model holds 0 key(s) the spec's caches do not (-) "
+        f"and lacks 2 they hold ({named})"
+    )
+    assert caught.value.rule == "missing"
+    # A view that counted a key twice keeps it after one remove: only the count model errs.
+    key = StreamKey(0, "GPU", hashes[0])
+    twice = StreamView(frozenset({key}), FrozenMap({key: 2}))
+    removed = [EventBatch(0, (KeyRemoved(*key),))]
+    with pytest.raises(StreamError, match=r"^step: the count model holds 1 key\(s\)"):
+        check_stream_step(twice, StreamStep(frozenset(), False), removed, 2)
+
+
 def test_a_reset_of_empty_caches_still_owes_its_clear() -> None:
     states, published = run([reset])
     check_stream_of_states(states, published)
@@ -318,6 +350,8 @@ def test_the_count_model_refuses_a_remove_it_has_no_store_for() -> None:
     # The second remove takes the key out of the map: a count of 0 kept would grow a
     # long-running consumer's map with every key it ever saw.
     assert apply_to_key_counts(counts, key) == FrozenMap()
+    zero, two = StreamKey(0, "GPU", 7), StreamKey(0, "GPU", 8)
+    assert get_counted_keys(FrozenMap({zero: 0, two: 2})) == {two}  # a count of 0 is absent
 
 
 def test_replay_answers_what_the_buffer_holds_and_none_when_it_no_longer_does() -> None:
