@@ -27,6 +27,7 @@ from spec.event_consumers import (
     start_stream_view,
 )
 from spec.event_stream import (
+    BlockKeys,
     EventBatch,
     KeyRemoved,
     KeyStored,
@@ -39,6 +40,7 @@ from spec.event_stream import (
     compute_step_events,
     compute_stream_key,
     get_present_keys,
+    translate_events,
 )
 from spec.events import AllBlocksCleared
 from spec.frozen_map import FrozenMap
@@ -91,6 +93,15 @@ def test_a_first_block_carries_its_salt_and_a_later_one_its_parent_s_hash() -> N
     )
     unsalted = run([admit("a", (1, 2, 3))])[1][0][0].events[0]
     assert isinstance(unsalted, KeyStored) and unsalted.block_hash != first.block_hash
+
+
+def test_events_translated_in_one_call_go_on_past_a_clear() -> None:
+    """A publisher may translate several steps' events at once: what follows an
+    ``AllBlocksCleared`` is translated too, as it is step by step."""
+    states, published = run([admit("a", (1, 2, 3)), reset, admit("b", (4, 5, 6))])
+    _, events = translate_events(BlockKeys(BLOCK_SIZE), states[2].events + states[3].events)
+    assert events[0] == AllBlocksCleared() and len(events) == 2
+    assert events == published[1][0].events + published[2][0].events
 
 
 # -- planted producer bugs: each a small change to the publisher's batches ----------------
