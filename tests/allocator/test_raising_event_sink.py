@@ -156,3 +156,18 @@ def test_every_event_of_a_call_is_offered_and_the_first_error_is_raised_with_a_n
     assert raised.value.args == (1,)
     assert raised.value.__notes__ == ["the event sink raised on 2 of the call's 2 events"]
     assert pool.tables("a")[0].token_count == 5
+
+
+def test_a_sink_that_raised_once_gets_its_error_back_without_a_note() -> None:
+    offered: list[KVCacheEvent] = []
+
+    def sink(event: KVCacheEvent) -> None:
+        offered.append(event)
+        if len(offered) == 1:
+            raise SinkError(len(offered))
+
+    pool = KVCacheManager(8, 2, event_sink=sink)
+    with pytest.raises(SinkError) as raised:
+        pool.allocate("a", [1, 2, 3, 4, 5])
+    assert len(offered) == 2
+    assert not hasattr(raised.value, "__notes__")
