@@ -21,7 +21,7 @@ from functools import partial
 
 import torch
 
-from harness.cli.main import DTYPES
+from harness.cli.dtypes import DTYPES
 from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.kv_layout import KVLayout
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError

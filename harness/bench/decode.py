@@ -42,7 +42,7 @@ from harness.bench.decode_methods import (
     run_generate_batch,
     run_paged,
 )
-from harness.cli.main import DTYPES
+from harness.cli.dtypes import DTYPES
 from harness.cli.output import write_replacing
 from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from harness.bench.decode import Rates
-from harness.cli.main import DTYPES
+from harness.cli.dtypes import DTYPES
 from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.prompts import BUILTIN_PROMPTS, Messages, render_prompt

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from harness.check import check_model
+from harness.cli.dtypes import DTYPES
 from harness.cli.events_target import (
     SUBSCRIBER_WAIT_S,
     ZmqTarget,
@@ -64,7 +65,6 @@ from harness.settings import CheckSettings, CheckSettingsError
 
 PROG = "python -m harness"
 PROGRESS_PREFIX = "[harness]"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EXIT_OK = 0
 EXIT_FAILED = 1
 

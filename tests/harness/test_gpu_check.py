@@ -10,13 +10,15 @@ asked for ran and passed (a stage the deadline cut off fails it, one skipped wit
 
 import json
 import math
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.support.modules import load_script
+from tests.support.modules import REPO, load_script
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,35 @@ def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(
     ]
     bench_methods = {row["method"] for row in results["stages"]["decode_bench"]["rows"]}
     assert bench_methods == {"dense", "paged", "hf-cb"}
+
+
+# What pagedkv installs that a bare GPU machine (torch, an older transformers, numpy, the
+# usual scientific stack) lacks; the GPU check must run without them. On 2026-12-04 the
+# H200's first run stopped at `import zmq`: a benchmark imported the main command for its
+# dtype table, and the main command imports the event publisher.
+NOT_ON_A_BARE_GPU_MACHINE = ("zmq", "msgspec", "redis", "ray", "vllm", "gguf")
+IMPORT_WITHOUT = """
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in sys.argv[1:]:
+            raise ImportError(f"no module named {name!r} (refused by the test)")
+        return None
+sys.meta_path.insert(0, Refuse())
+from tests.support.modules import load_script
+load_script("gpu_check")
+"""
+
+
+def test_the_check_imports_nothing_a_bare_gpu_machine_lacks() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_WITHOUT, *NOT_ON_A_BARE_GPU_MACHINE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _only_environment(driver: ModuleType) -> list[str]:
