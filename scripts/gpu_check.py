@@ -19,7 +19,7 @@ by ``--skip`` does not:
 1. ``environment``: versions, the GPU, which SDPA backend each of our call shapes gets,
    whether ``torch.nn.attention.varlen.varlen_attn`` takes a ``block_table``;
 2. ``device_tests``: the CUDA tests' cases (``harness/oracle/device_cases.py``), no pytest;
-3. ``checks``: the three checks for float32/bfloat16 x ``Engine``/``BatchInvariantEngine``
+3. ``checks``: the three checks for bfloat16/float32 x ``Engine``/``BatchInvariantEngine``
    and ``Engine`` preempting by swap to a host tier (pinned memory), on the bundled
    SmolLM2 when it loads here, else on a seeded random model of its exact
    shapes (``random_smollm2``), with every tie's margin in ulps;

@@ -8,7 +8,6 @@ the kernels against SDPA, the bf16 decode benchmark.
 """
 
 import contextlib
-import inspect
 import io
 import json
 import math
@@ -43,6 +42,7 @@ from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool
 from harness.runtime.requests import Request
+from harness.runtime.varlen_kernel import varlen_takes_block_table
 
 # -- stage 1: environment -------------------------------------------------------------------
 
@@ -125,11 +125,10 @@ def _sdp_backend_members() -> dict[str, Any]:  # Any: torch's pybind enum member
 
 def _varlen_signature() -> Json:
     try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
+        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415, F401 (is it there?)
     except ImportError as error:
         return {"available": False, "why": str(error)}
-    parameters = inspect.signature(varlen_attn).parameters
-    return {"available": True, "takes_block_table": "block_table" in parameters}
+    return {"available": True, "takes_block_table": varlen_takes_block_table()}
 
 
 # -- stage 2: the CUDA tests' cases ---------------------------------------------------------
@@ -212,7 +211,7 @@ def random_smollm2(
 
 
 def stage_checks(plan: Plan, log: Log) -> Json:
-    """The three checks for float32/bfloat16 x packed/batch-invariant, poisoned pool; and
+    """The three checks for bfloat16/float32 x packed/batch-invariant, poisoned pool; and
     the packed engine preempting by swap to a host tier (pinned memory on CUDA)."""
     runs: dict[str, Json] = {}
     for dtype_name, dtype in DTYPES.items():
@@ -295,11 +294,15 @@ def _checks_summary(model_name: str, report: EquivalenceReport) -> Json:
 def stage_kernels(plan: Plan, log: Log) -> Json:
     """Each attention backend's decode step at SmolLM2's shapes against SDPA on contiguous
     K/V: agreement, a NaN (and a finite) poison in the rows past each request's tokens, one
-    request alone vs in the batch, and the time per call. ``varlen`` needs CUDA (skipped
-    without it); fp32 is gather's and flex's only (FlashAttention is fp16/bf16)."""
+    request alone vs in the batch, and the time per call. ``varlen`` needs CUDA and a
+    torch whose ``varlen_attn`` takes a block table (skipped without them, the log says
+    why); fp32 is gather's and flex's only (FlashAttention is fp16/bf16)."""
     shapes: dict[str, Json] = {}
     passed = True
-    backends = [name for name in plan.kernel_backends if name != "varlen" or _has_cuda(plan)]
+    varlen_runs = _has_cuda(plan) and varlen_takes_block_table()
+    backends = [name for name in plan.kernel_backends if name != "varlen" or varlen_runs]
+    if "varlen" in plan.kernel_backends and not varlen_runs:
+        log(f"   varlen skipped: CUDA {_has_cuda(plan)}, block table {varlen_takes_block_table()}")
     for batch, context in plan.kernel_shapes:
         for dtype_name, dtype in DTYPES.items():
             for backend in backends:

@@ -5,7 +5,8 @@ the packed queries, the pool's per-layer pages read in place through ``block_tab
 request's key count ``seqused_k``, bottom-right causality (``window_size=(-1, 0)``), GQA,
 and ``num_splits=1`` (no split-KV, so a request's output does not depend on the batch).
 
-NOTE: untested on a GPU so far (no device was lent to the session that wrote it); the
+NOTE: untested on a GPU so far: the one GPU run (an H200 with torch 2.11, 2026-12-04) had a
+``varlen_attn`` without a block table, which ``varlen_limits`` now refuses in words; the
 emulator (``harness.runtime.varlen_emulator``) runs the same tensors on CPU, and
 ``scripts/gpu_check.py``'s kernel stage compares this call with gather and flex on CUDA.
 The limits below are FlashAttention 2's (torch 2.13's ``flash_api.cpp``, ``mha_varlen_fwd``):
@@ -13,6 +14,7 @@ fp16/bf16 only, head_dim a multiple of 8 and at most 256, and with a block table
 "Paged KV cache block size must be divisible by 256".
 """
 
+import inspect
 from typing import Any
 
 import torch
@@ -25,9 +27,21 @@ VARLEN_BLOCK_MULTIPLE = 256
 VARLEN_MAX_HEAD_DIM = 256
 
 
+def varlen_takes_block_table() -> bool:
+    """Whether this torch has a ``varlen_attn`` that takes a ``block_table``: 2.13's does;
+    2.11's (the H200 of 2026-12-04) has ``varlen_attn`` without one."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
+    except ImportError:
+        return False
+    return "block_table" in inspect.signature(varlen_attn).parameters
+
+
 def varlen_limits(layout: KVLayout, block_size: int) -> list[str]:
     """What ``varlen_attn`` with a block table refuses, for this layout and block size."""
     refusals = []
+    if not varlen_takes_block_table():
+        refusals.append(f"torch {torch.__version__} has no varlen_attn taking a block_table")
     if layout.device.type != "cuda":
         refusals.append(f"it needs a CUDA device, the pool is on {layout.device.type}")
     if layout.dtype not in VARLEN_DTYPES:

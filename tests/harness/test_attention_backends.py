@@ -166,3 +166,22 @@ def test_the_decode_benchmark_refuses_varlen_on_cpu_with_exit_2(
     assert decode_main(["--tiny", "--attention", "varlen", "--batch-sizes", "1"]) == 2
     error = capsys.readouterr().err.splitlines()[-1]
     assert "--attention varlen cannot run this: it needs a CUDA device" in error
+
+
+def test_varlen_refuses_a_torch_whose_varlen_attn_takes_no_block_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.11's ``varlen_attn`` (the H200 of 2026-12-04) has no ``block_table``."""
+    import torch.nn.attention.varlen as varlen_module  # noqa: PLC0415
+
+    def varlen_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        raise AssertionError("never called: refused first")
+
+    monkeypatch.setattr(varlen_module, "varlen_attn", varlen_attn)
+    with pytest.raises(AttentionBackendError) as refused:
+        VARLEN.check(tiny_model().model, _layout(), 256)
+    assert str(refused.value) == (
+        "--attention varlen cannot run this: "
+        f"torch {torch.__version__} has no varlen_attn taking a block_table; "
+        "it needs a CUDA device, the pool is on cpu"
+    )
