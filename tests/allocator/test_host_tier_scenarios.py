@@ -165,6 +165,16 @@ def test_releasing_a_swapped_request_drops_its_pending_copies_and_lands_its_bloc
     assert pool.usage().host_free_blocks == 4
 
 
+def test_releasing_a_swapped_request_reports_every_cached_block_it_lands(
+    make: Factory,
+) -> None:
+    pool = make(4, 2, host_blocks=4)
+    pool.allocate("a", [1, 2, 3, 4, 5])  # blocks 0 (1, 2) and 1 (3, 4) cached, 2
+    pool.swap_out("a")  # all three in flight
+    assert pool.release("a") == ReleasedBlocks((), (2,), (1, 0))
+    assert (free_ids(pool), cached_free_ids(pool)) == ((3, 2), (1, 0))
+
+
 def test_a_swap_in_before_the_copies_out_are_taken_reads_what_they_write(make: Factory) -> None:
     pool = make(4, 4, host_blocks=2)
     pool.allocate("a", 5)  # blocks 0, 1

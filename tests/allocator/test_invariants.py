@@ -378,6 +378,9 @@ def test_a_state_without_a_table_and_a_cache_per_group_is_checked_no_further() -
     for pairs_tables_and_caches in (is_cached_content_exact, is_salt_isolated):
         with pytest.raises(ValueError, match="zip"):
             pairs_tables_and_caches(one_cache)
+    for pairs_kinds_and_tables in (is_tightly_sized, is_shared_only_over_a_common_prefix):
+        with pytest.raises(ValueError, match="zip"):
+            pairs_kinds_and_tables(one_table)
 
 
 def test_a_pending_skipped_block_that_is_not_free_or_listed_twice_is_broken() -> None:

@@ -3,10 +3,18 @@ from a sound one, and the state hit rule of an admission (``is_state_hit_exact``
 
 from dataclasses import replace
 
+import pytest
+
 import spec
 from spec import AllocatorState, CacheKey, FrozenMap, RequestBlockTable
 from spec.api import OPERATIONS
-from spec.invariants import is_state_hit_exact
+from spec.invariants import (
+    is_checkpoint_on_grid,
+    is_checkpoint_unwritten,
+    is_state_hit_exact,
+    is_state_shared_only_by_forks,
+    is_state_table_single,
+)
 
 PROMPT = tuple(range(1, 9))
 
@@ -97,3 +105,19 @@ def test_a_miss_is_state_hit_exact_only_with_no_copy_into_any_state_group() -> N
         after, pending_copies=((after.group_tables[1]["a"].block_ids[0], second_state),)
     )
     assert not is_state_hit_exact(before, copied, "a", 0)
+
+
+def test_the_state_rules_refuse_to_pair_lists_of_other_lengths() -> None:
+    """A hand-built state missing the state group's table: each rule that walks the state
+    groups pairs kinds, tables and caches, and raises rather than skip the group."""
+    state = spec.init(10, 4, (None, spec.RecurrentState(8)))
+    one_table = replace(state, group_tables=state.group_tables[:1])
+    rules = (
+        is_state_table_single,
+        is_checkpoint_unwritten,
+        is_checkpoint_on_grid,
+        is_state_shared_only_by_forks,
+    )
+    for rule in rules:
+        with pytest.raises(ValueError, match="zip"):
+            rule(one_table)
