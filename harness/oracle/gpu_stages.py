@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,10 +229,14 @@ def stage_checks(plan: Plan, log: Log) -> Json:
                 preemption=preemption,
                 host_blocks=blocks if swap else 0,
             )
+            started = time.perf_counter()
             with _deterministic():
                 report = run_equivalence(loaded, requests, pool, lambda _: None)
             name = f"{dtype_name}/{engine_type.__name__}" + ("/swap" if swap else "")
-            runs[name] = _checks_summary(loaded.name, report)
+            # The run's wall time, dense references included: what sizes the next plan.
+            runs[name] = _checks_summary(loaded.name, report) | {
+                "seconds": round(time.perf_counter() - started, 2)
+            }
             log(f"   {name}: {json.dumps(runs[name])[:600]}")
     status = "ok" if all(run["passed"] for run in runs.values()) else "failed"
     return {"status": status, "runs": runs}

@@ -48,6 +48,7 @@ def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(
         "float32/Engine",
         "float32/Engine/swap",
     ]
+    assert all(run["seconds"] > 0 for run in checks.values())
     bench_methods = {row["method"] for row in results["stages"]["decode_bench"]["rows"]}
     assert bench_methods == {"dense", "paged", "hf-cb"}
 
