@@ -236,9 +236,13 @@ def main() -> int:
         return 0
     if args.digest:
         sources = {name: original for name, original, _ in mutant_sources(args.root)}
+        unknown = [name for name in args.digest if name not in sources]
+        for name in unknown:
+            print(f"mutation_classes: no mutant {name} in {args.root}/", file=sys.stderr)
         for name in args.digest:
-            print(f"{name} {digest(sources[name])}")
-        return 0
+            if name in sources:
+                print(f"{name} {digest(sources[name])}")
+        return 2 if unknown else 0
     equivalent = [(kind, name) for name, kind in mutant_names(args.root) if kind is not None]
     for kind, name in equivalent:
         print(f"{kind}: {name}")

@@ -3,6 +3,7 @@ read from mutated sources written as mutmut writes them."""
 
 import ast
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -157,3 +158,21 @@ def test_an_explained_mutant_is_not_run_until_its_function_changes(
     assert dict(classes.mutant_names(tmp_path, stale))[name] is None
     assert name in classes.names_to_run(tmp_path, stale)
     assert classes.explained(tmp_path / "missing.txt") == {}
+
+
+def test_a_digest_asked_of_a_mutant_that_is_gone_is_one_line_and_exit_2(
+    classes: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """How a stale line of the equivalent listing shows: its function is gone."""
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "rules.py").write_text(MUTATED)
+    known, gone = "spec.rules.x_total__mutmut_1", "spec.rules.x_gone__mutmut_1"
+    argv = ["mutation_classes.py", "--root", str(tmp_path), "--digest", known, gone]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert classes.main() == 2
+    out, err = capsys.readouterr()
+    assert out.split(" ")[0] == known and len(out.splitlines()) == 1
+    assert err == f"mutation_classes: no mutant {gone} in {tmp_path}/\n"
