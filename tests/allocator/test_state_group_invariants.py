@@ -48,6 +48,12 @@ def test_a_state_table_of_two_blocks_breaks_state_table_single() -> None:
     assert "state_table_single" in spec.violated_invariants(broken)
 
 
+def test_a_state_table_of_no_block_breaks_state_table_single_and_no_rule_raises() -> None:
+    broken = with_state_table(hybrid(), RequestBlockTable("a", (), 8))
+    assert "state_table_single" in spec.violated_invariants(broken)
+    assert is_checkpoint_unwritten(broken)  # it holds no checkpoint
+
+
 def test_a_table_past_its_checkpoint_still_holding_it_breaks_checkpoint_unwritten() -> None:
     # a at 8 tokens runs in the block cached as the state after 4: it would write it.
     state = hybrid()
@@ -61,10 +67,30 @@ def test_a_table_past_its_checkpoint_still_holding_it_breaks_checkpoint_unwritte
     assert spec.violated_invariants(broken) == ["checkpoint_unwritten"]
 
 
+def test_checkpoint_unwritten_looks_past_a_table_holding_no_checkpoint() -> None:
+    state = spec.init(10, 4, (None, spec.RecurrentState(4)))
+    state, _ = OPERATIONS["allocate"].transition(state, "b", 2)  # by count: block 1
+    state, _ = OPERATIONS["allocate"].transition(state, "a", PROMPT[:4])
+    state, _ = OPERATIONS["append"].transition(state, "a", PROMPT[4:])  # checkpoint: 3
+    assert is_checkpoint_unwritten(state)
+    # a at 8 tokens running in block 3, the state after 4: its tokens are not the key's.
+    assert not is_checkpoint_unwritten(with_state_table(state, RequestBlockTable("a", (3,), 8)))
+
+
 def test_a_checkpoint_off_the_interval_grid_breaks_checkpoint_on_grid() -> None:
     # The same checkpoint at 4 tokens, in a group checkpointed every 8.
     broken = replace(hybrid(), group_windows=(None, spec.RecurrentState(8)))
     assert spec.violated_invariants(broken) == ["checkpoint_on_grid"]
+
+
+def test_a_checkpoint_is_on_the_grid_from_one_interval_on_never_at_no_tokens() -> None:
+    state = spec.init(4, 1, (None, spec.RecurrentState(1)))
+
+    def caching(key: CacheKey) -> AllocatorState:
+        return replace(state, group_caches=(state.group_caches[0], FrozenMap({key: 2})))
+
+    assert is_checkpoint_on_grid(caching(CacheKey(None, (7,))))  # after 1 token
+    assert not is_checkpoint_on_grid(caching(CacheKey(None, ())))
 
 
 def test_two_requests_of_other_lengths_sharing_a_state_break_state_shared_only_by_forks() -> None:
@@ -79,6 +105,20 @@ def test_two_requests_of_other_lengths_sharing_a_state_break_state_shared_only_b
         ref_counts=broken.ref_counts.delete(b_state).set(1, 2),
     )
     assert spec.violated_invariants(broken) == ["state_shared_only_by_forks"]
+
+
+def test_a_state_shared_at_one_length_breaks_the_rule_only_over_other_token_ids() -> None:
+    state = spec.init(10, 4, (None, spec.RecurrentState(4)))
+    state, _ = OPERATIONS["allocate"].transition(state, "c", 2)  # another state: block 1
+    state, _ = OPERATIONS["allocate"].transition(state, "a", (1, 2, 3))  # block 3
+    state, _ = OPERATIONS["fork"].transition(state, "a", "b")  # b shares block 3
+    assert is_state_shared_only_by_forks(state)  # the same ids
+    other_ids = replace(state, token_ids=state.token_ids.set("b", (1, 2, 4)))
+    assert not is_state_shared_only_by_forks(other_ids)
+    # One side tracked by count: no ids to compare, as for a fork of a count request.
+    assert is_state_shared_only_by_forks(replace(state, token_ids=state.token_ids.delete("b")))
+    other_length = with_state_table(state, RequestBlockTable("b", (3,), 4))
+    assert not is_state_shared_only_by_forks(other_length)  # past the first pair too
 
 
 def test_an_admission_is_state_hit_exact_only_with_the_copy_of_its_own_checkpoint() -> None:
