@@ -43,7 +43,7 @@ from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool
 from harness.runtime.requests import Request
-from harness.runtime.varlen_kernel import varlen_takes_block_table
+from harness.runtime.varlen_kernel import varlen_signature, varlen_takes_block_table
 
 # -- stage 1: environment -------------------------------------------------------------------
 
@@ -61,7 +61,7 @@ def stage_environment(plan: Plan, log: Log) -> Json:
         "device": _device_text(plan.device),
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "sdpa_backends": _sdpa_backends(plan.device),
-        "varlen_attn": _varlen_signature(),
+        "varlen_attn": varlen_signature(),
     }
     for key, value in env.items():
         log(f"   {key}: {value}")
@@ -122,14 +122,6 @@ def _sdp_backend_members() -> dict[str, Any]:  # Any: torch's pybind enum member
         return members
     except (ImportError, AttributeError):
         return {}
-
-
-def _varlen_signature() -> Json:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415, F401 (is it there?)
-    except ImportError as error:
-        return {"available": False, "why": str(error)}
-    return {"available": True, "takes_block_table": varlen_takes_block_table()}
 
 
 # -- stage 2: the CUDA tests' cases ---------------------------------------------------------

@@ -37,6 +37,16 @@ def varlen_takes_block_table() -> bool:
     return "block_table" in inspect.signature(varlen_attn).parameters
 
 
+def varlen_signature() -> dict[str, object]:
+    """What the GPU check reports of this torch's ``varlen_attn``: there or not (and why),
+    and whether it takes a block table."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415, F401 (is it there?)
+    except ImportError as error:
+        return {"available": False, "why": str(error)}
+    return {"available": True, "takes_block_table": varlen_takes_block_table()}
+
+
 def varlen_limits(layout: KVLayout, block_size: int) -> list[str]:
     """What ``varlen_attn`` with a block table refuses, for this layout and block size."""
     refusals = []
