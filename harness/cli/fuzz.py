@@ -7,6 +7,7 @@ only. On Ctrl-C the workers are stopped and what they found stays where it is ke
 """
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ TARGETS = Path("tests/support/fuzz_targets.py")
 CONFORMANCE_TARGETS = "tests/conformance/fuzz_conformance.py"
 DEFAULT_SECONDS = 3600
 PLAIN_EVERY_S = 60  # a progress line a minute when piped; a bar on a terminal redraws each second
+STOP_GRACE_S = 5.0  # how long stopped workers get to exit before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -189,8 +191,7 @@ def _plain(
                 elapsed = min(int(time.monotonic() - started), seconds)
                 progress(f"fuzzing: second {elapsed}/{seconds}")
     except KeyboardInterrupt:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait()
+        _stop_group(process)
         progress.finish()
         elapsed = int(time.monotonic() - started)
         print(
@@ -201,3 +202,31 @@ def _plain(
         return EXIT_INTERRUPTED
     progress.finish()
     return process.returncode
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop the script's whole process group and return once no worker is left: SIGTERM,
+    then SIGKILL to whatever still runs after ``STOP_GRACE_S``. Waiting for the script alone
+    returned while a loaded machine had a pytest worker still exiting (seen in CI)."""
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait()
+    deadline = time.monotonic() + STOP_GRACE_S
+    while _group_has_workers(process.pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            return
+        time.sleep(0.05)
+
+
+def _group_has_workers(group: int) -> bool:
+    """Whether a process of ``group`` that has not exited yet is left (from /proc: a zombie
+    waiting for its parent's reaping has exited)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
