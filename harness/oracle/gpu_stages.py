@@ -296,10 +296,11 @@ def stage_kernels(plan: Plan, log: Log) -> Json:
     why); fp32 is gather's and flex's only (FlashAttention is fp16/bf16)."""
     shapes: dict[str, Json] = {}
     passed = True
-    varlen_runs = _has_cuda(plan) and varlen_takes_block_table()
+    cuda, block_table = _has_cuda(plan), varlen_takes_block_table()
+    varlen_runs = cuda and block_table
     backends = [name for name in plan.kernel_backends if name != "varlen" or varlen_runs]
     if "varlen" in plan.kernel_backends and not varlen_runs:
-        log(f"   varlen skipped: CUDA {_has_cuda(plan)}, block table {varlen_takes_block_table()}")
+        log(f"   varlen skipped: CUDA {cuda}, block table {block_table}")
     for batch, context in plan.kernel_shapes:
         for dtype_name, dtype in DTYPES.items():
             for backend in backends:

@@ -27,24 +27,21 @@ VARLEN_BLOCK_MULTIPLE = 256
 VARLEN_MAX_HEAD_DIM = 256
 
 
-def varlen_takes_block_table() -> bool:
-    """Whether this torch has a ``varlen_attn`` that takes a ``block_table``: 2.13's does;
-    2.11's (the H200 of 2026-12-04) has ``varlen_attn`` without one."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
-    except ImportError:
-        return False
-    return "block_table" in inspect.signature(varlen_attn).parameters
-
-
 def varlen_signature() -> dict[str, object]:
     """What the GPU check reports of this torch's ``varlen_attn``: there or not (and why),
-    and whether it takes a block table."""
+    and whether it takes a ``block_table``: 2.13's does; 2.11's (the H200 of 2026-12-04)
+    has ``varlen_attn`` without one."""
     try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415, F401 (is it there?)
+        from torch.nn.attention.varlen import varlen_attn  # noqa: PLC0415
     except ImportError as error:
         return {"available": False, "why": str(error)}
-    return {"available": True, "takes_block_table": varlen_takes_block_table()}
+    parameters = inspect.signature(varlen_attn).parameters
+    return {"available": True, "takes_block_table": "block_table" in parameters}
+
+
+def varlen_takes_block_table() -> bool:
+    """Whether this torch has a ``varlen_attn`` that takes a ``block_table``."""
+    return varlen_signature().get("takes_block_table") is True
 
 
 def varlen_limits(layout: KVLayout, block_size: int) -> list[str]:
