@@ -52,6 +52,7 @@ from harness.runtime.attention_backends import (
     AttentionBackend,
     AttentionBackendError,
 )
+from harness.runtime.sdpa_order import describe_order, harness_sdpa_order
 from harness.tiny_models import tiny_llama
 from spec import MAX_BLOCK_SIZE
 
@@ -178,6 +179,7 @@ def run_benchmark(
         f"{str(layout.dtype).removeprefix('torch.')}; cpu threads {torch.get_num_threads()}; "
         f"new tokens {settings.max_new_tokens}; block size {settings.block_size}; "
         f"median of {settings.repeats}; paged attention: {settings.attention.name}; "
+        f"{_sdpa_order_text(device)}"
         f"hf-cb: {hf_cb_config_text(settings.block_size)}"
     )
     print(
@@ -202,7 +204,8 @@ def run_benchmark(
             runs["hf-cb"] = partial(
                 run_generate_batch, loaded, batch, block_size=settings.block_size
             )
-        rates, tokens = _measure(runs, batch_size, settings, device)
+        with harness_sdpa_order(device):  # every method alike: cuDNN's attention last
+            rates, tokens = _measure(runs, batch_size, settings, device)
         new_tokens = settings.max_new_tokens
         kv_tokens = {
             "dense": batch_size * (max(map(len, batch)) + new_tokens),
@@ -259,6 +262,10 @@ def _tiny(seed: int, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     # compared with HF's own bf16 here).
     loaded.model.to(device=device, dtype=dtype)
     return loaded
+
+
+def _sdpa_order_text(device: torch.device) -> str:
+    return f"sdpa order {describe_order()}; " if device.type == "cuda" else ""
 
 
 def _device_name(device: torch.device) -> str:

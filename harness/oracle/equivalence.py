@@ -47,6 +47,7 @@ from harness.runtime.preemption import PreemptMode
 from harness.runtime.requests import Request, RequestOutput
 from harness.runtime.results import EngineResult, HostTierCounts, SpeculationCounts, UsageSample
 from harness.runtime.scheduler import NO_SCHEDULING, Scheduling
+from harness.runtime.sdpa_order import harness_sdpa_order
 from harness.state_models import default_interval
 
 Progress = Callable[[str], None]
@@ -203,7 +204,15 @@ def run_equivalence(
 ) -> EquivalenceReport:
     """Run all four generations of ``requests`` and check them against each other (a
     hybrid's state checkpointed every ``pool.scheduling.checkpoint_interval`` tokens, the
-    default for the block size when 0)."""
+    default for the block size when 0); on CUDA with SDPA's cuDNN backend last
+    (``harness.runtime.sdpa_order``)."""
+    with harness_sdpa_order(next(loaded.model.parameters()).device):
+        return _run_generations(loaded, requests, pool, progress)
+
+
+def _run_generations(
+    loaded: LoadedModel, requests: list[Request], pool: PoolConfig, progress: Progress
+) -> EquivalenceReport:
     interval = pool.scheduling.checkpoint_interval or default_interval(pool.block_size)
     layout = kv_layout(loaded, interval)
     eos = loaded.eos_token_id

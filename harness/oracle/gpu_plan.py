@@ -56,6 +56,8 @@ class Plan:
     bench_batch_sizes: tuple[int, ...]
     bench_new_tokens: int
     bench_repeats: int
+    profile_batch: int  # the engine-profile stage's requests
+    profile_new_tokens: int
 
 
 SMOLLM2_SHAPE = ModelShape()
@@ -80,6 +82,8 @@ FULL = Plan(
     bench_batch_sizes=(1, 8, 32),
     bench_new_tokens=64,
     bench_repeats=3,
+    profile_batch=8,
+    profile_new_tokens=8,
 )
 SMOKE = Plan(
     device=torch.device("cpu"),
@@ -95,4 +99,6 @@ SMOKE = Plan(
     bench_batch_sizes=(2,),
     bench_new_tokens=3,
     bench_repeats=1,
+    profile_batch=2,
+    profile_new_tokens=3,
 )

@@ -3,14 +3,14 @@
 bug (the driver records the error and goes on).
 
 ``FULL`` is the GPU run, ``SMOKE`` the CPU minute CI runs. Stages, most important first:
-the environment, the CUDA tests' cases (``harness.oracle.device_cases``), the three checks,
+the environment, the CUDA tests' cases (``harness.oracle.device_cases``), where a bf16
+engine run's time goes (``harness.oracle.gpu_profile``), the three checks,
 the kernels against SDPA, the bf16 decode benchmark.
 """
 
 import contextlib
 import io
 import json
-import math
 import os
 import platform
 import statistics
@@ -18,11 +18,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from harness.bench import attention as bench_attention
 from harness.bench import decode as bench_decode
@@ -38,7 +36,10 @@ from harness.oracle.equivalence import (
     run_equivalence,
     tight_total_blocks,
 )
-from harness.oracle.gpu_plan import DTYPES, FULL, KERNEL_TOLERANCE, Json, Log, ModelShape, Plan
+from harness.oracle.gpu_plan import DTYPES, FULL, KERNEL_TOLERANCE, Json, Log, Plan
+from harness.oracle.gpu_profile import stage_engine_profile
+from harness.oracle.random_smollm2 import random_smollm2
+from harness.oracle.sdpa_probe import sdpa_backends, sdpa_new_shape_cost
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool
@@ -60,7 +61,9 @@ def stage_environment(plan: Plan, log: Log) -> Json:
         "cpu_count": os.cpu_count(),
         "device": _device_text(plan.device),
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        "sdpa_backends": _sdpa_backends(plan.device),
+        "sdpa_backends": sdpa_backends(plan.device),
+        "sdpa_backends_harness_order": sdpa_backends(plan.device, harness_order=True),
+        "sdpa_new_shape_cost": sdpa_new_shape_cost(plan.device),
         "varlen_attn": varlen_signature(),
     }
     for key, value in env.items():
@@ -76,52 +79,6 @@ def _device_text(device: torch.device) -> str:
         f"{properties.name}, capability {properties.major}.{properties.minor}, "
         f"{properties.total_memory / 2**30:.0f} GiB"
     )
-
-
-def _sdpa_backends(device: torch.device) -> dict[str, str]:
-    """Which SDPA backend torch picks for each call our attention makes, bf16 and fp32.
-
-    SmolLM2's shapes: 9 query heads over 3 KV heads of 64. The calls: a whole prefill
-    (``is_causal``), a one-query decode, a partial prefill with a bottom-right bool mask.
-    """
-    from transformers.integrations.sdpa_attention import use_gqa_in_sdpa  # noqa: PLC0415
-
-    # Any: torch's pybind SDPBackend enum members.
-    names = {int(value): name for name, value in _sdp_backend_members().items()}
-    chosen: dict[str, str] = {}
-    for dtype_name, dtype in DTYPES.items():
-        for shape, (queries, keys, masked, causal) in {
-            "prefill_256": (256, 256, False, True),
-            "decode_1_of_512": (1, 512, False, False),
-            "partial_prefill_16_of_512": (16, 512, True, False),
-        }.items():
-            query = torch.randn(1, 9, queries, 64, dtype=dtype, device=device)
-            key = torch.randn(1, 3, keys, 64, dtype=dtype, device=device)
-            mask = None
-            if masked:
-                mask = torch.ones(queries, keys, dtype=torch.bool, device=device)
-                mask = mask.tril(keys - queries)[None, None]
-            gqa = bool(use_gqa_in_sdpa(mask, key, key))
-            if not gqa:  # HF's wrapper repeats the KV heads instead
-                key = key.repeat_interleave(3, dim=1)
-            try:
-                choice = torch._fused_sdp_choice(
-                    query, key, key, mask, 0.0, causal, scale=None, enable_gqa=gqa
-                )
-                chosen[f"{dtype_name}/{shape}"] = f"{names.get(int(choice), choice)} (gqa={gqa})"
-            except Exception as error:  # a private API: report, never fail the stage on it
-                chosen[f"{dtype_name}/{shape}"] = f"unknown: {type(error).__name__}: {error}"
-    return chosen
-
-
-def _sdp_backend_members() -> dict[str, Any]:  # Any: torch's pybind enum members
-    try:
-        from torch.nn.attention import SDPBackend  # noqa: PLC0415
-
-        members: dict[str, Any] = dict(SDPBackend.__members__)
-        return members
-    except (ImportError, AttributeError):
-        return {}
 
 
 # -- stage 2: the CUDA tests' cases ---------------------------------------------------------
@@ -157,50 +114,6 @@ def _deterministic() -> Iterator[None]:
 
 
 # -- stage 3: the three checks on SmolLM2 (or its shapes) ----------------------------------
-
-
-def random_smollm2(
-    shape: ModelShape, dtype: torch.dtype, device: torch.device
-) -> Any:  # Any: a transformers LlamaForCausalLM
-    """A seeded random Llama of ``shape`` whose logits look like a trained model's.
-
-    NOTE: default init gives near-uniform logits (argmax ties everywhere). A gain of
-    1.5/sqrt(fan_in) on every matrix and embeddings of std 0.3 gave a median top-1 logit of
-    29.5 at SmolLM2's shapes, against 28.2 for the real model, so the bf16 grid spacing
-    at the top-1 logit (what the tie rule counts in) is the real run's.
-    Built in float32 from a CPU seed, then loaded into a model made with ``dtype=`` as
-    ``from_pretrained`` makes it: the rotary ``inv_freq`` stays float32.
-    """
-    config = LlamaConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.head_dim,
-        max_position_embeddings=8192,
-        rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    torch.manual_seed(0)
-    source = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, parameter in source.named_parameters():
-            if "embed_tokens" in name:
-                parameter.normal_(0.0, 0.3)
-            elif parameter.dim() == 2:
-                parameter.normal_(0.0, 1.5 / math.sqrt(parameter.shape[1]))
-    model = LlamaForCausalLM._from_config(config, dtype=dtype)
-    model.load_state_dict(source.state_dict())
-    model.to(device)
-    model.eval()
-    model.set_attn_implementation("sdpa")
-    return model
 
 
 def stage_checks(plan: Plan, log: Log) -> Json:
@@ -412,6 +325,7 @@ def stage_decode_bench(plan: Plan, log: Log) -> Json:
 STAGES: dict[str, Callable[[Plan, Log], Json]] = {
     "environment": stage_environment,
     "device_tests": stage_device_tests,
+    "engine_profile": stage_engine_profile,
     "checks": stage_checks,
     "kernels": stage_kernels,
     "decode_bench": stage_decode_bench,
