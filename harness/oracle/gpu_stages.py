@@ -121,7 +121,7 @@ def stage_checks(plan: Plan, log: Log) -> Json:
     the packed engine preempting by swap to a host tier (pinned memory on CUDA)."""
     runs: dict[str, Json] = {}
     for dtype_name, dtype in DTYPES.items():
-        loaded = _checks_model(plan, dtype)
+        loaded = _checks_model(plan, dtype, log)
         requests = _checks_requests(loaded, plan)
         blocks = tight_total_blocks(requests, 16)
         for engine_type, preemption in gpu_plan.CHECK_RUNS:
@@ -147,13 +147,15 @@ def stage_checks(plan: Plan, log: Log) -> Json:
     return {"status": status, "runs": runs}
 
 
-def _checks_model(plan: Plan, dtype: torch.dtype) -> LoadedModel:
-    """The bundled SmolLM2 when it loads here (not in smoke runs), else the random one."""
+def _checks_model(plan: Plan, dtype: torch.dtype, log: Log) -> LoadedModel:
+    """The bundled SmolLM2 when it loads here (not in smoke runs), else the random one;
+    the log says why the bundled one did not load."""
     if plan.device.type == "cuda":
         try:
             return load_model(None, plan.device, dtype)
-        except (ModelNotFoundError, ImportError, OSError):
-            pass  # a bare machine: no GGUF, no gguf package
+        except (ModelNotFoundError, ImportError, OSError) as error:  # a bare machine
+            reason = str(error).splitlines()[0] if str(error) else ""
+            log(f"   bundled SmolLM2 not loaded ({type(error).__name__}: {reason}): random shapes")
     model = random_smollm2(plan.model_shape, dtype, plan.device)
     return LoadedModel(model=model, tokenizer=None, name="random-smollm2-shapes(seed=0)")
 
@@ -206,14 +208,18 @@ def stage_kernels(plan: Plan, log: Log) -> Json:
     K/V: agreement, a NaN (and a finite) poison in the rows past each request's tokens, one
     request alone vs in the batch, and the time per call. ``varlen`` needs CUDA and a
     torch whose ``varlen_attn`` takes a block table (skipped without them, the log says
-    why); fp32 is gather's and flex's only (FlashAttention is fp16/bf16)."""
+    why), ``flex`` runs on CPU only (``flex_limits``); fp32 is gather's and flex's only
+    (FlashAttention is fp16/bf16)."""
     shapes: dict[str, Json] = {}
     passed = True
     cuda, block_table = _has_cuda(plan), varlen_takes_block_table()
     varlen_runs = cuda and block_table
-    backends = [name for name in plan.kernel_backends if name != "varlen" or varlen_runs]
+    runs = {"varlen": varlen_runs, "flex": not cuda}  # flex_limits refuses CUDA
+    backends = [name for name in plan.kernel_backends if runs.get(name, True)]
     if "varlen" in plan.kernel_backends and not varlen_runs:
         log(f"   varlen skipped: CUDA {cuda}, block table {block_table}")
+    if "flex" in plan.kernel_backends and cuda:
+        log("   flex skipped: CUDA (its mask's query block size of 1 does not lower there)")
     for batch, context in plan.kernel_shapes:
         for dtype_name, dtype in DTYPES.items():
             for backend in backends:
@@ -297,7 +303,7 @@ def _kernel_agreement_and_time(
 
 def stage_decode_bench(plan: Plan, log: Log) -> Json:
     """bf16 decode tokens/s: dense ``generate``, the paged engine, HF ``generate_batch``."""
-    loaded = _checks_model(plan, torch.bfloat16)
+    loaded = _checks_model(plan, torch.bfloat16, log)
     if loaded.tokenizer is not None:
         prompts = [render_prompt(loaded.tokenizer, messages) for messages in BUILTIN_PROMPTS]
     else:

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from harness.kv_layout import KVLayout
-from harness.runtime.flex_paged import flex_attention_paged, flex_block_mask
+from harness.runtime.flex_paged import flex_attention_paged, flex_block_mask, flex_limits
 from harness.runtime.kv_pool import FinitePoisonedKVPool, PoisonedKVPool
 from harness.runtime.kv_store import KVPlan, KVStore
 from harness.runtime.step_tensors import StepTensors, build_step_tensors
@@ -216,7 +216,7 @@ def _flex_mask(tensors: StepTensors, store: PagedStore) -> Any:  # Any: a BlockM
 GATHER = Gather()
 VARLEN = PagedKernel("varlen", varlen_attention, varlen_limits, _nothing)
 FLEX = PagedKernel(
-    "flex", flex_attention_paged, _no_limits, _flex_mask, poisoned_pool_type=FinitePoisonedKVPool
+    "flex", flex_attention_paged, flex_limits, _flex_mask, poisoned_pool_type=FinitePoisonedKVPool
 )
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
     backend.name: backend for backend in (GATHER, VARLEN_EMULATED, VARLEN, FLEX)

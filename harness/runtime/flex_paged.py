@@ -18,7 +18,10 @@ weight, but ``0 * NaN`` is NaN, so a NaN-poisoned unwritten row would ruin a cor
 an inductor compile error in torch 2.13, hence every block but the last passed as full,
 always (zero of them included). NOTE: eager FlexAttention took 12-16 ms per call on CPU;
 the compiled function is built once per process with dynamic shapes, so a new step
-length ``T`` does not recompile.
+length ``T`` does not recompile. NOTE: CPU only (``flex_limits``): on CUDA, inductor's
+FlexAttention template needs each block size divisible by its tile, and a mask of one
+query per row has a query block size of 1 (torch 2.11 on an H200, 2026-12-04: "Q and KV
+block size must be divisible by BLOCK_M and BLOCK_N. We got Q_BLOCK_SIZE=1").
 """
 
 import functools
@@ -28,7 +31,18 @@ from typing import Any
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from harness.kv_layout import KVLayout
 from harness.runtime.step_tensors import StepTensors
+
+
+def flex_limits(layout: KVLayout, block_size: int) -> list[str]:
+    """What ``--attention flex`` refuses: a pool on CUDA (see the module's last note)."""
+    if layout.device.type == "cuda":
+        return [
+            "its mask has one query per row, and FlexAttention on CUDA needs a query "
+            "block size divisible by its tile (16 or more); use gather"
+        ]
+    return []
 
 
 def flex_block_mask(step: StepTensors, total_blocks: int) -> BlockMask:

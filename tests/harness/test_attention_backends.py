@@ -133,6 +133,19 @@ def test_varlen_refuses_a_cpu_pool_fp32_and_a_block_size_off_256_in_one_line() -
     )
 
 
+def test_flex_refuses_a_cuda_pool_in_one_line() -> None:
+    """On CUDA the mask's query block size of 1 fails inductor's FlexAttention lowering
+    (torch 2.11 on an H200, 2026-12-04): refused before a compile error."""
+    cuda = replace(_layout(), device=torch.device("cuda"))
+    with pytest.raises(AttentionBackendError) as refused:
+        FLEX.check(tiny_model().model, cuda, 16)
+    assert str(refused.value) == (
+        "--attention flex cannot run this: its mask has one query per row, and "
+        "FlexAttention on CUDA needs a query block size divisible by its tile (16 or more); "
+        "use gather"
+    )
+
+
 def test_the_cpu_backends_accept_the_tiny_model() -> None:
     for backend in (GATHER, VARLEN_EMULATED, FLEX):
         backend.check(tiny_model().model, _layout(torch.float32), 16)

