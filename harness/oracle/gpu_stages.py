@@ -134,17 +134,26 @@ def stage_checks(plan: Plan, log: Log) -> Json:
                 preemption=preemption,
                 host_blocks=blocks if swap else 0,
             )
-            started = time.perf_counter()
-            with _deterministic():
-                report = run_equivalence(loaded, requests, pool, lambda _: None)
             name = f"{dtype_name}/{engine_type.__name__}" + ("/swap" if swap else "")
-            # The run's wall time, dense references included: what sizes the next plan.
-            runs[name] = _checks_summary(loaded.name, report) | {
-                "seconds": round(time.perf_counter() - started, 2)
-            }
-            log(f"   {name}: {json.dumps(runs[name])[:600]}")
+            runs[name] = _checks_run(loaded, requests, pool)
+            if not runs[name]["passed"]:
+                # NOTE: once more in the same process, recorded beside it (the run still
+                # fails): on the H200 (2026-12-04) the first bf16 run in a process failed
+                # one row and the same run again passed.
+                runs[name]["repeat"] = _checks_run(loaded, requests, pool)
+            log(f"   {name}: {json.dumps(runs[name])[:900]}")
     status = "ok" if all(run["passed"] for run in runs.values()) else "failed"
     return {"status": status, "runs": runs}
+
+
+def _checks_run(loaded: LoadedModel, requests: list[Request], pool: PoolConfig) -> Json:
+    started = time.perf_counter()
+    with _deterministic():
+        report = run_equivalence(loaded, requests, pool, lambda _: None)
+    # The run's wall time, dense references included: what sizes the next plan.
+    return _checks_summary(loaded.name, report) | {
+        "seconds": round(time.perf_counter() - started, 2)
+    }
 
 
 def _checks_model(plan: Plan, dtype: torch.dtype, log: Log) -> LoadedModel:

@@ -261,3 +261,30 @@ def test_an_unknown_option_is_one_line_and_exit_2(
     assert raised.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("scripts/gpu_check.py: error: unrecognized arguments: --bogus")
+
+
+def test_a_failed_check_run_is_run_once_more_and_still_fails_the_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The repeat is recorded beside the failure, never in its place."""
+    from harness.oracle import gpu_stages  # noqa: PLC0415
+    from harness.oracle.gpu_plan import SMOKE  # noqa: PLC0415
+    from harness.runtime.requests import Request  # noqa: PLC0415
+
+    calls: list[str] = []
+
+    def run(_loaded: object, _requests: object, pool: object) -> dict[str, object]:
+        calls.append(repr(pool))
+        return {"passed": len(calls) != 1}  # only the very first run fails
+
+    monkeypatch.setattr(gpu_stages, "_checks_model", lambda *_args: "model")
+    monkeypatch.setattr(gpu_stages, "_checks_requests", lambda *_args: [Request("r", (1, 2, 3), 2)])
+    monkeypatch.setattr(gpu_stages, "_checks_run", run)
+    result = gpu_stages.stage_checks(SMOKE, lambda _line: None)
+    runs = result["runs"]
+    assert isinstance(runs, dict)
+    assert result["status"] == "failed"
+    assert runs["bfloat16/Engine"] == {"passed": False, "repeat": {"passed": True}}
+    assert calls[0] == calls[1]  # the same run again
+    assert all("repeat" not in run for name, run in runs.items() if name != "bfloat16/Engine")
+    assert len(calls) == 7  # six runs and one repeat
