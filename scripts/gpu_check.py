@@ -19,15 +19,19 @@ by ``--skip`` does not:
 1. ``environment``: versions, the GPU, which SDPA backend each of our call shapes gets,
    whether ``torch.nn.attention.varlen.varlen_attn`` takes a ``block_table``;
 2. ``device_tests``: the CUDA tests' cases (``harness/oracle/device_cases.py``), no pytest;
-3. ``checks``: the three checks for bfloat16/float32 x ``Engine``/``BatchInvariantEngine``
+3. ``engine_profile``: a bf16 ``Engine`` run at SmolLM2's shapes, tokens/s in torch's SDPA
+   order and in the harness's (cuDNN last: ``harness/runtime/sdpa_order.py``), and
+   ``torch.profiler``'s kernel launches, host waits and device time per step;
+4. ``checks``: the three checks for bfloat16/float32 x ``Engine``/``BatchInvariantEngine``
    and ``Engine`` preempting by swap to a host tier (pinned memory), on the bundled
    SmolLM2 when it loads here, else on a seeded random model of its exact
-   shapes (``random_smollm2``), with every tie's margin in ulps;
-4. ``kernels``: each attention backend (gather, varlen, flex; ``--attention``) at
+   shapes (``random_smollm2``; the log says why), with every tie's margin in ulps; a run
+   that fails is run once more and the repeat recorded beside it;
+5. ``kernels``: each attention backend (gather, varlen, flex; ``--attention``) at
    SmolLM2's shapes, B = 8 at 512 tokens and B = 64 at 4096, against SDPA on contiguous
    K/V: agreement, NaN (and finite) poison past each request's tokens, a request alone vs
-   in the batch, ms per decode call;
-5. ``decode_bench``: bf16 decode tokens/s, paged engine and HF ``generate_batch`` vs dense
+   in the batch, ms per decode call (flex on CPU only: ``flex_limits``);
+6. ``decode_bench``: bf16 decode tokens/s, paged engine and HF ``generate_batch`` vs dense
    ``generate`` (``harness.bench.decode``).
 ``--smoke`` runs every stage on CPU with a scaled-down model in about a minute; CI runs it
 (``tests/harness/test_gpu_check.py``), so a GPU run is never lost to a typo.
