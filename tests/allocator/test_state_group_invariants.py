@@ -9,8 +9,10 @@ import spec
 from spec import AllocatorState, CacheKey, FrozenMap, RequestBlockTable
 from spec.api import OPERATIONS
 from spec.invariants import (
+    is_cached_content_exact,
     is_checkpoint_on_grid,
     is_checkpoint_unwritten,
+    is_shared_only_over_a_common_prefix,
     is_state_hit_exact,
     is_state_shared_only_by_forks,
     is_state_table_single,
@@ -161,3 +163,29 @@ def test_the_state_rules_refuse_to_pair_lists_of_other_lengths() -> None:
     for rule in rules:
         with pytest.raises(ValueError, match="zip"):
             rule(one_table)
+
+
+def test_the_attention_rules_walk_the_groups_after_a_state_group() -> None:
+    """A state group listed before an attention group (the spec takes the groups in any
+    order): the content and sharing rules skip it and still judge the group after it."""
+    state = spec.init(10, 4, (spec.RecurrentState(4), None))
+    state, _ = OPERATIONS["allocate"].transition(state, "a", PROMPT)
+    assert spec.violated_invariants(state) == []
+    first_block = state.group_caches[1][CacheKey(None, PROMPT[:4])]
+    inexact = replace(
+        state,
+        group_caches=(
+            state.group_caches[0],
+            FrozenMap({CacheKey(None, (9, 9, 9, 9)): first_block}),
+        ),
+    )
+    assert not is_cached_content_exact(inexact)
+    second_block = state.group_tables[1]["a"].block_ids[1]
+    shifted = replace(
+        state,
+        group_tables=(
+            state.group_tables[0],
+            state.group_tables[1].set("b", RequestBlockTable("b", (second_block,), 4)),
+        ),
+    )
+    assert not is_shared_only_over_a_common_prefix(shifted)  # a's index 1 is b's index 0
