@@ -16,7 +16,9 @@
 # - verdicts saved in scripts/mutation_verdicts.txt (commit it) go back to the mutants of
 #   functions unchanged since (scripts/mutation_verdicts.py), in any checkout: a run of
 #   every mutant takes longer than a session on the 2-core machine;
-# - only mutants without a verdict run, so a stopped run picks up where it stopped.
+# - only mutants without a verdict run, so a stopped run picks up where it stopped;
+# - a test edited since mutmut mapped the tests to functions is mapped again
+#   (scripts/mutation_stale_tests.py), so an assertion added to kill a survivor runs.
 # Delete mutants/ and the verdicts file for a run from scratch. Prints the score and the
 # surviving mutants, and exits 1 if any survived: each survivor is either killed by a new
 # test or explained as equivalent in docs/verification.md. Bounded by MUTATION_SECONDS
@@ -35,6 +37,7 @@ if [ $# -eq 0 ]; then
 fi
 status=0
 if [ $# -gt 0 ]; then
+    python scripts/mutation_stale_tests.py
     CI=true HYPOTHESIS_PROFILE=mutation timeout -k 10 "${MUTATION_SECONDS:-3600}" \
         mutmut run --max-children "$(nproc)" "$@" >mutants/run.log 2>&1 || status=$?
 fi
