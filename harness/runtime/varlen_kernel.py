@@ -5,10 +5,10 @@ the packed queries, the pool's per-layer pages read in place through ``block_tab
 request's key count ``seqused_k``, bottom-right causality (``window_size=(-1, 0)``), GQA,
 and ``num_splits=1`` (no split-KV, so a request's output does not depend on the batch).
 
-NOTE: untested on a GPU so far: the one GPU run (an H200 with torch 2.11, 2026-12-04) had a
-``varlen_attn`` without a block table, which ``varlen_limits`` now refuses in words; the
+NOTE: untested on a GPU so far: the GPU runs (an H200 with torch 2.11, twice on 2026-12-04)
+had a ``varlen_attn`` without a block table, which ``varlen_limits`` refuses in words; the
 emulator (``harness.runtime.varlen_emulator``) runs the same tensors on CPU, and
-``scripts/gpu_check.py``'s kernel stage compares this call with gather and flex on CUDA.
+``scripts/gpu_check.py``'s kernel stage compares this call with SDPA on CUDA.
 The limits below are FlashAttention 2's (torch 2.13's ``flash_api.cpp``, ``mha_varlen_fwd``):
 fp16/bf16 only, head_dim a multiple of 8 and at most 256, and with a block table
 "Paged KV cache block size must be divisible by 256".
