@@ -189,3 +189,15 @@ def test_the_attention_rules_walk_the_groups_after_a_state_group() -> None:
         ),
     )
     assert not is_shared_only_over_a_common_prefix(shifted)  # a's index 1 is b's index 0
+
+
+def test_the_sharing_rule_leaves_a_state_group_to_its_own_rule() -> None:
+    """Two requests of other token ids sharing a state block (as no fork would): the state
+    rule says so, the attention groups' sharing rule does not judge the state group."""
+    state = spec.init(10, 4, (None, spec.RecurrentState(4)))
+    state, _ = OPERATIONS["allocate"].transition(state, "a", (1, 2, 3))
+    state, _ = OPERATIONS["allocate"].transition(state, "b", (1, 2, 4))
+    (a_state,) = state.group_tables[1]["a"].block_ids
+    shared = with_state_table(state, RequestBlockTable("b", (a_state,), 3))
+    assert not is_state_shared_only_by_forks(shared)
+    assert is_shared_only_over_a_common_prefix(shared)
