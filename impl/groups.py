@@ -147,15 +147,9 @@ class KVCacheGroups:
         0's first, copying a shared partly filled last block before the new ones.
 
         Atomic: the blocks the skips would free count as available, and nothing changes
-        until the check has passed.
+        until the check has passed. Never called for tokens that fit ``table.room``: every
+        caller takes that in-block case itself (only the length changes), so it is not here.
         """
-        if 0 < token_count <= table.room:
-            # NOTE: the in-block case: the tokens land in every group's own last block and
-            # no window slides, so nothing but the length changes (a decode append, 15 of
-            # every 16 with blocks of 16).
-            table.room -= token_count
-            table.token_count += token_count
-            return
         block_size = self.block_size
         position = table.token_count
         pool = self.pool

@@ -151,3 +151,15 @@ def test_a_checkpoint_is_due_at_each_positive_multiple_of_the_interval(
     interval: int, computed_tokens: int, checkpointed: bool
 ) -> None:
     assert spec.kinds.is_checkpoint_at(interval, computed_tokens) is checkpointed
+
+
+@BOTH
+def test_an_append_of_no_tokens_copies_no_shared_state(make: Manager) -> None:
+    """Nothing is written, so neither side of a fork copies its shared state (or the
+    shared, partly filled attention block) yet."""
+    pool = hybrid(make)
+    pool.allocate("a", 3)
+    pool.fork("a", "b")
+    assert pool.append("b", 0).block_ids == ((0,), (1,))
+    assert pool.take_transfers().copies == ()
+    assert pool.usage().used_blocks == 2
