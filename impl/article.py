@@ -75,8 +75,8 @@ class KVBlockManager:
         if type(token_count) is not int or token_count < 0:
             check_token_count(token_count)  # by count only: token ids are refused here
         if 0 < token_count <= table.room:
-            # NOTE: the in-block case (``Table.room``), here as in ``append_slot``: the
-            # article's decode step changes two counters; ``KVCacheGroups.grow`` the rest.
+            # NOTE: the growth path's in-block case (``KVCacheGroups.grow``) inlined, as in
+            # ``append_slot``: the article's decode step changes two counters.
             table.room -= token_count
             table.token_count += token_count
         else:
@@ -97,8 +97,8 @@ class KVBlockManager:
             unknown_request(request_id)  # NOTE: inlined, not ``_table``: a call is a fifth here
         position = table.token_count
         if table.room:
-            # NOTE: the in-block case (``Table.room``) here, not a call: a call is a third
-            # of this path. The layer's requests are all by count.
+            # NOTE: the in-block case of the growth path (``KVCacheGroups.grow``) inlined:
+            # a call is a third of this path. The layer's requests are all by count.
             table.room -= 1
             table.token_count = position + 1
         else:

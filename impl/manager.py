@@ -179,8 +179,8 @@ class KVCacheManager:
             if table.token_ids is not None:
                 errors.tracks_token_ids(request_id)
             if 0 < tokens <= table.room:
-                # NOTE: the in-block case (``Table.room``), the decode append of a request
-                # allocated by count: two counters; ``KVCacheGroups.grow`` the rest.
+                # NOTE: the growth path's in-block case (``KVCacheGroups.grow``) inlined:
+                # the decode append of a request allocated by count, one call less.
                 table.room -= tokens
                 table.token_count += tokens
                 return table.appended(request_id, self.block_size, tokens, 0)
