@@ -358,14 +358,15 @@ def _measure(
 def _timed(run: Run, new_tokens: int, device: torch.device) -> float:
     # CUDA kernels run asynchronously: without a sync on both sides the clock would
     # measure launches, not work.
-    _synchronize(device)
+    synchronize(device)
     started = time.perf_counter()
     run(new_tokens)
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - started
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued kernels (CUDA); nothing on CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -12,10 +12,11 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.dense import generate_dense_batch
-from harness.runtime.attention_backends import AttentionBackend
+from harness.runtime.attention_backends import GATHER, AttentionBackend
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool, new_manager
 from harness.runtime.requests import Request
+from harness.runtime.results import EngineResult
 from spec import blocks_for_tokens
 
 HF_CB_MAX_BATCH_TOKENS = 512
@@ -40,17 +41,27 @@ def run_paged(
 ) -> list[list[int]]:
     """paged: ``batch`` through the engine, all arriving at once, on a pool that holds them
     all; appends the run's peak blocks in use to ``peak``."""
-    layout = kv_layout(loaded)
     requests = [Request(f"r{i}", prompt, new_tokens) for i, prompt in enumerate(batch)]
+    result = run_engine_holding_all(loaded, requests, block_size, attention)
+    peak.append(result.peak_used_blocks)
+    return [result.outputs[request.request_id].token_ids for request in requests]
+
+
+def run_engine_holding_all(
+    loaded: LoadedModel,
+    requests: list[Request],
+    block_size: int,
+    attention: AttentionBackend = GATHER,
+) -> EngineResult:
+    """``requests`` through the ``Engine`` on a fresh pool that holds them all at once, no
+    EOS and no prefix caching (so the engine prefills what a dense batch prefills)."""
+    layout = kv_layout(loaded)
     group_count = len(layout.group_windows)
     total_blocks = sum(request.blocks_needed(block_size, group_count) for request in requests)
     manager = new_manager(layout, total_blocks, block_size)
     pool = PagedKVPool(layout, total_blocks, block_size)
-    # NOTE: no prefix caching, so the engine prefills what the dense batch prefills.
     engine = Engine(loaded.model, manager, pool, None, prefix_caching=False, attention=attention)
-    result = engine.run(requests)
-    peak.append(result.peak_used_blocks)
-    return [result.outputs[request.request_id].token_ids for request in requests]
+    return engine.run(requests)
 
 
 def hf_cb_num_blocks(batch: list[tuple[int, ...]], new_tokens: int, block_size: int) -> int:

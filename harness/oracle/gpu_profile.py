@@ -14,11 +14,11 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from harness.models import LoadedModel, kv_layout
+from harness.bench.decode import synchronize
+from harness.bench.decode_methods import run_engine_holding_all
+from harness.models import LoadedModel
 from harness.oracle.gpu_plan import Json, Log, Plan
 from harness.oracle.random_smollm2 import random_smollm2
-from harness.runtime.engine import Engine
-from harness.runtime.kv_pool import PagedKVPool, new_manager
 from harness.runtime.requests import Request
 from harness.runtime.results import EngineResult
 from harness.runtime.sdpa_order import describe_order, harness_sdpa_order
@@ -67,19 +67,8 @@ def stage_engine_profile(plan: Plan, log: Log) -> Json:
 
 
 def _run(loaded: LoadedModel, requests: list[Request], device: torch.device) -> EngineResult:
-    layout = kv_layout(loaded)
-    groups = len(layout.group_windows)
-    total = sum(request.blocks_needed(BLOCK_SIZE, groups) for request in requests)
-    engine = Engine(
-        loaded.model,
-        new_manager(layout, total, BLOCK_SIZE),
-        PagedKVPool(layout, total, BLOCK_SIZE),
-        None,
-        prefix_caching=False,
-    )
-    result = engine.run(requests)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    result = run_engine_holding_all(loaded, requests, BLOCK_SIZE)
+    synchronize(device)
     return result
 
 

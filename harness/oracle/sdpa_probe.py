@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from harness.bench.decode import synchronize
 from harness.oracle.gpu_plan import DTYPES
 from harness.runtime.sdpa_order import HARNESS_ORDER, harness_sdpa_order
 
@@ -88,13 +89,8 @@ def sdpa_new_shape_cost(device: torch.device) -> dict[str, object]:
 def _decode_call_ms(device: torch.device, keys: int) -> float:
     query = torch.randn(1, QUERY_HEADS, 1, HEAD_DIM, dtype=torch.bfloat16, device=device)
     key = torch.randn(1, KV_HEADS, keys, HEAD_DIM, dtype=torch.bfloat16, device=device)
-    _synchronize(device)
+    synchronize(device)
     started = time.perf_counter()
     torch.nn.functional.scaled_dot_product_attention(query, key, key, enable_gqa=True)
-    _synchronize(device)
+    synchronize(device)
     return (time.perf_counter() - started) * 1000
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
