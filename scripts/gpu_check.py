@@ -20,7 +20,7 @@ by ``--skip`` does not:
    whether ``torch.nn.attention.varlen.varlen_attn`` takes a ``block_table``;
 2. ``device_tests``: the CUDA tests' cases (``harness/oracle/device_cases.py``), no pytest;
 3. ``engine_profile``: a bf16 ``Engine`` run at SmolLM2's shapes, tokens/s in torch's SDPA
-   order and in the harness's (cuDNN last: ``harness/runtime/sdpa_order.py``), and
+   order and in the harness's (cuDNN off: ``harness/runtime/sdpa_order.py``), and
    ``torch.profiler``'s kernel launches, host waits and device time per step;
 4. ``checks``: the three checks for bfloat16/float32 x ``Engine``/``BatchInvariantEngine``
    and ``Engine`` preempting by swap to a host tier (pinned memory), on the bundled

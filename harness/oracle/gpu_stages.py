@@ -138,8 +138,9 @@ def stage_checks(plan: Plan, log: Log) -> Json:
             runs[name] = _checks_run(loaded, requests, pool)
             if not runs[name]["passed"]:
                 # NOTE: once more in the same process, recorded beside it (the run still
-                # fails): on the H200 (2026-12-04) the first bf16 run in a process failed
-                # one row and the same run again passed.
+                # fails): a failure that does not recur points at the process's state, as
+                # on the H200 (2026-12-04), where SDPA's backend changed after the first
+                # run (harness/runtime/sdpa_order.py).
                 runs[name]["repeat"] = _checks_run(loaded, requests, pool)
             log(f"   {name}: {json.dumps(runs[name])[:900]}")
     status = "ok" if all(run["passed"] for run in runs.values()) else "failed"

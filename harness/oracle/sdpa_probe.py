@@ -69,7 +69,7 @@ def sdpa_new_shape_cost(device: torch.device) -> dict[str, object]:
     of a call at a key count not seen before, and of a repeated call; a backend that cannot
     take the call here is reported in one line."""
     cost: dict[str, object] = {}
-    for number, backend in enumerate(HARNESS_ORDER):
+    for number, backend in enumerate((*HARNESS_ORDER, SDPBackend.CUDNN_ATTENTION)):
         key_counts = [FIRST_KEY_COUNT + 64 * number + i for i in range(NEW_SHAPES)]
         try:
             with warnings.catch_warnings(), sdpa_kernel([backend]):
