@@ -1,13 +1,17 @@
 """Prefix caching, eviction, fork and copy-on-write with literal block ids, on spec and impl."""
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
+import spec
 from impl import BlockAllocationError, KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import ReleasedBlocks, RequestBlockTable
+from spec.api import OPERATIONS
 from spec.invariants import violated_invariants
+from tests.support.lockstep import are_last_blocks_shared_alike
 from tests.support.reading import admitted, cached_free_ids, free_ids, table
 
 Factory = Callable[[int, int], KVCacheManager]
@@ -275,3 +279,16 @@ def test_a_fork_of_an_empty_request_grows_by_no_tokens_then_by_one(make: Factory
     pool.fork("a", "b")
     assert pool.append("b", 0).table() == RequestBlockTable("b", (), 0)
     assert pool.append("b", 1).table() == RequestBlockTable("b", (0,), 1)
+
+
+def test_a_fork_shares_every_groups_partly_filled_last_block_one_unshared_breaks_it() -> None:
+    # A full group and a window of 4, blocks of 4: a at 6 tokens, forked to b.
+    state = spec.init(10, 4, (None, 4))
+    state, _ = OPERATIONS["allocate"].transition(state, "a", tuple(range(1, 7)))
+    state, _ = OPERATIONS["fork"].transition(state, "a", "b")
+    assert are_last_blocks_shared_alike(state)
+    b = state.group_tables[1]["b"]
+    free = state.free_block_ids[0]
+    tables = state.group_tables[1].set("b", replace(b, block_ids=(*b.block_ids[:-1], free)))
+    broken = replace(state, group_tables=(state.group_tables[0], tables))
+    assert not are_last_blocks_shared_alike(broken)
