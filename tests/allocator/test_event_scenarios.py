@@ -187,3 +187,31 @@ def test_a_rollback_uncaches_only_the_block_it_cuts_into(make: Factory) -> None:
     pool.truncate("a", 10)  # into block 2; block 3 (token 13) goes
     assert events == [BlockRemoved(2, 0)]
     assert pool.cached_prefix_tokens([*TEN, 11, 12, 13]) == 8
+
+
+def _cache_and_release(manager: KVCacheManager) -> None:
+    """Two full blocks cached on the device, then released: written through to the host
+    tier, which caches them too."""
+    manager.allocate("a", tuple(range(1, 10)))
+    manager.release("a")
+    manager.take_transfers()
+
+
+def test_a_manager_without_sinks_keeps_no_events() -> None:
+    # With sinks the same calls make device and host events, each delivered by its call.
+    device: list[object] = []
+    host: list[object] = []
+    with_sinks = KVCacheManager(
+        8,
+        4,
+        host_blocks=4,
+        host_prefix_cache=True,
+        event_sink=device.append,
+        host_event_sink=host.append,
+    )
+    _cache_and_release(with_sinks)
+    assert device and host
+    without = KVCacheManager(8, 4, host_blocks=4, host_prefix_cache=True)
+    _cache_and_release(without)
+    # Nothing collected that no one will take: a held event would be held for the run.
+    assert without._events.events == [] and without._events.host_events == []
