@@ -44,6 +44,18 @@ def test_a_checkpoint_is_cached_at_the_next_append_and_a_sharer_restores_it(
 
 
 @BOTH
+def test_an_append_of_no_tokens_at_a_checkpoint_caches_nothing(make: Manager) -> None:
+    """The state after PROMPT[:4] is cached when a token goes past it, not on an empty
+    append: block 1 stays the running state, held alone, and nothing is copied."""
+    pool = hybrid(make)
+    pool.allocate("a", PROMPT[:4])
+    assert pool.append("a", ()).block_ids == ((0,), (1,))
+    assert pool.take_transfers().copies == ()
+    assert pool.to_spec().cached_free_block_ids == ()
+    assert pool.cached_prefix_tokens(PROMPT[:8]) == 0
+
+
+@BOTH
 def test_preemption_recomputes_from_the_last_checkpoint_still_cached(make: Manager) -> None:
     pool = hybrid(make)
     pool.allocate("a", PROMPT[:4])
