@@ -4,7 +4,7 @@ default group, and a state built by hand without per-group host caches."""
 from dataclasses import replace
 
 import spec
-from spec import HostTier, cached_prefix_blocks, cached_prefix_tokens
+from spec import HostTier, cached_prefix_blocks, cached_prefix_tokens, growth
 from spec.api import OPERATIONS
 from spec.caching import host_prefix_hits
 
@@ -55,3 +55,8 @@ def test_a_release_forgets_the_requests_token_ids_and_salt() -> None:
     assert ("a" in state.token_ids, "a" in state.cache_salts) == (True, True)
     state, _ = OPERATIONS["release"].transition(state, "a")
     assert ("a" in state.token_ids, "a" in state.cache_salts) == (False, False)
+
+
+def test_the_spec_append_adds_one_token_by_default() -> None:
+    state = growth.allocate(spec.init(4, 4), "a", 3)
+    assert spec.snapshot_request(growth.append(state, "a"), "a").token_count == 4
