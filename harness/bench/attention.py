@@ -223,14 +223,19 @@ class _NoModel:
 
 
 def timed(call: Callable[[], object], device: torch.device) -> float:
-    """Seconds ``call`` takes; on CUDA between two synchronizations (kernels are async)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    """Seconds ``call`` takes; on CUDA between two synchronizations (kernels are async:
+    without them the clock would measure launches, not work)."""
+    synchronize(device)
     started = time.perf_counter()
     call()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued kernels (CUDA); nothing on CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - started
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from harness.bench.attention import timed
 from harness.bench.decode_methods import (
     hf_cb_config_text,
     hf_cb_num_blocks,
@@ -341,8 +341,8 @@ def _measure(
     for repeat in range(settings.repeats):
         print(f"[bench] batch {batch_size}: round {repeat + 1}/{settings.repeats}", file=sys.stderr)
         for method, run in working.items():
-            full[method].append(_timed(run, new_tokens, device))
-            first[method].append(_timed(run, 1, device))
+            full[method].append(timed(partial(run, new_tokens), device))
+            first[method].append(timed(partial(run, 1), device))
     rates = {
         method: Rates(
             statistics.median(full[method]),
@@ -353,22 +353,6 @@ def _measure(
         for method in working
     }
     return rates, tokens
-
-
-def _timed(run: Run, new_tokens: int, device: torch.device) -> float:
-    # CUDA kernels run asynchronously: without a sync on both sides the clock would
-    # measure launches, not work.
-    synchronize(device)
-    started = time.perf_counter()
-    run(new_tokens)
-    synchronize(device)
-    return time.perf_counter() - started
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued kernels (CUDA); nothing on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _print_row(row: Row) -> None:

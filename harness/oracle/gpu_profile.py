@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from harness.bench.decode import synchronize
+from harness.bench.attention import synchronize
 from harness.bench.decode_methods import run_engine_holding_all
 from harness.models import LoadedModel
 from harness.oracle.gpu_plan import Json, Log, Plan

@@ -4,14 +4,14 @@ each call the harness makes, by default and in the harness's order
 each backend (cuDNN builds a graph per new shape; the others have nothing to build)."""
 
 import statistics
-import time
 import warnings
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness.bench.decode import synchronize
+from harness.bench.attention import timed
 from harness.oracle.gpu_plan import DTYPES
 from harness.runtime.sdpa_order import HARNESS_ORDER, harness_sdpa_order
 
@@ -89,8 +89,7 @@ def sdpa_new_shape_cost(device: torch.device) -> dict[str, object]:
 def _decode_call_ms(device: torch.device, keys: int) -> float:
     query = torch.randn(1, QUERY_HEADS, 1, HEAD_DIM, dtype=torch.bfloat16, device=device)
     key = torch.randn(1, KV_HEADS, keys, HEAD_DIM, dtype=torch.bfloat16, device=device)
-    synchronize(device)
-    started = time.perf_counter()
-    torch.nn.functional.scaled_dot_product_attention(query, key, key, enable_gqa=True)
-    synchronize(device)
-    return (time.perf_counter() - started) * 1000
+    attend = partial(
+        torch.nn.functional.scaled_dot_product_attention, query, key, key, enable_gqa=True
+    )
+    return timed(attend, device) * 1000

@@ -40,8 +40,7 @@ from impl.spec_backed import as_impl
 from spec import AllocatorState, CachedBlock, KVCacheEvent
 from spec.api import OPERATIONS, Argument, Operation
 from spec.event_stream import StreamError
-from spec.invariants import is_state_hit_exact, is_window_tight
-from spec.kinds import is_state_group
+from spec.invariants import _attention_tables, is_state_hit_exact, is_window_tight
 from tests.support.stream_check import SpecPublisher, StreamChecker
 
 T = TypeVar("T")
@@ -112,16 +111,14 @@ def are_last_blocks_shared_alike(state: AllocatorState) -> bool:
 
     What makes ``KVCacheGroups.grow``'s mutant that copies every group's last block once
     any group copies one equivalent (scripts/mutation_equivalent.txt): only a fork shares a
-    partly filled block, and it shares every group's; a copy copies every group's.
+    partly filled block, and it shares every group's; a copy copies every group's. It walks
+    the attention groups' tables as the spec's invariants do (``_attention_tables``).
     """
     shared: dict[str, set[bool]] = {}
-    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
-        if is_state_group(kind):
-            continue
-        for table in tables.values():
-            if table.block_ids and table.token_count % state.block_size:
-                held_by = state.ref_counts.get(table.block_ids[-1], 0)
-                shared.setdefault(table.request_id, set()).add(held_by > 1)
+    for table in _attention_tables(state):
+        if table.block_ids and table.token_count % state.block_size:
+            held_by = state.ref_counts.get(table.block_ids[-1], 0)
+            shared.setdefault(table.request_id, set()).add(held_by > 1)
     return all(len(kinds) == 1 for kinds in shared.values())
 
 
