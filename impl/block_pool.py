@@ -7,13 +7,14 @@ drops and queues blocks in the order ``spec.blocks`` specifies (as vLLM v1 keeps
 ``BlockPool`` apart from its managers). It knows blocks, not requests, and not the host
 tier: a block whose last reference it drops is handed back to the caller, which lets the
 host tier keep the ones a copy still needs (``impl.host_tier``) before it queues the rest
-here. Every operation is O(blocks it moves), with no scan of the pool or the queues.
+here; it tells the one who asked (``on_evict``: the host tier) of each block an allocation
+evicts. Every operation is O(blocks it moves), with no scan of the pool or the queues.
 Its caches emit the KV cache events of keys gained and evicted; a reset emits its one
 ``AllBlocksCleared`` here.
 """
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from impl.prefix_cache import EventSink, PrefixCache
 from spec import AllBlocksCleared, CachedBlock
@@ -37,6 +38,7 @@ class BlockPool:
         "evictions",
         "free",
         "group_used_blocks",
+        "on_evict",
         "pending_copies",
         "pending_skipped",
         "ref_counts",
@@ -49,8 +51,10 @@ class BlockPool:
         total_blocks: int,
         caches: Sequence[PrefixCache],
         event_sink: EventSink | None = None,
+        on_evict: Callable[[int], None] | None = None,
     ) -> None:
         self.event_sink = event_sink
+        self.on_evict = on_evict
         self.free: deque[int] = deque(range(total_blocks))
         # NOTE: an OrderedDict, not a deque: a prefix hit takes a cached free block back
         # from anywhere in the queue, and ``del`` is O(1) there where ``deque.remove`` scans
@@ -94,6 +98,8 @@ class BlockPool:
                     block_id, _ = self.cached_free.popitem(last=False)
                     self.evict(block_id)
                     self.evictions += 1
+                    if self.on_evict is not None:
+                        self.on_evict(block_id)
                 ref_counts[block_id] = 1
                 taken.append(block_id)
         if self.pending_skipped:

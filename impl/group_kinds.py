@@ -68,7 +68,7 @@ class RecurrentStateGroup(FullAttentionGroup):
         if not token_count or table.keys is None or not is_checkpoint_at(self.interval, position):
             return None
         key = table.keys[len(table.keys) - 1]
-        if cache.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt) is not None:
+        if cache.find(key) is not None:
             return None
         return key
 

@@ -4,11 +4,13 @@ the tiers that the KV pool has not made yet, and the host prefix cache
 
 It sits beside the block pool, as vLLM's offloading connector sits beside its
 ``BlockPool``: the pool drops a block's last reference and hands it back, and the host
-tier keeps in flight the ones a pending copy still reads or writes, or that it copies out
-now to cache on the host (``keep_in_flight``), until ``take_copies`` hands the copies over
-and they go to the pool's queues. It knows host blocks and which device blocks the copies
-touch, not the device queues. Every operation is O(blocks it moves + copies pending),
-with no scan of either pool.
+tier keeps in flight the ones a pending copy pins (``keep_in_flight``), until
+``take_copies`` hands the copies over and they go to the pool's queues. With the host
+prefix cache it also copies out the cached blocks a release frees (demotion), which go to
+the pool's queues at once; an allocation that takes one before its copy is taken makes
+the demotion moot (``drop_moot_demotion``). It knows host blocks and which device blocks
+the copies touch, not the device queues. Every operation is O(blocks it moves + copies
+pending), with no scan of either pool.
 """
 
 from collections import OrderedDict, deque
@@ -47,6 +49,7 @@ class HostTier:
         "copied_host_ids",
         "copying_in",
         "copying_out",
+        "demoting",
         "free",
         "host_blocks",
         "host_hit_blocks",
@@ -77,9 +80,12 @@ class HostTier:
         self.swapped: dict[str, SwappedRequest] = {}
         self.pending_out: list[tuple[int, int]] = []  # (device block, host block)
         self.pending_in: list[tuple[int, int]] = []  # (host block, device block)
-        # Device block -> how many pending copies out read it (a block two forks share
+        # Device block -> how many pending swap-out copies read it (a block two forks share
         # may be copied out by both).
         self.copying_out: dict[int, int] = {}
+        # Device block -> the host block its pending demotion writes (one at most: a
+        # block's key is on the host once it is demoted, so it is not demoted again).
+        self.demoting: dict[int, int] = {}
         # The device blocks the pending copies in write, each once.
         self.copying_in: dict[int, None] = {}
         # Device block -> its KV cache group, in the order it went in flight (release order).
@@ -102,35 +108,49 @@ class HostTier:
         return len(self.free) + len(lru) - sum(1 for host_id in copied if host_id in lru)
 
     def is_copying(self, block_id: int) -> bool:
-        """Whether a pending copy reads or writes device block ``block_id``."""
+        """Whether a pending copy pins device block ``block_id`` (a swap-out's copy out
+        reads it or a copy in writes it; a demotion's does not pin)."""
         return block_id in self.copying_out or block_id in self.copying_in
 
     def keep_in_flight(
         self, block_ids: list[int], group: int, cache: PrefixCache, *, demote: bool
     ) -> list[int]:
         """Of ``block_ids``, device blocks of ``group`` just left unreferenced (in release
-        order), keep in flight those a pending copy reads or writes and, with ``demote`` and
-        the host prefix cache, the cached ones it gives a host copy now (``demote``);
-        returns the others, in order, for the pool's queues."""
+        order), keep in flight those a pending copy pins and, with ``demote`` and the host
+        prefix cache, write the cached others through to it (``write_through``); returns
+        those not in flight, in order, for the pool's queues."""
         copying_out, copying_in = self.copying_out, self.copying_in
-        if not (copying_out or copying_in or (demote and self.caches)):
-            return block_ids
-        rest: list[int] = []
-        for block_id in block_ids:
-            if (
-                block_id in copying_out
-                or block_id in copying_in
-                or (
-                    demote
-                    and self.caches
-                    and (key := cache.block_keys[block_id]) is not None
-                    and self.demote(block_id, group, key)
-                )
-            ):
-                self.in_flight[block_id] = group
-            else:
-                rest.append(block_id)
+        rest = block_ids
+        if copying_out or copying_in:
+            rest = []
+            for block_id in block_ids:
+                if block_id in copying_out or block_id in copying_in:
+                    self.in_flight[block_id] = group
+                else:
+                    rest.append(block_id)
+        if demote and self.caches:
+            self.write_through(rest, group, cache)
         return rest
+
+    def write_through(self, block_ids: list[int], group: int, cache: PrefixCache) -> None:
+        """The host prefix cache's part of a release (``spec.blocks``): of ``block_ids``
+        (unreferenced, in release order), in that order, a cached one whose key the host
+        caches makes it the host's most recently used, and the cached ones whose key the
+        host lacks get a host copy, the last released first, as many as the host has
+        blocks for."""
+        host_cache = self.caches[group]
+        block_keys = cache.block_keys
+        cached = [(b, key) for b in block_ids if (key := block_keys[b]) is not None]
+        if not cached:
+            return
+        demotable = [block_id for block_id, key in cached if host_cache.find(key) is None]
+        demoted = set(demotable[max(0, len(demotable) - self.free_blocks) :])
+        for block_id, key in cached:
+            host_id = host_cache.find(key)
+            if host_id is not None:
+                self.lru.move_to_end(host_id)
+            elif block_id in demoted:
+                self.demote(block_id, group, key)
 
     def hold_again(self, block_ids: Iterable[int]) -> None:
         """Prefix hits took these in-flight blocks back: they will not be queued when their
@@ -167,26 +187,31 @@ class HostTier:
         self.pending_in += zip(host_ids, device_ids, strict=True)
         self.copying_in.update(dict.fromkeys(device_ids))
 
-    def demote(self, device_id: int, group: int, key: BlockKey) -> bool:
-        """Write-through at free time: give the cached ``device_id`` a host copy under
-        ``key`` (the most recently used), unless the host caches ``key`` already or has no
-        block to take. Returns whether it queued the copy (the device block is in flight)."""
-        cache = self.caches[group]
-        if cache.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt) is not None:
-            return False
-        if not self.free and self.free_blocks == 0:
-            return False
+    def demote(self, device_id: int, group: int, key: BlockKey) -> None:
+        """Give the cached ``device_id`` a host copy under ``key`` (the most recently used);
+        the caller has checked the host lacks ``key`` and has a block to take."""
         (host_id,) = self.take(1)
-        cache.insert(key, host_id)
+        self.caches[group].insert(key, host_id)
         self.lru[host_id] = group
-        self.copy_out([device_id], [host_id])
-        return True
+        self.demoting[device_id] = host_id
+        self.copied_host_ids.add(host_id)
+        self.pending_out.append((device_id, host_id))
+
+    def drop_moot_demotion(self, block_id: int) -> None:
+        """An allocation evicted device block ``block_id``: a pending demotion of it is moot,
+        so its copy is dropped, its key forgotten and its host block freed to the host free
+        queue's tail. O(1) when none is pending for it, else O(pending copies)."""
+        host_id = self.demoting.pop(block_id, None)
+        if host_id is not None:
+            self.caches[self.lru.pop(host_id)].evict(host_id)
+            self.pending_out.remove((block_id, host_id))
+            self.free.append(host_id)
 
     def copy_hits_in(self, host_ids: list[int], device_ids: list[int]) -> None:
-        """A prefix hit on host-cached blocks: queue their copies in; the host keeps them,
-        now the most recently used."""
+        """A prefix hit on host-cached blocks (in block order): queue their copies in; the
+        host keeps them, now the most recently used, the chain's head last."""
         self.copy_in(host_ids, device_ids)
-        for host_id in host_ids:
+        for host_id in reversed(host_ids):
             self.lru.move_to_end(host_id)
         self.host_hit_blocks += len(host_ids)
 
@@ -245,11 +270,14 @@ class HostTier:
         if self.pending_out:
             gone = set(released)
             kept: list[tuple[int, int]] = []
+            demoting = self.demoting
             for device_id, host_id in self.pending_out:
-                if host_id in gone:
-                    self._uncount(device_id)
-                else:
+                if host_id not in gone:
                     kept.append((device_id, host_id))
+                elif demoting.get(device_id) == host_id:
+                    del demoting[device_id]
+                else:
+                    self._uncount(device_id)
             self.pending_out = kept
 
     def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[GroupBlock]]:
@@ -260,6 +288,7 @@ class HostTier:
         self.pending_out = []
         self.pending_in = []
         self.copying_out.clear()
+        self.demoting.clear()
         self.copying_in.clear()
         self.copied_host_ids.clear()
         lru = self.lru

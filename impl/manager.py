@@ -110,8 +110,9 @@ class KVCacheManager:
             self.prefix_cache_class(host_blocks, block_hash, group=g, event_sink=emit_host)
             for g in groups
         ]
-        self._pool = self.block_pool_class(total_blocks, caches, emit)
         self._host = self.host_tier_class(host_blocks, host_caches if host_prefix_cache else ())
+        moot = self._host.drop_moot_demotion if host_prefix_cache else None
+        self._pool = self.block_pool_class(total_blocks, caches, emit, moot)
         self._groups = self.groups_class(block_size, windows, self._pool, self._host, block_hash)
         self._hits = self.prefix_hits_class(
             block_size, self._groups.groups, self._pool, self._host, block_hash

@@ -200,10 +200,14 @@ class PrefixCache:
         # encodes to them.
         return self.block_hash(ROOT_HASH, tuple(cache_salt.encode("utf-8", "surrogatepass")))
 
+    def find(self, key: BlockKey) -> int | None:
+        """The block caching ``key``'s prefix, or ``None`` (``lookup`` of a key)."""
+        return self.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt)
+
     def insert(self, key: BlockKey, block_id: int) -> None:
         """Cache ``block_id`` under ``key``, unless a block holds that prefix already (then
         nothing happens, and no event)."""
-        if self.lookup(key.parent, key.token_ids, key.hash_value, key.cache_salt) is None:
+        if self.find(key) is None:
             self.buckets.setdefault(key.hash_value, []).append(block_id)
             self.block_keys[block_id] = key
             self.cached_blocks += 1

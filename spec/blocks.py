@@ -2,16 +2,21 @@
 
 - A block an operation needs comes from the head of the free queue, then from the head
   of the cached free queue (least recently freed first), whose cached prefix is evicted
-  (a ``BlockRemoved`` of the group that cached it) (``take_blocks``).
+  (a ``BlockRemoved`` of the group that cached it); a pending demotion of an evicted block
+  is moot and dropped (``take_blocks``).
 - A reference dropped (``release_in_order``, in the order given) leaves a block with one
   fewer; a block left with none joins the tail of the cached free queue if a group caches
-  it, else of the free queue, unless a pending copy between the tiers reads or writes it:
-  then it is in flight (the pending-copy rule of ``spec.host_tier``) and joins a queue
-  when ``take_transfers`` hands that copy over. With the host prefix cache, a cached block
-  left with none gets a host copy (it is demoted: write-through at free time) and is in
-  flight too. A pending copy-on-write copy into a block that became free is moot and is
-  dropped, so a pending copy never writes into a block that is free or lent to another
-  request.
+  it, else of the free queue, unless a pending copy between the tiers pins it: then it is
+  in flight (the pending-copy rule of ``spec.host_tier``) and joins a queue when
+  ``take_transfers`` hands that copy over. With the host prefix cache, the cached blocks a
+  release leaves with none also get host copies (they are demoted: write-through at free
+  time), as many as the host has room for, the last ones released first: a table releases
+  its last block first, so the host keeps a chain's head, which every hit on the chain
+  needs; those whose key the host has already become its most recently used. A demoted
+  block still joins the cached free queue at once, where it would go without a host tier
+  (the device behaves as if there were none). A pending copy-on-write copy into a block
+  that became free is moot and is dropped, so a pending copy never writes into a block
+  that is free or lent to another request.
 - ``take_transfers`` hands over everything the KV pool must do with the pool's memory
   before the next forward, and clears it: every (device -> host) copy, every
   copy-on-write copy, every (host -> device) copy, in that order (a copy out reads a
@@ -25,15 +30,22 @@ from dataclasses import replace
 
 from spec.events import BlockRemoved
 from spec.frozen_map import FrozenMap
-from spec.host_tier import HostTier, copying_block_ids, host_free_blocks, take_host_blocks
+from spec.host_tier import (
+    HostTier,
+    drop_moot_demotion,
+    host_free_blocks,
+    pinned_block_ids,
+    take_host_blocks,
+)
 from spec.records import CacheKey, Transfers
 from spec.state import AllocatorState, emit
 
 
 def take_blocks(state: AllocatorState, count: int) -> tuple[AllocatorState, tuple[int, ...]]:
     """Take ``count`` blocks (one reference each): the free queue first, then evict cached
-    ones (from whichever group's cache holds them). A taken block is no longer pending as
-    skipped: it is not free any more. The caller has checked there are enough."""
+    ones (from whichever group's cache holds them), dropping their pending demotions. A
+    taken block is no longer pending as skipped: it is not free any more. The caller has
+    checked there are enough."""
     from_free = state.free_block_ids[:count]
     evicted = state.cached_free_block_ids[: count - len(from_free)]
     taken = from_free + evicted
@@ -44,8 +56,12 @@ def take_blocks(state: AllocatorState, count: int) -> tuple[AllocatorState, tupl
         if block_id in cache.values()
     )
     state = emit(state, *removed)
+    host = state.host
+    for block_id in evicted:
+        host = drop_moot_demotion(host, block_id)
     return replace(
         state,
+        host=host,
         free_block_ids=state.free_block_ids[len(from_free) :],
         cached_free_block_ids=state.cached_free_block_ids[len(evicted) :],
         group_caches=tuple(
@@ -81,7 +97,7 @@ def release_in_order(
     """Drop one reference from each of ``block_ids`` in the order given (the module's
     rule); ``demote`` off (a window's skips) never demotes."""
     cached = {block_id for cache in state.group_caches for block_id in cache.values()}
-    copying = copying_block_ids(state.host)
+    pinned = pinned_block_ids(state.host)
     ref_counts = dict(state.ref_counts)
     freed: list[int] = []
     freed_cached: list[int] = []
@@ -90,15 +106,14 @@ def release_in_order(
         ref_counts[block_id] -= 1
         if ref_counts[block_id] == 0:
             del ref_counts[block_id]
-            if block_id in copying:
+            if block_id in pinned:
                 in_flight.append(block_id)
             elif block_id not in cached:
                 freed.append(block_id)
-            elif demote and state.host.host_prefix_cache and _can_demote(state, block_id):
-                state = _demote(state, block_id)
-                in_flight.append(block_id)
             else:
                 freed_cached.append(block_id)
+    if demote and state.host.host_prefix_cache:
+        state = _write_through(state, freed_cached)
     state = replace(
         state,
         free_block_ids=state.free_block_ids + tuple(freed),
@@ -125,19 +140,47 @@ def _cache_key_of(state: AllocatorState, block_id: int) -> tuple[int, CacheKey]:
     raise AssertionError(f"block {block_id} is not cached")
 
 
-def _can_demote(state: AllocatorState, block_id: int) -> bool:
-    """Whether a cached block left unreferenced gets a host copy: its key is not on the host
-    yet and the host tier has a block for it (free, or an evictable host-cached one)."""
+def _write_through(state: AllocatorState, block_ids: list[int]) -> AllocatorState:
+    """The host prefix cache's part of a release (the module's rule): in release order, a
+    block whose key the host caches makes that key the host's most recently used (a release
+    is a use), and those ``_demoted_head_first`` chose are demoted. So the host's LRU order
+    is the order keys were last used, a chain's tail older than its head."""
+    demoted = set(_demoted_head_first(state, block_ids))
+    for block_id in block_ids:
+        group, key = _cache_key_of(state, block_id)
+        host_id = state.host.host_caches[group].get(key)
+        if host_id is not None:
+            others = tuple(h for h in state.host.host_cached_block_ids if h != host_id)
+            host = replace(state.host, host_cached_block_ids=(*others, host_id))
+            state = replace(state, host=host)
+        elif block_id in demoted:
+            state = _demote(state, block_id)
+    return state
+
+
+def _demoted_head_first(state: AllocatorState, block_ids: list[int]) -> list[int]:
+    """Of cached blocks a release left unreferenced (in release order), those that get a
+    host copy, in release order: the ones whose key the host lacks, the last released
+    first, as many as the host has blocks for (free, or evictable host-cached ones). Each
+    demotion takes one of those blocks and the new copy is not evictable, so the room
+    counted first is the room there is."""
+    demotable = [block_id for block_id in block_ids if not _is_on_host(state, block_id)]
+    room = host_free_blocks(state.host)
+    return demotable[max(0, len(demotable) - room) :]
+
+
+def _is_on_host(state: AllocatorState, block_id: int) -> bool:
+    """Whether the host caches the key of the cached ``block_id`` already."""
     group, key = _cache_key_of(state, block_id)
-    return key not in state.host.host_caches[group] and host_free_blocks(state.host) > 0
+    return key in state.host.host_caches[group]
 
 
 def _demote(state: AllocatorState, block_id: int) -> AllocatorState:
     """Write-through at free time: a host block for the cached ``block_id`` (the host free
     queue's head, else the least recently used evictable host-cached block), its key on
-    the host as the most recently used, and a (device -> host) copy, so the block goes in
-    flight until the copy is taken (its K/V is whole now; a copy taken at eviction could
-    not precede the evicting allocation's writes)."""
+    the host as the most recently used, and a (device -> host) copy taken with the next
+    transfers (its K/V is whole now: a copy made at eviction could not precede the
+    evicting allocation's writes)."""
     group, key = _cache_key_of(state, block_id)
     host, (host_id,) = take_host_blocks(state.host, 1)
     host = replace(
@@ -168,10 +211,10 @@ def with_host(state: AllocatorState, host: HostTier) -> AllocatorState:
     """``state`` with the host tier ``host``, which may have dropped pending copies out: an
     in-flight block no copy reads any more joins a queue's tail as ``release`` sends a
     block there, in the order it went in flight."""
-    copying = copying_block_ids(host)
-    copied = [b for b in host.in_flight_block_ids if b not in copying]
+    pinned = pinned_block_ids(host)
+    copied = [b for b in host.in_flight_block_ids if b not in pinned]
     if copied:
-        flying = tuple(b for b in host.in_flight_block_ids if b in copying)
+        flying = tuple(b for b in host.in_flight_block_ids if b in pinned)
         host = replace(host, in_flight_block_ids=flying)
     return queue_unreferenced(replace(state, host=host), copied)
 

@@ -211,8 +211,9 @@ def copy_in_from_host(
 ) -> AllocatorState:
     """A prefix hit on keys ``group`` caches on the host only: each gets its device block
     (``device_ids``, in order), cached on the device again (a ``BlockStored`` each, in
-    index order), with a (host -> device) copy; its host block becomes the most recently
-    used."""
+    index order), with a (host -> device) copy; their host blocks become the most recently
+    used, the chain's head last, so the host evicts a chain's tail before its head (as a
+    release demotes it)."""
     if not host_hits:
         return state
     cache = state.group_caches[group]
@@ -227,7 +228,7 @@ def copy_in_from_host(
         pending_host_to_device=host.pending_host_to_device
         + tuple((h, d) for (_, h), d in zip(host_hits, device_ids, strict=True)),
         host_cached_block_ids=tuple(h for h in host.host_cached_block_ids if h not in used)
-        + tuple(h for _, h in host_hits),
+        + tuple(h for _, h in reversed(host_hits)),
         counters=replace(
             host.counters, host_hit_blocks=host.counters.host_hit_blocks + len(host_hits)
         ),

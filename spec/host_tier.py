@@ -8,12 +8,19 @@ This module holds the frozen records and the pure helpers that read them; the tr
 that move requests between the tiers are ``spec.swap``'s, and the device side of a
 release (where an unreferenced block goes) is ``spec.blocks``'.
 
-The pending-copy rule. A device block that is the source of a pending (device -> host)
-copy, or the destination of a pending (host -> device) copy, is "in flight" once no
-table holds it: it is in no free queue and nothing can take it until
+The pending-copy rule. A device block that is the source of a swap-out's pending
+(device -> host) copy, or the destination of a pending (host -> device) copy, is "in
+flight" once no table holds it: it is in no free queue and nothing can take it until
 ``take_transfers`` hands the copy to the caller; then it goes where ``release`` would
 have put it. A host block that is the source of a pending (host -> device) copy is not
 reused until that copy is taken either.
+
+A demotion's copy (the host prefix cache's, into a host-cached block) pins nothing: the
+demoted block joins the cached free queue where a pool without a host tier puts it, so
+the device behaves the same with a host tier or without one, and the host only adds hits.
+An allocation that evicts the block before the copy is taken makes the demotion moot: the
+copy is dropped, its key forgotten on the host and its host block freed
+(``drop_moot_demotion``), so a block handed out is never read by a pending copy.
 """
 
 from collections.abc import Iterable
@@ -86,10 +93,32 @@ def init_host_tier(host_blocks: int, host_prefix_cache: bool, group_count: int) 
     )
 
 
-def copying_block_ids(host: HostTier) -> set[int]:
-    """The device blocks a pending copy reads or writes: the sources of the copies out and
-    the destinations of the copies in. One of them that no table holds is in flight."""
-    return {d for d, _ in host.pending_device_to_host} | {d for _, d in host.pending_host_to_device}
+def pinned_block_ids(host: HostTier) -> set[int]:
+    """The device blocks a pending copy pins (the pending-copy rule): the sources of the
+    copies out into blocks the host does not cache (a swap-out's) and the destinations of
+    the copies in. One of them that no table holds is in flight."""
+    cached = set(host.host_cached_block_ids)
+    return {d for d, h in host.pending_device_to_host if h not in cached} | {
+        d for _, d in host.pending_host_to_device
+    }
+
+
+def demoting_block_ids(host: HostTier) -> set[int]:
+    """The device blocks a pending demotion reads: the sources of the copies out into
+    host-cached blocks. They pin nothing (the module's rule)."""
+    cached = set(host.host_cached_block_ids)
+    return {d for d, h in host.pending_device_to_host if h in cached}
+
+
+def drop_moot_demotion(host: HostTier, block_id: int) -> HostTier:
+    """``host`` once an allocation evicted device block ``block_id``: a pending demotion of
+    it is moot (its K/V is about to be overwritten), so its copy is dropped, its key
+    forgotten and its host block freed to the host free queue's tail."""
+    cached = set(host.host_cached_block_ids)
+    moot = tuple(h for d, h in host.pending_device_to_host if d == block_id and h in cached)
+    if not moot:
+        return host
+    return release_host_blocks(drop_host_keys(host, moot), moot)
 
 
 def copying_in_host_block_ids(host: HostTier) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from itertools import combinations
 
-from spec.host_tier import copying_block_ids, copying_in_host_block_ids
+from spec.host_tier import copying_in_host_block_ids, demoting_block_ids, pinned_block_ids
 from spec.kinds import RecurrentState, attention_window, is_state_group
 from spec.records import CacheKey, KVBlockUsage, RequestBlockTable
 from spec.rules import blocks_for_tokens, first_window_token
@@ -311,14 +311,16 @@ def is_swapped_sound(state: AllocatorState) -> bool:
 
 
 def is_copy_source_in_flight(state: AllocatorState) -> bool:
-    """The pending-copy rule: a device block a pending copy to the host reads, or a copy
-    from the host writes, is held by a table or in flight, never in a free queue, and the
-    in-flight blocks are exactly the unheld ones; each copy out writes into a host block a
-    swapped-out request holds, the host caches or a pending copy back reads (a request
-    swapped in before its copies out were taken); no device block is the destination of
-    two copies (of either kind)."""
+    """The pending-copy rule: a device block a pending copy pins (a swap-out's copy to the
+    host reads it, or a copy from the host writes it) is held by a table or in flight,
+    never in a free queue, and the in-flight blocks are exactly the unheld ones; a block a
+    pending demotion reads is held, cached free or in flight (a swap-out's copy pins it
+    too); each copy out writes into a host block a swapped-out request holds, the host
+    caches or a pending copy back reads (a request swapped in before its copies out were
+    taken); no device block is the destination of two copies (of either kind)."""
     host = state.host
     queued = set(state.free_block_ids) | set(state.cached_free_block_ids)
+    pinned = pinned_block_ids(host)
     swapped = {h for record in host.swapped.values() for h in record.host_block_ids}
     kept = swapped | set(host.host_cached_block_ids) | set(copying_in_host_block_ids(host))
     destinations = [d for _, d in state.pending_copies] + [
@@ -328,9 +330,10 @@ def is_copy_source_in_flight(state: AllocatorState) -> bool:
     held = _held_block_ids(state)
     in_flight = host.in_flight_block_ids
     return (
-        not any(d in queued for d, _ in host.pending_device_to_host)
+        not pinned & queued
+        and demoting_block_ids(host) <= held | set(state.cached_free_block_ids) | set(in_flight)
         and len(set(in_flight)) == len(in_flight)
-        and set(in_flight) == {d for d in copying_block_ids(host) if d not in held}
+        and set(in_flight) == {d for d in pinned if d not in held}
         and all(h in kept for h in host_destinations)
         and len(set(host_destinations)) == len(host_destinations)
         and not any(d in queued for _, d in host.pending_host_to_device)

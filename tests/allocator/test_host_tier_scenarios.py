@@ -219,8 +219,9 @@ def test_a_freed_cached_block_is_copied_to_the_host_and_revived_from_it_after_ev
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
     pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
     pool.release("a")
-    # Write-through at free time: 1 and 0 go in flight until their copies are taken.
-    assert (free_ids(pool), cached_free_ids(pool)) == ((2,), ())
+    # Write-through at free time: 1 and 0 get host copies and join the cached free queue
+    # at once, where they would go without a host tier.
+    assert (free_ids(pool), cached_free_ids(pool)) == ((2,), (1, 0))
     assert pool.take_transfers() == Transfers(device_to_host=((1, 0), (0, 1)))
     assert cached_free_ids(pool) == (1, 0)
     pool.allocate("b", 6)  # takes 2, then evicts 1 and 0 from the device
@@ -286,6 +287,60 @@ def test_a_demoted_prefix_keeps_its_salt(make: Factory) -> None:
     assert pool.cached_prefix_tokens([1, 2, 3]) == 0
     assert pool.cached_prefix_tokens([1, 2, 3], "t1") == 2
     assert pool.allocate("b", [1, 2, 3], "t1").cached_tokens == 2
+
+
+def test_a_host_tier_smaller_than_a_freed_chain_keeps_its_head_and_loses_no_hit(
+    make: Factory,
+) -> None:
+    # Issue 49's reproduction: 13 tokens in blocks of 2 fill blocks 0..5 (cached) and 6.
+    # Without a host tier, evicting one block (the tail, 5: a table is freed last block
+    # first) leaves a 10-token hit; a 3-block host tier used to cost 6 of those tokens.
+    prompt = list(range(1, 14))
+    hits = []
+    for host_blocks in (0, 3):
+        pool = make(9, 2, host_blocks=host_blocks, host_prefix_cache=host_blocks > 0)
+        pool.allocate("a", prompt)
+        pool.release("a")
+        demoted = pool.take_transfers().device_to_host
+        assert cached_free_ids(pool) == (5, 4, 3, 2, 1, 0)  # the same with a host tier
+        pool.allocate("b", [99] * 8)  # takes 7, 8, 6, then evicts 5
+        hits.append(pool.cached_prefix_tokens(prompt))
+    # The host copies the chain's head, the blocks every hit on it needs.
+    assert demoted == ((2, 0), (1, 1), (0, 2))
+    assert hits == [10, 10]
+
+
+def test_an_eviction_before_its_copy_is_taken_makes_a_demotion_moot(make: Factory) -> None:
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
+    pool.release("a")  # 1 and 0 demoted to host blocks 0 and 1, copies pending
+    pool.allocate("b", 4)  # takes 2, then evicts 1 before its copy is taken
+    # Block 1 now holds b's K/V: its copy out is dropped, its host key forgotten and host
+    # block 0 freed; block 0 (1..2) keeps its demotion.
+    assert pool.take_transfers() == Transfers(device_to_host=((0, 1),))
+    usage = pool.usage()
+    assert (usage.host_cached_blocks, usage.host_free_blocks) == (1, 2)
+    assert pool.cached_prefix_tokens(PROMPT) == 2
+
+
+def test_after_a_host_hit_the_host_still_evicts_a_chain_s_tail_before_its_head(
+    make: Factory,
+) -> None:
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
+    pool.release("a")  # demoted to host blocks 0 (1..4) and 1 (1..2): the head newer
+    pool.take_transfers()
+    pool.allocate("x", 6)  # every device block: the host alone caches 1..2 and 1..4
+    pool.release("x")
+    pool.allocate("c", [1, 2, 3, 4, 9])  # a hit on both host blocks
+    pool.release("c")
+    pool.take_transfers()
+    pool.allocate("x", 6)  # the device forgets them again
+    pool.release("x")
+    pool.allocate("s", 1)
+    pool.swap_out("s")  # takes the least recently used host block: the chain's tail
+    assert pool.take_transfers().device_to_host == ((0, 0),)
+    assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 2
 
 
 def _a_prompt_copied_to_the_host(make: Factory) -> Manager:
@@ -360,14 +415,15 @@ def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_s
     pool.swap_out("s")  # 1 and 0 in flight, copied to host blocks 0 and 1
     usage = pool.usage()
     assert (usage.host_blocks, usage.swapped_requests, usage.host_swapped_blocks) == (4, 1, 2)
-    pool.release("a")  # 3 and 2 in flight, demoted to host blocks 2 and 3; 4 free
-    # Blocks in flight (0 to 3) are used, but no group's table reserves them.
-    usage = pool.usage()
-    assert (usage.used_blocks, usage.group_reserved_tokens) == (4, (0,))
-    pool.release("s")  # host blocks 0 and 1 freed: their copies are moot, 1 and 0 land
-    assert (free_ids(pool), cached_free_ids(pool)) == ((4, 1, 0), ())
+    pool.release("a")  # 3 and 2 demoted to host blocks 2 and 3, cached free; 4 free
+    # Blocks in flight (0 and 1) are used, but no group's table reserves them.
     usage = pool.usage()
     assert (usage.used_blocks, usage.group_reserved_tokens) == (2, (0,))
+    assert (free_ids(pool), cached_free_ids(pool)) == ((4,), (3, 2))
+    pool.release("s")  # host blocks 0 and 1 freed: their copies are moot, 1 and 0 land
+    assert (free_ids(pool), cached_free_ids(pool)) == ((4, 1, 0), (3, 2))
+    usage = pool.usage()
+    assert (usage.used_blocks, usage.group_reserved_tokens) == (0, (0,))
     assert pool.take_transfers() == Transfers(device_to_host=((3, 2), (2, 3)))
     assert cached_free_ids(pool) == (3, 2)
 
