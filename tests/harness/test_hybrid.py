@@ -36,7 +36,6 @@ from harness.runtime.state_mixer import PagedStateMixer
 from harness.runtime.state_store import StateRows
 from harness.settings import CheckSettingsError
 from harness.tiny_models import HYBRID_ARCHITECTURES, save_tiny_model, tiny_model
-from harness.tiny_models import main as tiny_models_main
 from impl import KVCacheManager
 from tests.support.state_planted_bugs import CommonHitIsTheMax, HitsPastTheLastCheckpoint
 
@@ -319,10 +318,6 @@ def test_a_hybrid_whose_state_mixer_the_harness_does_not_know_is_refused() -> No
     model = NemotronHForCausalLM(config).eval()
     with pytest.raises(UnsupportedModelError, match=r"layer_types has \['linear_attention'\]"):
         check_supported(model)
-
-
-def test_saving_a_tiny_model_names_the_architectures_when_asked_for_another() -> None:
-    assert tiny_models_main(["mamba", "/nonexistent"]) == 2
 
 
 def test_paged_cache_under_generate_refuses_a_hybrid() -> None:
