@@ -45,6 +45,7 @@ from harness.settings import (
     CheckSettings,
     CheckSettingsError,
     CheckSettingsKeywords,
+    check_attention_only_settings,
     check_hybrid_settings,
 )
 from harness.state_models import default_interval
@@ -90,7 +91,9 @@ def check_model(
     interval = chosen.checkpoint_interval or default_interval(chosen.block_size)
     layout = kv_layout(loaded, interval)  # refuses a model the paged hook cannot run exactly
     if layout.state_layers:
-        check_hybrid_settings(chosen, interval)
+        check_hybrid_settings(chosen, interval, max(len(prompt) for prompt in ids))
+    else:
+        check_attention_only_settings(chosen)
     check_options(model, chosen.block_size, chosen.max_new_tokens, chosen.n)
     backend = ATTENTION_BACKENDS[chosen.attention]
     backend.check(model, layout, chosen.block_size)

@@ -119,6 +119,12 @@ def no_generation(monkeypatch: pytest.MonkeyPatch) -> None:
             "host_blocks must be in [1, 16,777,216], got 16,777,217",
         ),
         ({"total_blocks": 0}, "total_blocks must be in [1, 16,777,216], got 0"),
+        # Issue 49, item 7: ignored on a model with no recurrent state.
+        (
+            {"checkpoint_interval": 16},
+            "checkpoint_interval 16 is for a hybrid model's recurrent state, and this model "
+            "has none",
+        ),
         ({"attention": "fast"}, "attention must be one of ['gather', "),
         ({"settings": {"block_size": 4}}, "settings must be a CheckSettings or None, got dict"),
         ({"block_sizes": 4}, "block_sizes is not a setting of check_model (one of ['max_new"),
