@@ -9,6 +9,7 @@ refusal a ``CheckSettingsError`` naming the keyword. It loads nothing and prints
 (``progress`` gets the stage lines when given).
 """
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any, Unpack
@@ -44,6 +45,7 @@ from harness.settings import (
     CheckSettings,
     CheckSettingsError,
     CheckSettingsKeywords,
+    check_attention_only_settings,
     check_hybrid_settings,
 )
 from harness.state_models import default_interval
@@ -89,7 +91,9 @@ def check_model(
     interval = chosen.checkpoint_interval or default_interval(chosen.block_size)
     layout = kv_layout(loaded, interval)  # refuses a model the paged hook cannot run exactly
     if layout.state_layers:
-        check_hybrid_settings(chosen, interval)
+        check_hybrid_settings(chosen, interval, max(len(prompt) for prompt in ids))
+    else:
+        check_attention_only_settings(chosen)
     check_options(model, chosen.block_size, chosen.max_new_tokens, chosen.n)
     backend = ATTENTION_BACKENDS[chosen.attention]
     backend.check(model, layout, chosen.block_size)
@@ -266,6 +270,7 @@ def _check_arguments(
             "model",
             f"model must be a transformers PreTrainedModel, got {type(model).__name__}",
         )
+    _check_device(model)
     apply_chat_template = getattr(tokenizer, "apply_chat_template", None)
     if tokenizer is not None and not (callable(tokenizer) and callable(apply_chat_template)):
         raise CheckSettingsError(
@@ -286,6 +291,34 @@ def _check_arguments(
             raise CheckSettingsError(
                 keyword, f"{keyword} must be callable or None, got {type(value).__name__}"
             )
+
+
+def _check_device(model: PreTrainedModel) -> None:
+    """Refuse a model whose parameters and buffers are not all on one device with values:
+    the pool, the inputs and the state rows go on the device of its first parameter, and a
+    meta tensor (a model built without its weights) fails inside ``generate``."""
+    counts: Counter[torch.device] = Counter()
+    first: dict[torch.device, str] = {}
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    for name, tensor in tensors:
+        counts[tensor.device] += 1
+        first.setdefault(tensor.device, name)
+    meta = torch.device("meta")
+    if len(counts) <= 1 and meta not in counts:
+        return
+    where = " and ".join(
+        f"{device} ({count}, the first {first[device]!r})" for device, count in counts.items()
+    )
+    why = (
+        "the meta device holds none: load the weights"
+        if meta in counts
+        else "move it to one with model.to(device)"
+    )
+    raise CheckSettingsError(
+        "model",
+        f"model has its {len(tensors)} parameters and buffers on {where}: check_model runs "
+        f"on one device, the model's, with every value loaded ({why})",
+    )
 
 
 def _total_blocks(requests: list[Request], settings: CheckSettings, groups: tuple[int, int]) -> int:

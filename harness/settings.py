@@ -139,17 +139,42 @@ def _check_field(name: str, value: object, default: object, rule: Mapping[str, o
         raise CheckSettingsError(name, f"{name} must be in [{least}, {most:,}], got {value:,}")
 
 
-def check_hybrid_settings(settings: CheckSettings, interval: int) -> None:
+def check_attention_only_settings(settings: CheckSettings) -> None:
+    """Refuse, for a model with no recurrent state group, a checkpoint interval given (not
+    defaulted): there is no state to checkpoint, so it would change nothing."""
+    if settings.checkpoint_interval is not None:
+        raise CheckSettingsError(
+            "checkpoint_interval",
+            f"checkpoint_interval {settings.checkpoint_interval} is for a hybrid model's "
+            "recurrent state, and this model has none (its layers are all attention): it "
+            "would change nothing",
+        )
+
+
+def check_hybrid_settings(settings: CheckSettings, interval: int, longest_prompt: int) -> None:
     """Refuse, for a hybrid model (a recurrent state group), what its state cannot do, in
-    one line each: a checkpoint interval off the block grid (``spec.kinds``), speculative
-    decoding (a rejected draft would need a state rewind, which no state has), the host
-    tier (a swapped or demoted state is not specified) and a kernel attention backend
-    (the state layers run per request under gather only)."""
+    one line each: a checkpoint interval off the block grid (``spec.kinds``) or, given (not
+    defaulted), past the last checkpoint a request of at most ``longest_prompt`` tokens can
+    take, speculative decoding (a rejected draft would need a state rewind, which no state
+    has), the host tier (a swapped or demoted state is not specified) and a kernel attention
+    backend (the state layers run per request under gather only)."""
     if interval % settings.block_size:
         raise CheckSettingsError(
             "checkpoint_interval",
             f"checkpoint_interval {interval} is not a multiple of the block size "
             f"{settings.block_size}: a checkpoint ends on a block boundary",
+        )
+    # A state is checkpointed at C tokens when a token after the C-th is fed (spec.kinds),
+    # and the last new token is never fed: a request feeds its prompt and N - 1 new tokens.
+    fed = longest_prompt + settings.max_new_tokens - 1
+    if settings.checkpoint_interval is not None and settings.checkpoint_interval >= fed:
+        raise CheckSettingsError(
+            "checkpoint_interval",
+            f"checkpoint_interval {interval} would checkpoint no state, so no prefix hit: a "
+            f"state is checkpointed at {interval} tokens when a token follows, and the longest "
+            f"request feeds {fed} ({longest_prompt} prompt tokens and "
+            f"{settings.max_new_tokens - 1} of its {settings.max_new_tokens} new: the last is "
+            "not fed)",
         )
     refusals = (
         (

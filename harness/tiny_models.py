@@ -2,7 +2,10 @@
 tests and the CPU smoke runs use instead of a model no hub can serve here.
 """
 
+import argparse
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ from transformers import (
     Qwen3NextForCausalLM,
 )
 
+from harness.cli.parsing import OneLineParser, fail, int_in, interrupts_raise, run_interruptible
 from harness.models import LoadedModel, dense_attention
 
 # The architectures the harness is tested on, as tiny seeded random-weight models: each
@@ -200,19 +204,79 @@ def save_tiny_model(architecture: str, seed: int, directory: Path) -> Path:
     return directory
 
 
-def main(argv: list[str]) -> int:
-    """``python -m harness.tiny_models ARCHITECTURE DIRECTORY [SEED]``: save a tiny model."""
-    if len(argv) not in (2, 3) or argv[0] not in TINY_ARCHITECTURES:
-        print(
-            "usage: python -m harness.tiny_models ARCHITECTURE DIRECTORY [SEED]; "
-            f"ARCHITECTURE one of {', '.join(TINY_ARCHITECTURES)}",
-            file=sys.stderr,
+PROG = "python -m harness.tiny_models"
+# torch.manual_seed takes a seed up to 2**64 - 1 (and overflows past it).
+MAX_SEED = 2**64 - 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=PROG,
+        description="Save a tiny seeded random-weight model as a HF model directory (its "
+        "weights, config and a byte-level tokenizer with a chat template) that "
+        "python -m harness --model DIRECTORY loads.",
+    )
+    parser.add_argument(
+        "architecture",
+        metavar="ARCHITECTURE",
+        choices=TINY_ARCHITECTURES,
+        help=f"one of {', '.join(TINY_ARCHITECTURES)} "
+        f"(the hybrids: {', '.join(HYBRID_ARCHITECTURES)})",
+    )
+    parser.add_argument(
+        "directory",
+        metavar="DIRECTORY",
+        type=Path,
+        help="where to save it: a new directory in an existing one, or an existing directory "
+        "(its files of the same names are replaced, the others kept)",
+    )
+    parser.add_argument(
+        "seed",
+        metavar="SEED",
+        nargs="?",
+        type=int_in(0, MAX_SEED),
+        default=0,
+        help="the weights' random seed (default 0)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.tiny_models ARCHITECTURE DIRECTORY [SEED]``: save a tiny model
+    and say where; exit 2 with one line for bad arguments or a destination not written."""
+    interrupts_raise()
+    args = build_parser().parse_args(argv)
+    return run_interruptible(PROG, lambda: _save(args.architecture, args.seed, args.directory))
+
+
+def _save(architecture: str, seed: int, directory: Path) -> int:
+    """Save the model into a temporary directory beside ``directory``, then move it in: a
+    failure or Ctrl-C leaves ``directory`` as it was (a file at a time, for one that exists)."""
+    if directory.exists() and not directory.is_dir():
+        return fail(PROG, f"{str(directory)!r} exists and is not a directory")
+    if not directory.parent.is_dir():
+        return fail(
+            PROG,
+            f"no directory {str(directory.parent)!r} to write {str(directory)!r} into",
         )
-        return 2
-    seed = int(argv[2]) if len(argv) == 3 else 0
-    print(save_tiny_model(argv[0], seed, Path(argv[1])))
+    try:
+        temporary = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
+    except OSError as error:
+        return fail(PROG, f"cannot write {str(directory)!r}: {error.strerror or error}")
+    try:
+        save_tiny_model(architecture, seed, temporary)
+        if directory.is_dir():
+            for saved in temporary.iterdir():
+                saved.replace(directory / saved.name)
+        else:
+            temporary.rename(directory)
+    except OSError as error:
+        return fail(PROG, f"cannot write {str(directory)!r}: {error.strerror or error}")
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    print(f"saved tiny {architecture} (seed {seed}) to {directory.absolute()}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

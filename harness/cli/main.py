@@ -194,7 +194,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         metavar="C",
         help="hybrid models (LFM2, Qwen3-Next): cache the recurrent state every C tokens "
         "(a multiple of --block-size; prefill chunks end there, and a prefix hit needs a "
-        "state cached at exactly its length); default: 64 rounded up to the block size",
+        "state cached at exactly its length); default: 64 rounded up to the block size; "
+        "refused for a model with no recurrent state, and past the last checkpoint the "
+        "longest request can take",
     )
     parser.add_argument(
         "--max-batch-tokens",

@@ -3,11 +3,13 @@
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import harness
 import harness.check
 import harness.oracle.equivalence
+from harness import tiny_models
 from harness.check import prompt_ids
 from harness.kv_layout import KVLayout
 from harness.settings import CheckSettingsError
@@ -117,6 +119,12 @@ def no_generation(monkeypatch: pytest.MonkeyPatch) -> None:
             "host_blocks must be in [1, 16,777,216], got 16,777,217",
         ),
         ({"total_blocks": 0}, "total_blocks must be in [1, 16,777,216], got 0"),
+        # Issue 49, item 7: ignored on a model with no recurrent state.
+        (
+            {"checkpoint_interval": 16},
+            "checkpoint_interval 16 is for a hybrid model's recurrent state, and this model "
+            "has none",
+        ),
         ({"attention": "fast"}, "attention must be one of ['gather', "),
         ({"settings": {"block_size": 4}}, "settings must be a CheckSettings or None, got dict"),
         ({"block_sizes": 4}, "block_sizes is not a setting of check_model (one of ['max_new"),
@@ -142,6 +150,39 @@ def test_a_model_or_tokenizer_of_another_kind_is_refused(tiny_dir: Path) -> None
         harness.check_model(None, None, TOKEN_PROMPTS)  # type: ignore[arg-type]
     with pytest.raises(CheckSettingsError, match=r"^tokenizer must be a transformers tokenizer"):
         harness.check_model(tiny_model().model, "x", ["a b"])
+
+
+# Issue 49, item 5: a model on the meta device ran into generate and raised "Tensor.item()
+# cannot be called on meta tensors" there.
+@pytest.mark.parametrize("architecture", ["llama", "lfm2"])
+@pytest.mark.usefixtures("no_generation")
+def test_a_model_on_the_meta_device_is_refused_naming_model(architecture: str) -> None:
+    with torch.device("meta"):
+        model = tiny_models.tiny_model(architecture, seed=0).model
+    count = len(list(model.parameters())) + len(list(model.buffers()))
+    with pytest.raises(CheckSettingsError) as refused:
+        harness.check_model(model, None, TOKEN_PROMPTS)
+    assert refused.value.setting == "model"
+    assert str(refused.value) == (
+        f"model has its {count} parameters and buffers on meta ({count}, the first "
+        "'model.embed_tokens.weight'): check_model runs on one device, the model's, "
+        "with every value loaded (the meta device holds none: load the weights)"
+    )
+
+
+@pytest.mark.usefixtures("no_generation")
+def test_a_model_with_one_buffer_elsewhere_is_refused_naming_both_devices() -> None:
+    model = tiny_models.tiny_model("llama", seed=0).model  # its own: the shared one is cached
+    rotary = model.model.rotary_emb
+    rotary.inv_freq = rotary.inv_freq.to("meta")
+    count = len(list(model.parameters())) + len(list(model.buffers()))
+    with pytest.raises(CheckSettingsError) as refused:
+        harness.check_model(model, None, TOKEN_PROMPTS)
+    assert str(refused.value).startswith(
+        f"model has its {count} parameters and buffers on cpu ({count - 1}, the first "
+        "'model.embed_tokens.weight') and meta (1, the first 'model.rotary_emb.inv_freq'): "
+        "check_model runs on one device"
+    )
 
 
 @pytest.mark.parametrize(

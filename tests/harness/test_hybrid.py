@@ -23,6 +23,7 @@ from transformers import NemotronHConfig, NemotronHForCausalLM
 from harness.check import check_model
 from harness.cli.limits import MEMORY_FRACTION, check_memory, kv_bytes
 from harness.cli.main import main
+from harness.kv_events import KVEventLog
 from harness.models import LoadedModel, UnsupportedModelError, check_supported, kv_layout
 from harness.oracle.checks import TokenTrace, check_batch, tie_rule
 from harness.oracle.dense import DenseOutput, generate_dense
@@ -36,8 +37,8 @@ from harness.runtime.state_mixer import PagedStateMixer
 from harness.runtime.state_store import StateRows
 from harness.settings import CheckSettingsError
 from harness.tiny_models import HYBRID_ARCHITECTURES, save_tiny_model, tiny_model
-from harness.tiny_models import main as tiny_models_main
 from impl import KVCacheManager
+from spec import BlockStored
 from tests.support.state_planted_bugs import CommonHitIsTheMax, HitsPastTheLastCheckpoint
 
 BLOCK_SIZE = 4
@@ -168,6 +169,32 @@ def test_check_model_runs_on_a_users_hybrid_model() -> None:
     assert all(row.prefix_hit_tokens % 8 == 0 for row in report.rows)
 
 
+# Issue 49, item 7: an interval past what every request feeds ran with no checkpoint, so no
+# hit, silently.
+def test_an_interval_is_refused_past_the_last_checkpoint_the_longest_request_takes() -> None:
+    model = tiny_model("lfm2", seed=0).model
+    prompt = list(range(30, 40))
+    # 10 prompt tokens and 5 of the 6 new fed: a checkpoint at 14 (a 15th follows), none at 15.
+    log = KVEventLog()
+    check_model(
+        model, None, [prompt], max_new_tokens=6, block_size=1, checkpoint_interval=14, kv_events=log
+    )
+    states = [event for _, event in log.events if isinstance(event, BlockStored) and event.group]
+    assert [len(event.token_ids) for event in states] == [14]
+    with pytest.raises(CheckSettingsError) as refused:
+        check_model(
+            model, None, [prompt, [1, 2]], max_new_tokens=6, block_size=1, checkpoint_interval=15
+        )
+    assert refused.value.setting == "checkpoint_interval"
+    assert str(refused.value) == (
+        "checkpoint_interval 15 would checkpoint no state, so no prefix hit: a state is "
+        "checkpointed at 15 tokens when a token follows, and the longest request feeds 15 "
+        "(10 prompt tokens and 5 of its 6 new: the last is not fed)"
+    )
+    # The default interval is not the user's: it runs, unreached, on short prompts.
+    assert check_model(model, None, [prompt], max_new_tokens=6, block_size=1).passed
+
+
 # -- the command line ------------------------------------------------------------------
 
 
@@ -225,6 +252,10 @@ def test_python_m_harness_passes_on_a_saved_hybrid_with_other_options(
         (
             ["--checkpoint-interval", "12"],
             "--checkpoint-interval 12 is not a multiple of the block size 8",
+        ),
+        (
+            ["--checkpoint-interval", str(10**12)],
+            f"--checkpoint-interval {10**12} would checkpoint no state, so no prefix hit",
         ),
     ],
 )
@@ -319,10 +350,6 @@ def test_a_hybrid_whose_state_mixer_the_harness_does_not_know_is_refused() -> No
     model = NemotronHForCausalLM(config).eval()
     with pytest.raises(UnsupportedModelError, match=r"layer_types has \['linear_attention'\]"):
         check_supported(model)
-
-
-def test_saving_a_tiny_model_names_the_architectures_when_asked_for_another() -> None:
-    assert tiny_models_main(["mamba", "/nonexistent"]) == 2
 
 
 def test_paged_cache_under_generate_refuses_a_hybrid() -> None:

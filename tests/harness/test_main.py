@@ -187,6 +187,18 @@ def test_max_new_tokens_beyond_the_context_is_bad_input(
     )
 
 
+def test_a_checkpoint_interval_for_a_model_with_no_state_is_bad_input(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 49, item 7: it was silently ignored.
+    argv = ["--device", "cpu", "--model", str(tiny_dir), "--checkpoint-interval", "16"]
+    assert main(argv) == 2
+    assert _one_error_line(capsys) == (
+        "python -m harness: error: --checkpoint-interval 16 is for a hybrid model's recurrent "
+        "state, and this model has none (its layers are all attention): it would change nothing"
+    )
+
+
 def test_a_block_larger_than_the_context_is_bad_input(
     tiny_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
