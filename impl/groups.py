@@ -124,7 +124,8 @@ class KVCacheGroups:
     def set_room(self, table: Table, *, own_last_blocks: bool = False) -> None:
         """``table.room``: the tokens the next appends may add to every group's own last
         block, filling none a cache would key, before any window slides. With
-        ``own_last_blocks`` the caller knows no other table holds a last block."""
+        ``own_last_blocks`` the caller knows no other table holds a last block and none is
+        cached (it has just written into them)."""
         position = table.token_count
         room = -position % self.block_size
         if table.token_ids is not None:
@@ -133,9 +134,15 @@ class KVCacheGroups:
             room = min(room, table.next_skip_at - position)
         if room > 0 and not own_last_blocks:
             ref_counts = self.pool.ref_counts
-            for held in table.group_block_ids:
-                if ref_counts[held[-1]] != 1:
+            caches = self.pool.caches
+            state_groups = self.state_groups
+            for group, held in enumerate(table.group_block_ids):
+                last = held[-1]
+                if ref_counts[last] != 1:
                     room = 0  # shared: the next append copies it first
+                    break
+                if group not in state_groups and caches[group].block_keys[last] is not None:
+                    room = 0  # a rollback kept its key: the next append forgets it first
                     break
         table.room = max(room, 0)
 
@@ -239,6 +246,11 @@ class KVCacheGroups:
                     pool.copy_last_block(held, taken.pop(0))
                 held.extend(taken)
                 table.changed()
+            if writes_into_last and group not in copies and group not in self.state_groups:
+                cache = pool.caches[group]
+                written = held[-1 - count]  # the last block before the new ones
+                if cache.block_keys[written] is not None:
+                    cache.evict(written)  # a rollback kept its key: this write changes it
         table.token_count = position + token_count
         # Tokens added land in each group's own last block: one just taken, a copy of a
         # shared one, or one it held alone.
@@ -363,9 +375,10 @@ class KVCacheGroups:
 
     def truncate(self, table: Table, token_count: int) -> ReleasedBlocks:
         """Shrink ``table`` to ``token_count`` tokens in every group: drop the blocks wholly
-        past it as ``release`` does, uncache a cached block left partly filled, forget the
-        tokens past it. Reports the dropped blocks as ``release`` reports a table's, and the
-        stale slots of each group's kept last block."""
+        past it as ``release`` does, forget the tokens past it (a cached block left partly
+        filled keeps its key until a write: ``spec.releasing.truncate``). Reports the
+        dropped blocks as ``release`` reports a table's, and the stale slots of each
+        group's kept last block."""
         block_size = self.block_size
         keep = blocks_for_tokens(block_size, token_count)
         held_before = table.token_count
@@ -385,12 +398,14 @@ class KVCacheGroups:
             freed += group_freed
             cached += group_cached
             del held[kept:]
-            cache = self.pool.caches[group]
-            if token_count % block_size and cache.block_keys[held[-1]] is not None:
-                cache.evict(held[-1])
             stale_end = min(held_before, keep * block_size)
-            if token_count % block_size == 0 or self.pool.ref_counts[held[-1]] > 1:
-                stale_end = token_count  # nothing of a block another table holds is stale
+            pool = self.pool
+            if not token_count % block_size or (
+                pool.ref_counts[held[-1]] > 1 or pool.caches[group].block_keys[held[-1]]
+            ):
+                # Nothing of a block another table holds is stale, nor of a cached one: its
+                # slots are its key's K/V until a write changes it.
+                stale_end = token_count
             stale.append(
                 tuple(
                     slot_index(block_size, held, p, skipped) for p in range(token_count, stale_end)

@@ -279,10 +279,14 @@ def _stale_slots(
 ) -> tuple[int, ...]:
     """The slots a truncate to ``table.token_count`` made stale in the kept last block of
     ``table``: positions from the new length to the old one, or to the block's end, if the
-    block is partly kept and no other table holds it."""
+    block is partly kept, no other table holds it and it is not cached (a cached block's
+    slots are its key's K/V until a write changes it)."""
     block_size = after.block_size
     kept = table.token_count
-    if kept % block_size == 0 or after.ref_counts[table.block_ids[-1]] > 1:
+    if kept % block_size == 0:
+        return ()
+    last = table.block_ids[-1]
+    if after.ref_counts[last] > 1 or any(last in cache.values() for cache in after.group_caches):
         return ()
     held_before = before.tables[table.request_id].token_count
     block_end = (table.skipped_blocks + len(table.block_ids)) * block_size

@@ -20,7 +20,9 @@ adds tokens of the same kind: a count to the first, token ids to the second.
   every call of an adding operation, with zero tokens too.
 - Copy-on-write. Appending into a shared, partly filled last block copies it first: the
   writer gets a fresh block and the (source, destination) pair joins ``pending_copies``
-  for the KV pool to perform (``take_transfers``).
+  for the KV pool to perform (``take_transfers``). Appending into a partly filled last
+  block that is cached (a rollback kept its key: ``spec.releasing.truncate``) and that no
+  other table holds forgets its key first (a ``BlockRemoved``): the write changes it.
 - A state group (``spec.kinds``) holds one block per request: an adding operation
   checkpoints it at L0 on the group's grid, then copies a cached or shared running block
   into a fresh one (its write rule), and takes no other block.
@@ -49,6 +51,8 @@ from spec.errors import (
     is_token_ids,
     tracks_token_ids,
 )
+from spec.events import BlockRemoved
+from spec.frozen_map import FrozenMap
 from spec.kinds import RecurrentState, blocks_for_group, is_checkpoint_at, is_state_group
 from spec.records import RequestBlockTable
 from spec.rules import blocks_for_tokens
@@ -56,8 +60,10 @@ from spec.state import (
     AllocatorState,
     TokenIds,
     compute_skipped_blocks,
+    emit,
     free_blocks,
     is_request_known,
+    set_cache,
     set_table,
     snapshot_request,
 )
@@ -266,6 +272,9 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
             continue
         state, taken = take_blocks(state, needed[group])
         block_ids = table.block_ids
+        writes_into_last = token_count > 0 and computed_tokens % block_size != 0
+        if writes_into_last and not copies[group]:
+            state = _forget_key(state, group, block_ids[-1])
         if copies[group]:
             source, destination, taken = block_ids[-1], taken[0], taken[1:]
             block_ids = (*block_ids[:-1], destination)
@@ -278,6 +287,16 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
         grown = replace(table, block_ids=block_ids + taken, token_count=new_token_count)
         state = set_table(state, group, grown)
     return state
+
+
+def _forget_key(state: AllocatorState, group: int, block_id: int) -> AllocatorState:
+    """``state`` with ``block_id`` no longer cached in ``group`` (a ``BlockRemoved``), if it
+    was: a write is about to change it."""
+    cache = state.group_caches[group]
+    if block_id not in cache.values():
+        return state
+    cache = FrozenMap({key: b for key, b in cache.items() if b != block_id})
+    return set_cache(emit(state, BlockRemoved(block_id, group)), group, cache)
 
 
 def _copy_state(state: AllocatorState, source: int, destination: int) -> AllocatorState:

@@ -177,7 +177,8 @@ def is_cache_sound(state: AllocatorState) -> bool:
 
 def is_cached_content_exact(state: AllocatorState) -> bool:
     """A cached block in an attention group's table sits where its key ends, and the table's
-    tokens equal the key (a state group's: ``is_checkpoint_unwritten``)."""
+    tokens equal the key, or begin it where the table ends in that block (a rollback kept
+    the key: ``spec.releasing.truncate``) (a state group's: ``is_checkpoint_unwritten``)."""
     for kind, tables, cache in zip(
         state.group_windows, state.group_tables, state.group_caches, strict=True
     ):
@@ -192,7 +193,7 @@ def is_cached_content_exact(state: AllocatorState) -> bool:
                     continue
                 if ids is None or len(key.token_ids) != (index + 1) * state.block_size:
                     return False
-                if ids[: len(key.token_ids)] != key.token_ids:
+                if ids != key.token_ids[: len(ids)] and ids[: len(key.token_ids)] != key.token_ids:
                     return False
     return True
 

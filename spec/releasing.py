@@ -12,16 +12,12 @@ from dataclasses import replace
 
 from spec.blocks import drop_references, with_host
 from spec.errors import check_token_count, check_truncate
-from spec.events import BlockRemoved
-from spec.frozen_map import FrozenMap
 from spec.host_tier import release_host_blocks
 from spec.kinds import attention_window, is_state_group
 from spec.rules import blocks_for_tokens, first_window_token
 from spec.state import (
     AllocatorState,
-    emit,
     forget_request,
-    set_cache,
     set_group_tables,
     set_table,
     snapshot_request,
@@ -63,11 +59,10 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
     with window W that skipped a block the shorter request would read again, i.e. with
     ``skipped_blocks * block_size > max(0, token_count - W + 1)`` (ValueError): its K/V is
     gone. In each group the blocks wholly beyond the new length are dropped as ``release``
-    drops a table's blocks (last first, to the tails of the queues). If the new last block
-    is partly filled and was a cached full block, it stops being cached, whoever holds it
-    (a ``BlockRemoved``): its slots past the new length will be written again (in place,
-    or in a copy if it is shared: the next append copies a shared partly filled block).
-    Tokens past the new length are forgotten.
+    drops a table's blocks (last first, to the tails of the queues). A new last block that
+    is partly filled keeps its key if it has one: its K/V is still the whole key's until a
+    write changes it, and the next append forgets the key first (``spec.growth``), or
+    copies the block if another table holds it. Tokens past the new length are forgotten.
     """
     check_token_count(token_count)
     table = snapshot_request(state, request_id)
@@ -90,11 +85,6 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
         held = keep - table.skipped_blocks
         state = drop_references(state, table.block_ids[held:])
         kept = table.block_ids[:held]
-        cache = state.group_caches[group]
-        if token_count % state.block_size and kept[-1] in cache.values():
-            cache = FrozenMap({key: b for key, b in cache.items() if b != kept[-1]})
-            state = emit(state, BlockRemoved(kept[-1], group))
-        state = set_cache(state, group, cache)
         state = set_table(state, group, replace(table, block_ids=kept, token_count=token_count))
     if request_id in state.token_ids:
         ids = state.token_ids[request_id][:token_count]

@@ -110,16 +110,16 @@ def test_eviction_removes_each_block_taken_before_anything_is_stored(make: Facto
     ]
 
 
-def test_a_rollback_into_a_cached_block_removes_it_and_the_refill_stores_it(
+def test_a_write_into_a_block_a_rollback_kept_removes_it_and_the_refill_stores_it(
     make: Factory,
 ) -> None:
     pool, events = _pool(make, 8)
     pool.allocate("a", TEN[:8])
     events.clear()
     pool.truncate("a", 6)
-    assert events == [BlockRemoved(1, 0)]
+    assert events == []  # block 1 still holds 5..8's K/V
     pool.append("a", [7, 0])
-    assert events[1:] == [BlockStored(1, 0, 0, (5, 6, 7, 0), None)]
+    assert events == [BlockRemoved(1, 0), BlockStored(1, 0, 0, (5, 6, 7, 0), None)]
 
 
 def test_a_reset_emits_one_clear_and_a_later_block_carries_its_whole_prefix(
@@ -180,11 +180,16 @@ def test_the_sink_must_be_callable() -> None:
         KVCacheManager(4, 4, event_sink=[])  # type: ignore[arg-type]
 
 
-def test_a_rollback_uncaches_only_the_block_it_cuts_into(make: Factory) -> None:
+def test_a_write_after_a_rollback_uncaches_only_the_block_it_writes_into(
+    make: Factory,
+) -> None:
     pool, events = _pool(make, 8)
     pool.allocate("a", [*TEN, 11, 12, 13])  # blocks 0, 1 and 2 full and cached
     events.clear()
     pool.truncate("a", 10)  # into block 2; block 3 (token 13) goes
+    assert events == []
+    assert pool.cached_prefix_tokens([*TEN, 11, 12, 13]) == 12
+    pool.append("a", [0])
     assert events == [BlockRemoved(2, 0)]
     assert pool.cached_prefix_tokens([*TEN, 11, 12, 13]) == 8
 

@@ -5,7 +5,7 @@ import pytest
 
 from impl import KVCacheManager
 from impl.spec_backed import SpecBackedManager
-from spec import ReleasedBlocks, RequestBlockTable
+from spec import BlockRemoved, ReleasedBlocks, RequestBlockTable
 from tests.support.reading import admitted, cached_free_ids, free_ids, table
 
 Manager = KVCacheManager | SpecBackedManager
@@ -29,15 +29,55 @@ def test_drafts_appended_across_a_boundary_roll_back_last_block_first(make: type
     assert pool.usage().allocated_tokens == 4
 
 
-def test_a_cached_block_cut_in_the_middle_stops_being_a_prefix(make: type[Manager]) -> None:
-    pool = make(8, 4)
+def test_a_cached_block_cut_in_the_middle_keeps_its_key_until_a_write(
+    make: type[Manager],
+) -> None:
+    events: list[object] = []
+    pool = make(8, 4, event_sink=events.append)
     pool.allocate("a", TEN)  # blocks 0 and 1 cached, block 2 half full
-    pool.truncate("a", 6)
+    released = pool.truncate("a", 6)
     assert table(pool, "a") == RequestBlockTable("a", (0, 1), 6)
     assert free_ids(pool) == (3, 4, 5, 6, 7, 2)
-    # Block 1 will be written again from slot 2: a second prompt may reuse block 0 only.
-    assert admitted(pool.allocate("b", TEN)) == (RequestBlockTable("b", (0, 3, 4), 10), 4)
-    assert pool.usage().cached_blocks == 2  # block 0, and b's own block 3 (tokens 1..8)
+    # Block 1 still holds 5..8's K/V: nothing is stale, and a second prompt reuses it.
+    assert released.stale_slots == ((),)
+    assert admitted(pool.allocate("b", TEN)) == (RequestBlockTable("b", (0, 1, 3), 10), 8)
+    # Shared now, so a's next token goes into a copy and b keeps block 1 cached.
+    pool.append("a", [0])
+    assert table(pool, "a") == RequestBlockTable("a", (0, 4), 7)
+    assert pool.take_transfers().copies == ((1, 4),)
+    assert pool.cached_prefix_tokens(TEN) == 8
+    assert not [event for event in events if isinstance(event, BlockRemoved)]
+
+
+def test_a_write_into_a_block_a_rollback_left_cached_forgets_its_key_first(
+    make: type[Manager],
+) -> None:
+    events: list[object] = []
+    pool = make(8, 4, event_sink=events.append)
+    pool.allocate("a", TEN)  # blocks 0 and 1 cached, block 2 half full
+    pool.truncate("a", 6)
+    assert pool.cached_prefix_tokens(TEN) == 8
+    events.clear()
+    pool.append("a", [0])  # a holds block 1 alone: written in place, its key ends first
+    assert table(pool, "a") == RequestBlockTable("a", (0, 1), 7)
+    assert events == [BlockRemoved(1, 0)]
+    assert pool.cached_prefix_tokens(TEN) == 4
+
+
+def test_a_rollback_into_a_block_shared_across_a_hit_costs_the_other_holder_no_hit(
+    make: type[Manager],
+) -> None:
+    # Found by the metamorphic relation "a cache salt never raises hits": unsalted, b hits
+    # a's blocks and a rolls back into them; salted apart, b kept its own. The shared
+    # block stays cached, for b and for the next prompt.
+    pool = make(5, 2)
+    pool.allocate("a", [1, 2, 1, 2, 0, 0, 1])  # blocks 0 (1, 2), 1 (1, 2, 1, 2) cached
+    pool.truncate("a", 4)
+    pool.allocate("b", [1, 2, 1, 2, 1, 2])  # hits blocks 0 and 1
+    pool.release("b")
+    pool.truncate("a", 3)  # into block 1, held by a alone now: its key stays
+    # Blocks 0, 1 and the cut block 2 (1, 2, 1, 2, 0, 0), cached free: the chain is whole.
+    assert pool.cached_prefix_tokens([1, 2, 1, 2, 0, 0, 1]) == 6
 
 
 def test_cut_blocks_that_hold_a_cached_prefix_wait_in_the_cached_free_queue(
@@ -109,6 +149,6 @@ def test_a_rollback_in_two_groups_reports_both_groups_blocks_and_stale_slots(
     pool.allocate("p", [1, 2, 3, 4, 5])  # group 0: 0, 1, 2; group 1: 3, 4, 5
     released = pool.truncate("p", 1)
     # Per group, last first: 2 free, 1 cached free (1..4); 5 free, 4 cached free. Blocks 0
-    # and 3 are cut into: uncached, token 1's rows (1 and 7) stale.
-    assert released == ReleasedBlocks((1, 2, 4, 5), (2, 5), (1, 4), ((1,), (7,)))
+    # and 3 are cut into but keep their keys (1, 2): no slot of them is stale.
+    assert released == ReleasedBlocks((1, 2, 4, 5), (2, 5), (1, 4), ((), ()))
     assert (free_ids(pool), cached_free_ids(pool)) == ((6, 7, 2, 5), (1, 4))

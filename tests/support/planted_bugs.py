@@ -225,34 +225,35 @@ class TruncateKeepsTheCutBlocks(KVCacheManager):
 
 
 class _EvictionRefusingPrefixCache(PrefixCache):
-    # No __slots__: ``refusing`` is set on an instance, over this class-level default.
-    refusing = False
+    # No __slots__: ``spared`` is set on an instance, over this class-level default.
+    spared: frozenset[int] = frozenset()
 
     def evict(self, block_id: int) -> None:
-        if not self.refusing:
+        if block_id not in self.spared:
             super().evict(block_id)
 
 
-class _TruncatesWithoutEvicting(KVCacheGroups):
+class _WritesWithoutForgetting(KVCacheGroups):
     __slots__ = ()
 
-    def truncate(self, table: Table, token_count: int) -> ReleasedBlocks:
+    def grow(self, request_id: str, table: Table, token_count: int) -> None:
         caches = [c for c in self.pool.caches if isinstance(c, _EvictionRefusingPrefixCache)]
+        last = frozenset(held[-1] for held in table.group_block_ids if held)
         for cache in caches:
-            cache.refusing = True
+            cache.spared = last
         try:
-            return super().truncate(table, token_count)
+            super().grow(request_id, table, token_count)
         finally:
             for cache in caches:
-                cache.refusing = False
+                cache.spared = frozenset()
 
 
-class TruncatedBlockStaysCached(KVCacheManager):
-    """(k) A cached full block that rollback leaves partly filled stays findable, so a
-    later prompt would hit K/V about to be overwritten."""
+class WriteKeepsAKeptKey(KVCacheManager):
+    """(k) An append into a block a rollback left partly filled but cached writes in place
+    and keeps its key, so a later prompt hits K/V the write changed."""
 
     prefix_cache_class = _EvictionRefusingPrefixCache
-    groups_class = _TruncatesWithoutEvicting
+    groups_class = _WritesWithoutForgetting
 
 
 class TruncateUnsharesTheLastBlock(KVCacheManager):
@@ -486,7 +487,7 @@ PLANTED_BUGS: list[type[KVCacheManager]] = [
     SkipsCopyOnWrite,
     EvictedBlockStaysFindable,
     TruncateKeepsTheCutBlocks,
-    TruncatedBlockStaysCached,
+    WriteKeepsAKeptKey,
     TruncateUnsharesTheLastBlock,
     ResetKeepsTheKeysOfHeldBlocks,
     IgnoresTheSaltOnLookup,
