@@ -24,12 +24,14 @@ from harness.conformance.adapter import (
     Adapter,
     Call,
     EngineAdapter,
+    Observation,
     Outcome,
     ServerError,
     is_engine,
 )
 from harness.conformance.judge import Judge, Tally
 from harness.conformance.properties import expected_step
+from harness.conformance.validate import made, observed
 
 REQUEST_IDS = ("r0", "r1", "r2", "r3", "r4")
 PICKS = st.integers(0, len(REQUEST_IDS) - 1)
@@ -67,11 +69,18 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.judge = Judge(type(self).factory(), type(self).tally)
+        with type(self).tally.adapter_faults():
+            self.judge = Judge(made(type(self).factory), type(self).tally)
 
     def teardown(self) -> None:
         type(self).tally.cases += 1
-        type(self).tally.on_case()
+        type(self).tally.on_progress()
+
+    def observed_after(self, label: str) -> Observation:
+        """What the adapter shows after step ``label``; its fault if it cannot show it."""
+        with self.judge.tally.adapter_faults():
+            step = len(self.judge.steps) + 1
+            return observed(self.judge.adapter, f"after step {step} of a test case, {label}")
 
 
 class OperationMachine(ConformanceMachine):
@@ -162,9 +171,10 @@ class OperationMachine(ConformanceMachine):
         except Exception as error:  # the target's own failure: a finding, then shrunk
             outcome = Outcome(refusal=f"{type(error).__name__}: {error}")
             raised = f"{type(error).__name__}: {error}"
-        after = self.adapter.observe()
+        label = _text(operation, args)
+        after = self.observed_after(label)
         call = Call(operation, args, outcome, before, after)
-        self.judge.judge_step(_text(operation, args), [call], after, raised)
+        self.judge.judge_step(label, [call], after, raised)
 
 
 class EngineMachine(ConformanceMachine):
@@ -188,7 +198,7 @@ class EngineMachine(ConformanceMachine):
         self.waiting_or_running.append(request_id)
         # A step of its own in the report (no allocator call: the pool must not change).
         label = f"arrive({request_id!r}, {token_ids!r}, {salt!r})"
-        self.judge.judge_step(label, [], self.adapter.observe())
+        self.judge.judge_step(label, [], self.observed_after(label))
 
     @precondition(lambda self: self.waiting_or_running)
     @rule(sampled=SAMPLED, finishing=FINISHING)
@@ -219,7 +229,7 @@ class EngineMachine(ConformanceMachine):
         for call in calls:
             if call.operation == "release" and call.args[0] in self.waiting_or_running:
                 self.waiting_or_running.remove(str(call.args[0]))
-        self.judge.judge_step(label, calls, self.adapter.observe(), raised)
+        self.judge.judge_step(label, calls, self.observed_after(label), raised)
 
 
 def machine_for(
