@@ -5,8 +5,8 @@ server's scheduler in an ``EngineAdapter`` (whole engine steps, each allocator c
 reported), then ``assert_conforms(factory)`` from a test suite, or ``python -m
 harness.conformance --target NAME`` (a bundled target, or ``package.module:factory``).
 A broken adapter is refused before the first step (``AdapterError``). Needs Hypothesis,
-not torch. See docs/conformance.md for the properties, the adapter
-contract and the targets.
+not torch. See docs/conformance.md for the properties, the adapter contract and the
+targets.
 """
 
 from harness.conformance.adapter import (

@@ -31,7 +31,7 @@ from harness.conformance.adapter import (
 )
 from harness.conformance.judge import Judge, Tally
 from harness.conformance.properties import expected_step
-from harness.conformance.validate import made, observed
+from harness.conformance.validate import AdapterError, made, observed, one_line
 
 REQUEST_IDS = ("r0", "r1", "r2", "r3", "r4")
 PICKS = st.integers(0, len(REQUEST_IDS) - 1)
@@ -79,8 +79,11 @@ class ConformanceMachine(RuleBasedStateMachine):
     def observed_after(self, label: str) -> Observation:
         """What the adapter shows after step ``label``; its fault if it cannot show it."""
         with self.judge.tally.adapter_faults():
-            step = len(self.judge.steps) + 1
-            return observed(self.judge.adapter, f"after step {step} of a test case, {label}")
+            return observed(self.judge.adapter, f"after {self.step_text}, {label}")
+
+    @property
+    def step_text(self) -> str:
+        return f"step {len(self.judge.steps) + 1} of a test case"
 
 
 class OperationMachine(ConformanceMachine):
@@ -194,11 +197,16 @@ class EngineMachine(ConformanceMachine):
     def arrive(self, token_ids: tuple[int, ...], cache_salt: str | None) -> None:
         request_id = next(r for r in REQUEST_IDS if r not in self.waiting_or_running)
         salt = cache_salt if CACHE_SALT in self.adapter.supports else None
-        self.adapter.submit(request_id, token_ids, salt)
-        self.waiting_or_running.append(request_id)
+        raised = None
+        try:
+            self.adapter.submit(request_id, token_ids, salt)
+        except Exception as error:  # the server refused the arrival: a finding, then shrunk
+            raised = f"{type(error).__name__}: {error}"
+        else:
+            self.waiting_or_running.append(request_id)
         # A step of its own in the report (no allocator call: the pool must not change).
         label = f"arrive({request_id!r}, {token_ids!r}, {salt!r})"
-        self.judge.judge_step(label, [], self.observed_after(label))
+        self.judge.judge_step(label, [], self.observed_after(label), raised)
 
     @precondition(lambda self: self.waiting_or_running)
     @rule(sampled=SAMPLED, finishing=FINISHING)
@@ -226,6 +234,12 @@ class EngineMachine(ConformanceMachine):
         except ServerError as error:  # the server's own failure: a finding, then shrunk
             cause = error.__cause__
             calls, raised = error.calls, f"{type(cause).__name__}: {cause}"
+        except Exception as error:  # raised outside the server's step: the adapter's fault
+            with self.judge.tally.adapter_faults():
+                raise AdapterError(
+                    f"adapter {self.adapter.name!r}: {label} raised {one_line(error)} outside "
+                    f"its server's step (not as a ServerError) at {self.step_text}"
+                ) from error
         for call in calls:
             if call.operation == "release" and call.args[0] in self.waiting_or_running:
                 self.waiting_or_running.remove(str(call.args[0]))

@@ -113,7 +113,7 @@ def made(factory: Callable[[], Target]) -> Target:
     try:
         adapter: object = factory()
     except Exception as error:
-        raise AdapterError(f"factory {_factory_name(factory)} raised {raised(error)}") from error
+        raise AdapterError(f"factory {_factory_name(factory)} raised {one_line(error)}") from error
     if adapter is None or isinstance(adapter, type):
         what = "None" if adapter is None else f"the class {adapter.__name__}"
         raise AdapterError(
@@ -152,11 +152,11 @@ def blamed_on_adapter(adapter: Target, call: str, when: str) -> Iterator[None]:
         raise
     except Exception as error:
         raise AdapterError(
-            f"adapter {_name(adapter)}: {call} raised {raised(error)} {when}"
+            f"adapter {_name(adapter)}: {call} raised {one_line(error)} {when}"
         ) from error
 
 
-def raised(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     """``error`` as one line: its type and its message, whitespace runs made one space (a
     user's exception may span lines; a refusal is one)."""
     return " ".join(f"{type(error).__name__}: {error}".split())

@@ -5,11 +5,19 @@ view mid-run (``observe`` raising on a later step) is refused the same way."""
 
 import math
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from harness.conformance import AdapterError, assert_conforms, check_target, cli
+from harness.conformance import (
+    AdapterError,
+    Call,
+    EngineAdapter,
+    assert_conforms,
+    check_target,
+    cli,
+)
 from tests.conformance import faulty_adapters
 from tests.conformance.adapter_template import TinyPrefixPoolAdapter, make
 
@@ -214,3 +222,46 @@ def test_progress_is_reported_before_the_first_step_and_between_the_steps_of_a_c
 def test_a_class_is_a_factory_too_and_a_good_adapter_runs() -> None:
     report = check_target(TinyPrefixPoolAdapter, steps=20)
     assert report.discrepancy is None and report.steps >= 20
+
+
+def _transformers_engine(**overrides: object) -> Callable[[], EngineAdapter]:
+    """A factory of transformers' bundled engine adapter with ``overrides`` in place of its
+    methods."""
+    from harness.conformance.targets.transformers_engine import (  # noqa: PLC0415
+        TransformersEngine,
+    )
+
+    engine = type("TransformersEngine", (TransformersEngine,), overrides)
+    return lambda: engine(sliding_window=None, known_findings=True)
+
+
+def test_an_engine_adapter_raising_outside_its_servers_step_is_the_adapters_fault() -> None:
+    """The server's own exceptions come as ``ServerError`` (``record_calls``); anything else
+    out of ``step`` is the adapter's."""
+
+    def step(self: EngineAdapter, sampled: object, finishing: object) -> list[Call]:
+        raise RuntimeError("the adapter's own bookkeeping")
+
+    with pytest.raises(AdapterError) as refused:
+        check_target(_transformers_engine(step=step), steps=20, shrink_seconds=5)
+    assert "raised RuntimeError: the adapter's own bookkeeping outside its server's step (not " in (
+        str(refused.value)
+    )
+
+
+def test_a_server_that_raises_on_an_arrival_is_a_discrepancy_in_the_target() -> None:
+    """An arrival is the server's own call (``add_request``): what it raises is judged."""
+    from harness.conformance.targets.transformers_engine import (  # noqa: PLC0415
+        TransformersEngine,
+    )
+
+    def submit(
+        self: TransformersEngine, request_id: str, token_ids: tuple[int, ...], cache_salt: None
+    ) -> None:
+        if len(token_ids) > 8:
+            raise ValueError(f"a prompt of {len(token_ids)} tokens")
+        TransformersEngine.submit(self, request_id, token_ids, cache_salt)
+
+    report = check_target(_transformers_engine(submit=submit), steps=100, shrink_seconds=5)
+    assert report.discrepancy is not None
+    assert "raises_only_refusals" in {f.name for f in report.discrepancy.bugs()}

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from harness.conformance.adapter import Adapter, EngineAdapter
-from harness.conformance.validate import raised
+from harness.conformance.validate import one_line
 
 Factory = Callable[[], Adapter | EngineAdapter]
 
@@ -141,7 +141,7 @@ def load_factory(target: str) -> Factory:
     except ImportError as error:
         raise TargetUnavailableError(f"cannot import {module_name!r}: {error}") from error
     except Exception as error:  # the module's own code failed (a SyntaxError, a raise)
-        raise TargetUnavailableError(f"cannot import {module_name!r}: {raised(error)}") from error
+        raise TargetUnavailableError(f"cannot import {module_name!r}: {one_line(error)}") from error
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise TargetUnavailableError(
