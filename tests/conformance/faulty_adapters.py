@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from harness.conformance import Observation
+from spec import RecurrentState
 from tests.conformance.adapter_template import TinyPrefixPoolAdapter, make
 
 
@@ -137,11 +138,27 @@ supports_a_str = _declaring(supports="allocate_prompt")
 supports_missing_method = _declaring(
     supports=frozenset({"allocate_prompt", "append_token_ids", "release", "fork"})
 )
+group_windows_off_grid = _declaring(group_windows=(None, RecurrentState(6)))
 pool_empty = _declaring(pool_block_ids=())
 pool_of_strs = _declaring(pool_block_ids=("a", "b"))
 pool_repeats = _declaring(pool_block_ids=(0, 1, 1, 2))
 name_empty = _declaring(name="")
 differences_a_list = _declaring(differences=["conservation"])
+differences_unknown = _declaring(differences={"conservaton": "our pool leaks by design"})
+exact_a_str = _declaring(exact="yes")
+kv_events_without_take_events = _declaring(
+    supports=frozenset({"allocate_prompt", "append_token_ids", "release", "kv_events"})
+)
+
+
+class _ObserveShowsTwoGroups(TinyPrefixPoolAdapter):
+    def observe(self) -> Observation:
+        shown = super().observe()
+        return Observation(tables=shown.tables * 2, free_block_ids=shown.free_block_ids)
+
+
+def observe_shows_two_groups() -> _ObserveShowsTwoGroups:
+    return _ObserveShowsTwoGroups()
 
 
 class _HugePool(TinyPrefixPoolAdapter):

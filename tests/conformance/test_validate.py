@@ -4,6 +4,7 @@ target), ``AdapterError`` (a ``ValueError``) from the Python API. A fault of the
 view mid-run (``observe`` raising on a later step) is refused the same way."""
 
 import math
+import re
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,10 @@ FAULTS = [
     ("group_windows_empty", "group_windows must name at least 1 KV cache group, got 0"),
     ("group_windows_an_int", "group_windows must be a tuple, got int 6"),
     ("group_windows_zero_window", "window of group 1 must be at least 1 token, got 0"),
+    (
+        "group_windows_off_grid",
+        "interval of state group 1 must be a positive multiple of the block size 4, got 6",
+    ),
     ("supports_empty", "supports must name allocate_prompt or allocate (a request is admitted"),
     ("supports_unknown", "supports names 'relase', which the kit does not know"),
     ("supports_a_str", "supports must be a set of names, got str 'allocate_prompt'"),
@@ -52,6 +57,13 @@ FAULTS = [
     ("pool_repeats", "pool_block_ids holds block 1 twice"),
     ("name_empty", "adapter TinyPrefixPoolAdapter: name must be a non-empty str, got str ''"),
     ("differences_a_list", "differences must be a mapping of property names to reasons, got list"),
+    ("differences_unknown", "differences names 'conservaton', which is no property"),
+    ("exact_a_str", "exact must be a bool, got str 'yes'"),
+    ("kv_events_without_take_events", "supports names kv_events, but take_events() is no method"),
+    (
+        "observe_shows_two_groups",
+        "observe() showed tables for 2 KV cache group(s), group_windows declares 1, on a fresh",
+    ),
     (
         "huge_pool",
         "pool_block_ids: total_blocks must be at most 16,777,216, got 100,000,000 (the spec's",
@@ -233,6 +245,23 @@ def _transformers_engine(**overrides: object) -> Callable[[], EngineAdapter]:
 
     engine = type("TransformersEngine", (TransformersEngine,), overrides)
     return lambda: engine(sliding_window=None, known_findings=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"abort": None}, "it has no method abort()"),
+        ({"supports": frozenset({"allocate_prompt"})}, "supports names 'allocate_prompt', which"),
+    ],
+    ids=["no_abort", "supports_an_operation"],
+)
+def test_an_engine_adapter_is_checked_as_an_engine(
+    overrides: dict[str, object], message: str
+) -> None:
+    """An engine adapter has submit, step and abort; its steps are the server's, so its
+    ``supports`` names no operation (only cache_salt and kv_events)."""
+    with pytest.raises(AdapterError, match=re.escape(message)):
+        check_target(_transformers_engine(**overrides), steps=5)
 
 
 def test_an_engine_adapter_raising_outside_its_servers_step_is_the_adapters_fault() -> None:
