@@ -7,11 +7,12 @@ the run. A fault is an ``AdapterError``, one line that names the adapter and wha
 (the command line's exit 2), never a discrepancy (exit 1): only the target's operations can
 disagree with the spec, and the spec judges what they raise (``raises_only_refusals``).
 What ``observe()`` and ``take_events()`` raise, and what a factory raises, is the
-adapter's: no operation of the target ran in them.
+adapter's: no operation of the target ran in them (an engine adapter's ``step`` raising
+outside a ``ServerError`` too: ``harness.conformance.machine``).
 
 The adapter's shape is checked with the spec's own checks (``spec.errors``): the block size
 and the pool's size as a spec pool's (so a pool larger than ``spec.MAX_TOTAL_BLOCKS``, which
-the kit's model of the target could not hold, is refused at once), the KV cache groups as
+the spec refuses, is refused at once, before a block id is read), the KV cache groups as
 the spec's ``group_windows``.
 
 Not here: what the target does (``harness.conformance.judge``).
@@ -210,8 +211,8 @@ def _check_pool(adapter: Target) -> None:
 
 
 def _check_supports(adapter: Target) -> None:
-    """``supports``: a collection of known names; an operation adapter's name an operation
-    that admits a request and are methods of it."""
+    """``supports``: a collection of known names; for an operation adapter, one of them an
+    operation that admits a request, and every operation it names a method."""
     supports = _attribute(adapter, "supports")
     if isinstance(supports, str) or not isinstance(supports, Collection):
         raise TypeError(
