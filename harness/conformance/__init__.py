@@ -4,8 +4,9 @@ Wrap an allocator in an ``Adapter`` (the spec's operations, what the target show
 server's scheduler in an ``EngineAdapter`` (whole engine steps, each allocator call
 reported), then ``assert_conforms(factory)`` from a test suite, or ``python -m
 harness.conformance --target NAME`` (a bundled target, or ``package.module:factory``).
-Needs Hypothesis, not torch. See docs/conformance.md for the properties, the adapter
-contract and the targets.
+A broken adapter is refused before the first step (``AdapterError``). Needs Hypothesis,
+not torch. See docs/conformance.md for the properties, the adapter contract and the
+targets.
 """
 
 from harness.conformance.adapter import (
@@ -21,11 +22,13 @@ from harness.conformance.adapter import (
 from harness.conformance.machine import ConformanceMachine, machine_for
 from harness.conformance.report import DiscrepancyError, Report
 from harness.conformance.run import assert_conforms, check_target
+from harness.conformance.validate import AdapterError
 
 __all__ = [
     "CACHE_SALT",
     "OPERATION_NAMES",
     "Adapter",
+    "AdapterError",
     "Call",
     "ConformanceMachine",
     "DiscrepancyError",

@@ -191,14 +191,16 @@ class EngineAdapter(_Target, Protocol):
     def submit(
         self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None = None
     ) -> None:
-        """A request arrives: it waits for the scheduler (no block is lent yet)."""
+        """A request arrives: it waits for the scheduler (no block is lent yet). What it
+        raises is the server's own failure, judged as a step's."""
         ...
 
     def step(self, sampled: Mapping[str, int], finishing: frozenset[str]) -> list[Call]:
         """One engine step: schedule, a forward pass whose model samples ``sampled[r]``
         for each request r that gets a token (a stop token if r is in ``finishing``, so r
         finishes after this forward), and the update; the allocator calls it made. The
-        server's own exception is raised as ``ServerError`` from it."""
+        server's own exception is raised as ``ServerError`` from it (``record_calls``);
+        anything else it raises is the adapter's fault."""
         ...
 
     def abort(self, request_id: str) -> list[Call]:

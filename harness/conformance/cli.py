@@ -1,8 +1,10 @@
 """``python -m harness.conformance`` (``pagedkv conformance``): run the conformance kit
 against a bundled target or your own adapter.
 
-Exit 0 when every property held, 1 on a discrepancy (the shrunk steps, the target's and
-the spec's side, bug or declared difference), 2 on bad input (one line), 130 on Ctrl-C.
+Exit 0 when every property held, 1 on a discrepancy in the target (the shrunk steps, the
+target's and the spec's side, bug or declared difference), 2 on a fault in the command or
+the adapter (one line: an unknown target, a module that does not import, a factory or an
+adapter that breaks the contract, ``harness.conformance.validate``), 130 on Ctrl-C.
 """
 
 import sys
@@ -19,6 +21,7 @@ from harness.conformance.targets import (
     configuration,
     load_factory,
 )
+from harness.conformance.validate import AdapterError
 
 PROG = "python -m harness.conformance"
 
@@ -41,7 +44,11 @@ target's declared differences."""
 EPILOG = """\
 Your own allocator: --target package.module:factory, where factory() returns a fresh
 adapter (docs/conformance.md, "Your own allocator"; the module is imported from the
-current directory first). Bundled targets whose package is missing are refused in one line."""
+current directory first). The factory and its adapter are checked before the first step.
+Bundled targets whose package is missing are refused in one line.
+
+Exit status: 0 every property held; 1 the target disagreed with the spec; 2 the command
+or the adapter is at fault (one line); 130 interrupted."""
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
@@ -80,14 +87,17 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     reports: list[Report] = []
     started = time.monotonic()
     try:
-        for _name, factory in configurations:
-            report = check_target(
-                factory,
-                steps=per_configuration,
-                seed=args.seed,
-                progress=lambda r: _progress(r, per_configuration, started),
-                progress_every_s=args.progress_every,
-            )
+        for name, factory in configurations:
+            try:
+                report = check_target(
+                    factory,
+                    steps=per_configuration,
+                    seed=args.seed,
+                    progress=lambda r: _progress(r, per_configuration, started),
+                    progress_every_s=args.progress_every,
+                )
+            except AdapterError as error:
+                return fail(prog, f"{name}: {error}")
             reports.append(report)
             print(report.describe(), flush=True)
             if report.discrepancy is not None:

@@ -13,8 +13,9 @@ target does not declare as differences raise ``DiscrepancyError``; declared ones
 Not here: which steps run (``harness.conformance.machine``).
 """
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import spec
@@ -46,18 +47,32 @@ from harness.conformance.shadow import (
     revived_counts,
     visible_keys,
 )
+from harness.conformance.validate import AdapterError, blamed_on_adapter, observed
 from harness.conformance.view import Bijection, Contents, duplicate_cached_blocks, to_state
 from spec.kinds import is_state_group
 
 
 class Tally:
-    """Steps and test cases run, and declared differences seen, across a run's machines."""
+    """Steps and test cases run, declared differences seen and the adapter's last fault,
+    across a run's machines; ``on_progress`` is called after every step and every test case."""
 
     def __init__(self) -> None:
         self.steps = 0
         self.cases = 0
         self.declared: Counter[str] = Counter()
-        self.on_case: Callable[[], None] = lambda: None
+        self.on_progress: Callable[[], None] = lambda: None
+        self.fault: AdapterError | None = None
+
+    @contextlib.contextmanager
+    def adapter_faults(self) -> Iterator[None]:
+        """Keep the ``AdapterError`` raised inside as ``fault``. NOTE: an adapter that fails
+        on one run of a test case and not on its replay (a factory that runs out of
+        something) makes Hypothesis raise its own ``Flaky*`` error, without the fault."""
+        try:
+            yield
+        except AdapterError as error:
+            self.fault = error
+            raise
 
 
 class Judge:
@@ -81,7 +96,7 @@ class Judge:
         # one, before the next), and the kit's knowledge changes only when it learns.
         self._viewed: tuple[Observation, int, spec.AllocatorState] | None = None
         self._learned = 0
-        self.observation = adapter.observe()
+        self.observation = observed(adapter, "on a fresh adapter")
         self.state = self.view(self.observation)
         self.raise_bugs(state_findings(self.state, self.observes_ref_counts))
 
@@ -147,7 +162,11 @@ class Judge:
         if not calls:
             findings += state_findings(self.state, self.observes_ref_counts)
         if self.events is not None:
-            events = cast(EventSource, self.adapter).take_events()
+            with (
+                self.tally.adapter_faults(),
+                blamed_on_adapter(self.adapter, "take_events()", f"after {label}"),
+            ):
+                events = cast(EventSource, self.adapter).take_events()
             findings += self.events.judge(events, self.state, label)
         findings += self.shadow.settle(
             visible_after=visible_keys(final, self.contents, self.groups),
@@ -159,6 +178,7 @@ class Judge:
         self.tally.steps += 1
         self.steps.append(StepRecord(label, tuple(records)))
         self.raise_bugs(findings)
+        self.tally.on_progress()
 
     def raise_bugs(self, findings: list[Finding]) -> None:
         differences = self.adapter.differences

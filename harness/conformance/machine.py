@@ -24,12 +24,14 @@ from harness.conformance.adapter import (
     Adapter,
     Call,
     EngineAdapter,
+    Observation,
     Outcome,
     ServerError,
     is_engine,
 )
 from harness.conformance.judge import Judge, Tally
 from harness.conformance.properties import expected_step
+from harness.conformance.validate import AdapterError, made, observed, one_line
 
 REQUEST_IDS = ("r0", "r1", "r2", "r3", "r4")
 PICKS = st.integers(0, len(REQUEST_IDS) - 1)
@@ -67,11 +69,21 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.judge = Judge(type(self).factory(), type(self).tally)
+        with type(self).tally.adapter_faults():
+            self.judge = Judge(made(type(self).factory), type(self).tally)
 
     def teardown(self) -> None:
         type(self).tally.cases += 1
-        type(self).tally.on_case()
+        type(self).tally.on_progress()
+
+    def observed_after(self, label: str) -> Observation:
+        """What the adapter shows after step ``label``; its fault if it cannot show it."""
+        with self.judge.tally.adapter_faults():
+            return observed(self.judge.adapter, f"after {self.step_text}, {label}")
+
+    @property
+    def step_text(self) -> str:
+        return f"step {len(self.judge.steps) + 1} of a test case"
 
 
 class OperationMachine(ConformanceMachine):
@@ -162,9 +174,10 @@ class OperationMachine(ConformanceMachine):
         except Exception as error:  # the target's own failure: a finding, then shrunk
             outcome = Outcome(refusal=f"{type(error).__name__}: {error}")
             raised = f"{type(error).__name__}: {error}"
-        after = self.adapter.observe()
+        label = _text(operation, args)
+        after = self.observed_after(label)
         call = Call(operation, args, outcome, before, after)
-        self.judge.judge_step(_text(operation, args), [call], after, raised)
+        self.judge.judge_step(label, [call], after, raised)
 
 
 class EngineMachine(ConformanceMachine):
@@ -184,11 +197,16 @@ class EngineMachine(ConformanceMachine):
     def arrive(self, token_ids: tuple[int, ...], cache_salt: str | None) -> None:
         request_id = next(r for r in REQUEST_IDS if r not in self.waiting_or_running)
         salt = cache_salt if CACHE_SALT in self.adapter.supports else None
-        self.adapter.submit(request_id, token_ids, salt)
-        self.waiting_or_running.append(request_id)
+        raised = None
+        try:
+            self.adapter.submit(request_id, token_ids, salt)
+        except Exception as error:  # the server refused the arrival: a finding, then shrunk
+            raised = f"{type(error).__name__}: {error}"
+        else:
+            self.waiting_or_running.append(request_id)
         # A step of its own in the report (no allocator call: the pool must not change).
         label = f"arrive({request_id!r}, {token_ids!r}, {salt!r})"
-        self.judge.judge_step(label, [], self.adapter.observe())
+        self.judge.judge_step(label, [], self.observed_after(label), raised)
 
     @precondition(lambda self: self.waiting_or_running)
     @rule(sampled=SAMPLED, finishing=FINISHING)
@@ -216,10 +234,16 @@ class EngineMachine(ConformanceMachine):
         except ServerError as error:  # the server's own failure: a finding, then shrunk
             cause = error.__cause__
             calls, raised = error.calls, f"{type(cause).__name__}: {cause}"
+        except Exception as error:  # raised outside the server's step: the adapter's fault
+            with self.judge.tally.adapter_faults():
+                raise AdapterError(
+                    f"adapter {self.adapter.name!r}: {label} raised {one_line(error)} outside "
+                    f"its server's step (not as a ServerError) at {self.step_text}"
+                ) from error
         for call in calls:
             if call.operation == "release" and call.args[0] in self.waiting_or_running:
                 self.waiting_or_running.remove(str(call.args[0]))
-        self.judge.judge_step(label, calls, self.adapter.observe(), raised)
+        self.judge.judge_step(label, calls, self.observed_after(label), raised)
 
 
 def machine_for(

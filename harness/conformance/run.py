@@ -4,7 +4,9 @@
 until ``steps`` steps have run or a discrepancy is found, which Hypothesis first shrinks;
 it returns a ``Report``. ``assert_conforms`` is the same for a user's own test suite: it
 raises ``AssertionError`` with the report when a property breaks. Both take the same
-keywords: ``steps`` and ``seed``.
+keywords: ``steps`` and ``seed``. Both refuse their arguments and a broken adapter before
+the first step (``harness.conformance.validate``), and raise ``AdapterError`` when the
+adapter's own view of its target fails during the run.
 """
 
 import contextlib
@@ -20,6 +22,7 @@ from harness.conformance.adapter import Adapter, EngineAdapter, is_engine
 from harness.conformance.judge import Tally
 from harness.conformance.machine import machine_for
 from harness.conformance.report import DiscrepancyError, Report, checked_properties
+from harness.conformance.validate import check_run_arguments, observed, validated_adapter
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -46,11 +49,17 @@ def check_target(
 ) -> Report:
     """Run the adapters ``factory`` makes (a fresh one per test case) for at least ``steps``
     steps, or to the first discrepancy, shrunk for at most ``shrink_seconds``;
-    ``progress(report)`` is called every ``progress_every_s`` seconds, between test cases.
-    Never raises for a discrepancy: the report carries it."""
-    probe = factory()
+    ``progress(report)`` is called once the adapter is accepted, before the first step, then
+    every ``progress_every_s`` seconds, after a step or a test case. Never raises for a
+    discrepancy: the report carries it. A bad argument is a ``TypeError`` or ``ValueError``
+    naming it, a broken factory or adapter an ``AdapterError``, before any step; a fault of
+    the adapter's own view during the run an ``AdapterError`` too."""
+    check_run_arguments(
+        steps=steps, seed=seed, shrink_seconds=shrink_seconds, progress_every_s=progress_every_s
+    )
+    probe = validated_adapter(factory)
     properties = checked_properties(bool(getattr(probe, "exact", False)), is_engine(probe))
-    if probe.observe().ref_counts is None:
+    if observed(probe, "on a fresh adapter").ref_counts is None:
         properties.remove("ref_counts")
     report = Report(
         target=probe.name,
@@ -61,13 +70,15 @@ def check_target(
     tally = Tally()
     last = [time.monotonic()]
 
-    def on_case() -> None:
+    def on_progress() -> None:
         report.steps, report.cases = tally.steps, tally.cases
         if progress is not None and time.monotonic() - last[0] >= progress_every_s:
             last[0] = time.monotonic()
             progress(report)
 
-    tally.on_case = on_case
+    tally.on_progress = on_progress
+    if progress is not None:
+        progress(report)
     machine = machine_for(factory, tally)
     batch = 0
     while tally.steps < steps:
@@ -95,6 +106,12 @@ def check_target(
         except KeyboardInterrupt:
             report.steps, report.cases = tally.steps, tally.cases
             raise RunInterrupted(report) from None
+        except Exception:
+            # The adapter's fault, as Hypothesis raised it once shrunk, or its Flaky* error
+            # when the fault did not recur on a replay (judge.Tally.adapter_faults).
+            if tally.fault is None:
+                raise
+            raise tally.fault  # noqa: B904 (its cause is the adapter's own exception)
         batch += 1
     report.steps, report.cases = tally.steps, tally.cases
     report.declared = dict(tally.declared)
@@ -105,7 +122,8 @@ def assert_conforms(
     factory: Callable[[], Adapter | EngineAdapter], *, steps: int = 2000, seed: int = 0
 ) -> Report:
     """Check the adapters ``factory`` makes for ``steps`` steps; raise ``AssertionError``
-    with the report (shrunk steps, both sides) on a discrepancy, else return the report."""
+    with the report (shrunk steps, both sides) on a discrepancy, else return the report.
+    Refuses what ``check_target`` refuses, with the same errors."""
     report = check_target(factory, steps=steps, seed=seed)
     if report.discrepancy is not None:
         raise AssertionError(report.describe())

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from harness.conformance.adapter import Adapter, EngineAdapter
+from harness.conformance.validate import one_line
 
 Factory = Callable[[], Adapter | EngineAdapter]
 
@@ -128,12 +129,19 @@ def load_factory(target: str) -> Factory:
             f"target {target!r} is neither a bundled target ({', '.join(TARGETS)}) nor "
             "package.module:factory"
         )
+    if module_name.startswith("."):
+        raise TargetUnavailableError(
+            f"{module_name!r} is a relative module name: name it from the top, "
+            "package.module:factory, as python -m would"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise TargetUnavailableError(f"cannot import {module_name!r}: {error}") from error
+    except Exception as error:  # the module's own code failed (a SyntaxError, a raise)
+        raise TargetUnavailableError(f"cannot import {module_name!r}: {one_line(error)}") from error
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise TargetUnavailableError(
