@@ -9,8 +9,10 @@
 # With --database redis://HOST:PORT/N, failing cases are also saved to and replayed from
 # that Redis (Hypothesis' RedisExampleDatabase, the 'cluster' extra), so runs on other
 # machines pointing at it replay them; it must answer and hold this Hypothesis version's
-# examples, or the script refuses before starting. (`pagedkv fuzz --ray` runs the workers
-# on a Ray cluster instead, with a tally in Redis.)
+# examples, or the script refuses before starting. Should Redis stop answering later, one
+# line says so and every worker goes on with the local database alone (the run's exit
+# status stays that of its workers). (`pagedkv fuzz --ray` runs the workers on a Ray
+# cluster instead, with a tally in Redis.)
 #
 # Each worker runs pytest on tests/support/fuzz_targets.py under the `fuzz` Hypothesis profile
 # (many cases, at most 100 steps each, no explain phase), Hypothesis drawing a fresh random
@@ -24,6 +26,7 @@ cd "$(dirname "$0")/.."
 . .venv/bin/activate
 fuzz_file=tests/support/fuzz_targets.py
 target=allocator
+database=
 options=()  # as given, for the replay hint
 while [ "$#" -gt 0 ]; do
     case "$1" in
@@ -39,6 +42,7 @@ while [ "$#" -gt 0 ]; do
     --database)
         python -m harness.cluster.shared_database "${2:-}" || exit 2
         export PAGEDKV_FUZZ_DATABASE=$2
+        database=$2
         options+=("$1" "$2")
         shift 2
         ;;
@@ -77,6 +81,12 @@ fuzz_worker() {
 
 echo "fuzz: $workers worker(s) for ${seconds}s on the $target, logs in $logs" >&2
 started=$(date +%s)
+watcher=
+if [ -n "$database" ]; then
+    # One line if Redis stops answering (each pytest process then goes on without it).
+    python -m harness.cluster.shared_database --watch "$database" "$started" &
+    watcher=$!
+fi
 pids=()
 for worker in $(seq 1 "$workers"); do
     fuzz_worker "$worker" &
@@ -86,6 +96,10 @@ failed=0
 for pid in "${pids[@]}"; do
     wait "$pid" || failed=1
 done
+if [ -n "$watcher" ]; then
+    kill "$watcher" 2>/dev/null || true
+    wait "$watcher" 2>/dev/null || true
+fi
 cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(date +%s) - started)) '
     { split($1, c, "="); split($2, s, "="); cases += c[2]; steps += s[2]; runs += 1 }
     END { printf "fuzz: %d worker(s), %d s, %d process(es), %d test cases, %d steps\n",

@@ -58,7 +58,8 @@ def _compare(seconds: int, rounds: int, workers: int, warmup: int) -> int:
     from harness.cluster import ray_run  # noqa: PLC0415  (the 'cluster' extra)
     from harness.cluster.redis_server import loopback_redis  # noqa: PLC0415
 
-    with loopback_redis() as database:
+    with loopback_redis() as server:
+        database = server.url
         ray_run.start_local_cluster(workers)
         try:
             runs = {"fuzz.sh": _script, "Ray + Redis": _on_ray}

@@ -16,7 +16,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli.parsing import EXIT_INTERRUPTED, OneLineParser, UsageError, fail
+from harness.cli.parsing import (
+    EXIT_INTERRUPTED,
+    OneLineParser,
+    UsageError,
+    fail,
+    run_interruptible,
+)
 from harness.progress import Progress
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +55,11 @@ def fuzz_target(name: str | None) -> FuzzTarget:
 def main(argv: list[str] | None = None, prog: str = "pagedkv fuzz") -> int:
     """Fuzz, replay or show the tally; returns the exit status (1: a failure found)."""
     args = _parser(prog).parse_args(argv)
+    # Ctrl-C where no line of its own says what it stopped: one line and 130 all the same.
+    return run_interruptible(prog, lambda: _main(prog, args))
+
+
+def _main(prog: str, args: argparse.Namespace) -> int:
     try:
         seconds = _count("SECONDS", args.seconds, args.seconds_option) or DEFAULT_SECONDS
         workers = _count("WORKERS", args.workers, args.workers_option)
@@ -115,7 +126,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "and a live tally through Redis (--database). Needs a source checkout with its .venv "
         "(--ray, --database, --status: the 'cluster' extra).",
         epilog="Exit status: 0 no failure found, 1 a failure found (or replayed, or a worker "
-        "died), 2 bad input, 130 interrupted.",
+        "died), 2 bad input, 130 interrupted. Redis lost mid-run is one line, not a failure: "
+        "the run goes on with the local database.",
     )
     parser.add_argument(
         "seconds", type=int, nargs="?", metavar="SECONDS", help=f"default {DEFAULT_SECONDS}"
@@ -135,7 +147,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--database",
         metavar="URL",
         help="redis://HOST:PORT/N: failing cases saved to and replayed from this Redis as "
-        "well as the local database; --ray keeps its tally there too",
+        "well as the local database; --ray keeps its tally there too. Lost mid-run, it is "
+        "one line and the run goes on with the local database",
     )
     parser.add_argument(
         "--ray",
@@ -143,8 +156,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         const="local",
         metavar="ADDRESS",
         help="run the workers as Ray tasks: on a cluster of WORKERS CPUs started on this "
-        "machine (local, the default), the cluster this machine is in (auto), or a remote "
-        "one (ray://HOST:PORT, HOST:PORT); put it after SECONDS and WORKERS",
+        "machine (local, the default; $RAY_ADDRESS's cluster when it is set), the cluster "
+        "this machine is in (auto), or a remote one (ray://HOST:PORT, HOST:PORT); put it "
+        "after SECONDS and WORKERS",
     )
     parser.add_argument(
         "--replay",
@@ -176,12 +190,12 @@ def _plain(
     ]
     counts = [str(seconds), *([] if workers is None else [str(workers)])]
     progress = Progress.for_stderr("[fuzz]")
+    every = 1 if progress.is_bar else PLAIN_EVERY_S
+    started = time.monotonic()
     # Its own session: Ctrl-C reaches us only, and we stop the script's whole process group.
     process = subprocess.Popen(
         ["bash", str(SCRIPT), *options, *counts], cwd=SOURCE_ROOT, start_new_session=True
     )
-    started = time.monotonic()
-    every = 1 if progress.is_bar else PLAIN_EVERY_S
     try:
         while True:
             try:

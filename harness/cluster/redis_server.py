@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 START_TIMEOUT_S = 10.0
 
@@ -20,9 +21,22 @@ class RedisServerError(RuntimeError):
     """No ``redis-server`` to start, or one that did not answer."""
 
 
+@dataclass(frozen=True)
+class LoopbackRedis:
+    """A running ``redis-server``: its URL (``redis://127.0.0.1:P/0``) and its process."""
+
+    url: str
+    process: "subprocess.Popen[bytes]"
+
+    def kill(self) -> None:
+        """Kill it (SIGKILL), as a crash or the OOM killer would; returns once it is gone."""
+        self.process.kill()
+        self.process.wait()
+
+
 @contextlib.contextmanager
-def loopback_redis() -> Iterator[str]:
-    """Start ``redis-server`` on a free loopback port; yields its URL (``redis://127.0.0.1:P/0``)."""
+def loopback_redis() -> Iterator[LoopbackRedis]:
+    """Start ``redis-server`` on a free loopback port, stopped when the block ends."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RedisServerError("no redis-server on PATH (Debian: apt-get install redis-server)")
@@ -37,7 +51,7 @@ def loopback_redis() -> Iterator[str]:
         )
         try:
             _wait_for(port, server, log)
-            yield f"redis://127.0.0.1:{port}/0"
+            yield LoopbackRedis(f"redis://127.0.0.1:{port}/0", server)
         finally:
             server.terminate()
             try:

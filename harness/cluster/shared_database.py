@@ -7,14 +7,21 @@ Redis, and the machine that found it keeps its own copy. Hypothesis' database fo
 changed in 6.124.0: the first user of a Redis database records its Hypothesis version
 there, and a user on another version is refused before it runs anything.
 
+Redis lost mid-run (stopped, unreachable) ends nothing: each pytest process goes on with its
+local database alone (:class:`RedisWhileReachable`), and the launchers say so in one line
+(:func:`watch` for ``scripts/fuzz.sh``, the Ray driver through its tally).
+
 ``tests/conftest.py`` builds the ``fuzz`` profiles' databases here from the environment a
 fuzz worker sets (``PAGEDKV_FUZZ_DATABASE``, ``PAGEDKV_FUZZ_LOCAL_DB``); the launchers
 (``scripts/fuzz.sh``, ``pagedkv fuzz``, each Ray worker) call :func:`connect` first.
 """
 
+import os
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit
 
 import hypothesis
 from hypothesis.database import (
@@ -27,6 +34,8 @@ from hypothesis.database import (
 if TYPE_CHECKING:
     from redis import Redis
 
+T = TypeVar("T")
+
 LOCAL_DATABASE = ".hypothesis/fuzz-db"
 SHARED_ENV = "PAGEDKV_FUZZ_DATABASE"  # redis://HOST:PORT/N
 LOCAL_ENV = "PAGEDKV_FUZZ_LOCAL_DB"  # a directory; LOCAL_DATABASE when unset
@@ -36,9 +45,16 @@ READ_TIMEOUT_S = 30.0
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
+WATCH_EVERY_S = 1.0
+
+
 class SharedDatabaseError(ValueError):
     """A shared database that cannot be used: not a Redis URL, unreachable, or holding the
     examples of another Hypothesis version."""
+
+
+class UnreachableDatabaseError(SharedDatabaseError):
+    """A Redis that does not answer (a worker that starts after it was lost goes on without)."""
 
 
 def redis_client(url: str) -> "Redis":
@@ -47,6 +63,13 @@ def redis_client(url: str) -> "Redis":
 
     if not url.startswith(URL_SCHEMES):
         raise SharedDatabaseError(f"the database must be a redis://HOST:PORT/N URL, got {url!r}")
+    # redis-py reads the N of /N as a number, or as 0 when it is not one (/x, silently).
+    number = urlsplit(url).path.strip("/") if url.startswith(URL_SCHEMES[:2]) else ""
+    if not number.isdigit() and number != "":
+        raise SharedDatabaseError(
+            f"the database number in {url!r} must be an integer >= 0 (redis://HOST:PORT/N), "
+            f"got {number!r}"
+        )
     try:
         return Redis.from_url(
             url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=READ_TIMEOUT_S
@@ -66,7 +89,7 @@ def connect(url: str) -> "Redis":
         client.set(VERSION_KEY, ours, nx=True)
         stored = client.get(VERSION_KEY)
     except RedisError as error:
-        raise SharedDatabaseError(f"cannot reach Redis at {url}: {error}") from None
+        raise UnreachableDatabaseError(f"cannot reach Redis at {url}: {error}") from None
     theirs = stored.decode() if isinstance(stored, bytes) else str(stored)
     if theirs != ours:
         raise SharedDatabaseError(
@@ -90,15 +113,95 @@ def fuzz_database(environ: Mapping[str, str], read_only: bool = False) -> Exampl
     url = environ.get(SHARED_ENV)
     if not url:
         return local
-    from hypothesis.extra.redis import RedisExampleDatabase  # noqa: PLC0415
-
-    shared: ExampleDatabase = RedisExampleDatabase(redis_client(url))
+    shared: ExampleDatabase = RedisWhileReachable(url, local_database(environ))
     return MultiplexedDatabase(local, ReadOnlyDatabase(shared) if read_only else shared)
+
+
+class RedisWhileReachable(ExampleDatabase):
+    """Hypothesis' ``RedisExampleDatabase`` until a call to Redis fails; from then on, for
+    the rest of the process, empty and keeping nothing, so that the local database it is
+    layered under (``fuzz_database``) carries on alone. The loss is one line on stderr.
+
+    Without it a lost Redis ended a pytest process with redis' ``ConnectionError``, and a
+    failure found then was reported as that error instead of its falsifying example."""
+
+    def __init__(self, url: str, local: str) -> None:
+        from hypothesis.extra.redis import RedisExampleDatabase  # noqa: PLC0415
+
+        super().__init__()
+        self._url = url
+        self._local = local
+        self._redis: ExampleDatabase | None = RedisExampleDatabase(redis_client(url))
+        self._started = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"RedisWhileReachable({self._url!r})"
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        # Read whole before yielding: a connection lost half-way yields nothing from Redis.
+        values = self._call(lambda redis: list(redis.fetch(key)))
+        yield from values or []
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self._call(lambda redis: redis.save(key, value))
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self._call(lambda redis: redis.delete(key, value))
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self._call(lambda redis: redis.move(src, dest, value))
+
+    def _call(self, call: Callable[[ExampleDatabase], T]) -> T | None:
+        from redis.exceptions import RedisError  # noqa: PLC0415
+
+        if self._redis is None:
+            return None
+        try:
+            return call(self._redis)
+        except (RedisError, OSError) as error:
+            self._redis = None
+            seconds = int(time.monotonic() - self._started)
+            print(f"fuzz: {lost_line(self._url, seconds, error, self._local)}", file=sys.stderr)
+            return None
+
+
+def lost_line(url: str, seconds: int, error: object, local: str) -> str:
+    """What every launcher says when Redis stops answering ``seconds`` into a run."""
+    return (
+        f"{url}: connection lost at {seconds} s ({error}); going on with the local database {local}"
+    )
+
+
+def watch(url: str, started: float) -> str:
+    """Ask the Redis at ``url`` every ``WATCH_EVERY_S`` whether it answers, until it does not
+    (the line saying so, timed from ``started``, a ``time.time()``) or this process's
+    parent has gone (``""``)."""
+    from redis.exceptions import RedisError  # noqa: PLC0415
+
+    client = redis_client(url)
+    parent = os.getppid()
+    while os.getppid() == parent:  # an orphaned watcher stops by itself
+        try:
+            client.ping()
+        except (RedisError, OSError) as error:
+            seconds = int(time.time() - started)
+            return lost_line(url, seconds, error, local_database(os.environ))
+        time.sleep(WATCH_EVERY_S)
+    return ""
 
 
 def main(argv: list[str]) -> int:
     """``python -m harness.cluster.shared_database URL``: check the database as every
-    launcher does (``scripts/fuzz.sh --database``); one line and exit 2 when unusable."""
+    launcher does (``scripts/fuzz.sh --database``); one line and exit 2 when unusable.
+    ``... --watch URL STARTED``: ``scripts/fuzz.sh``'s watcher, one line if Redis is lost
+    (STARTED: the run's start, in seconds since the epoch)."""
+    if argv[:1] == ["--watch"]:
+        try:
+            if lost := watch(argv[1], float(argv[2])):
+                print(f"fuzz: {lost}", file=sys.stderr)
+        except KeyboardInterrupt:  # Ctrl-C at a terminal reaches the script's whole group
+            return 130
+        return 0
     try:
         connect(argv[0])
     except SharedDatabaseError as error:

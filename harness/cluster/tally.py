@@ -13,10 +13,11 @@ import json
 import secrets
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.client import Pipeline
 
 RUNS = "pagedkv:fuzz:runs"  # sorted set: run id -> start time
 HEARTBEAT_S = 15  # a worker silent this long is not counted alive (it beats every second)
@@ -62,17 +63,27 @@ class RunTotals:
         )
 
 
+class TallyLostError(RuntimeError):
+    """Redis stopped answering: the run's tally there is out of reach from now on."""
+
+
 class RunTally:
-    """The Redis keys of one run, and the operations its driver and workers make on them."""
+    """The Redis keys of one run, and the operations its driver and workers make on them.
+
+    Losing Redis ends nothing: the first call that fails records why in ``lost``, and from
+    then on every write does nothing and every read raises ``TallyLostError`` (each worker
+    still counts its own cases and steps, and reports them to the driver at its end)."""
 
     def __init__(self, redis: "Redis", run_id: str) -> None:
         self._redis = redis
         self.run_id = run_id
         self._key = f"pagedkv:fuzz:run:{run_id}"
+        self.lost: str | None = None  # redis' error, once a call has failed
 
     @classmethod
     def start(cls, redis: "Redis", target: str, workers: int, seconds: int) -> "RunTally":
-        """A new run's tally, listed first by ``--status`` from now on."""
+        """A new run's tally, listed first by ``--status`` from now on (``TallyLostError``
+        if Redis does not answer)."""
         now = time.time()
         run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + secrets.token_hex(2)
         tally = cls(redis, run_id)
@@ -80,52 +91,69 @@ class RunTally:
         pipe = redis.pipeline()
         pipe.hset(tally._key, mapping={**meta, "state": "running"})  # type: ignore[dict-item]
         pipe.zadd(RUNS, {run_id: now})
-        pipe.execute()
-        tally._keep()
+        tally._keep(pipe)
+        tally._read(pipe)
         return tally
+
+    def answers(self) -> bool:
+        """Whether Redis answers (a PING); once it has not, it never does again."""
+        pipe = self._redis.pipeline()
+        pipe.ping()
+        return self._write(pipe) is not None
 
     def beat(self, worker: str) -> None:
         """``worker`` is alive (for the next ``HEARTBEAT_S`` seconds)."""
         pipe = self._redis.pipeline()
         pipe.sadd(f"{self._key}:workers", worker)
         pipe.set(f"{self._key}:alive:{worker}", 1, ex=HEARTBEAT_S)
-        pipe.execute()
+        self._write(pipe)
 
     def gone(self, worker: str) -> None:
         """``worker`` has stopped (at the deadline, on a failure, or interrupted)."""
-        self._redis.delete(f"{self._key}:alive:{worker}")
+        pipe = self._redis.pipeline()
+        pipe.delete(f"{self._key}:alive:{worker}")
+        self._write(pipe)
 
     def add(self, cases: int, steps: int) -> None:
         """Count ``cases`` more test cases and ``steps`` more steps."""
         pipe = self._redis.pipeline()
         pipe.hincrby(self._key, "cases", cases)
         pipe.hincrby(self._key, "steps", steps)
-        pipe.execute()
+        self._write(pipe)
 
     def failed(self, failure: Failure) -> None:
         """Record a failure a worker found."""
         pipe = self._redis.pipeline()
         pipe.rpush(f"{self._key}:failures", json.dumps(asdict(failure)))
         pipe.hincrby(self._key, "failures", 1)
-        pipe.execute()
+        self._write(pipe)
 
     def died(self, worker: str) -> None:
         """Count ``worker`` as dead: it stopped before the deadline without a failure."""
         pipe = self._redis.pipeline()
         pipe.hincrby(self._key, "died", 1)
         pipe.delete(f"{self._key}:alive:{worker}")
-        pipe.execute()
+        self._write(pipe)
 
     def finish(self, state: str) -> None:
         """The run is over (``finished`` or ``interrupted``)."""
-        self._redis.hset(self._key, "state", state)
-        self._keep()
+        pipe = self._redis.pipeline()
+        pipe.hset(self._key, "state", state)
+        self._keep(pipe)
+        self._write(pipe)
 
     def totals(self) -> RunTotals:
         """The run's numbers now."""
-        fields = {_text(key): _text(value) for key, value in self._redis.hgetall(self._key).items()}
-        workers = [_text(worker) for worker in self._redis.smembers(f"{self._key}:workers")]
-        alive = sum(int(self._redis.exists(f"{self._key}:alive:{worker}")) for worker in workers)
+        pipe = self._redis.pipeline()
+        pipe.hgetall(self._key)
+        pipe.smembers(f"{self._key}:workers")
+        stored, members = self._read(pipe)
+        workers = sorted(_text(worker) for worker in members)
+        pipe = self._redis.pipeline()
+        for worker in workers:
+            pipe.exists(f"{self._key}:alive:{worker}")
+        alive = sum(self._read(pipe)) if workers else 0
+        fields = {_text(key): _text(value) for key, value in stored.items()}
         return RunTotals(
             run_id=self.run_id,
             target=fields.get("target", "?"),
@@ -142,15 +170,32 @@ class RunTally:
 
     def failures(self) -> list[Failure]:
         """The failures found so far, in the order they were recorded."""
-        records = self._redis.lrange(f"{self._key}:failures", 0, -1)
+        pipe = self._redis.pipeline()
+        pipe.lrange(f"{self._key}:failures", 0, -1)
+        (records,) = self._read(pipe)
         return [Failure(**json.loads(record)) for record in records]
 
-    def _keep(self) -> None:
-        pipe = self._redis.pipeline()
+    def _keep(self, pipe: "Pipeline") -> None:
         for suffix in ("", ":workers", ":failures"):
             pipe.expire(self._key + suffix, KEEP_S)
         pipe.zremrangebyscore(RUNS, 0, time.time() - KEEP_S)
-        pipe.execute()
+
+    def _write(self, pipe: "Pipeline") -> list[Any] | None:
+        """Run ``pipe``'s commands; None once Redis is lost (``lost`` says why)."""
+        from redis.exceptions import RedisError  # noqa: PLC0415
+
+        if self.lost is not None:
+            return None
+        try:
+            return pipe.execute()
+        except (RedisError, OSError) as error:
+            self.lost = str(error) or type(error).__name__
+            return None
+
+    def _read(self, pipe: "Pipeline") -> list[Any]:
+        if (replies := self._write(pipe)) is None:
+            raise TallyLostError(f"Redis stopped answering: {self.lost}")
+        return replies
 
 
 def recent_runs(redis: "Redis", count: int) -> list[RunTally]:

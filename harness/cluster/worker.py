@@ -4,9 +4,10 @@ Until the deadline it runs pytest on a fuzz target of a source checkout, under t
 profile, again and again, the example database shared through Redis
 (``harness.cluster.shared_database``). Each second it adds what its pytest process has
 tallied (``tests/support/fuzz_targets.py`` writes ``<pid>.txt`` every 10 test cases) to
-the run's tally in Redis and renews its heartbeat there. A failure stops it, recorded with
-its shrunk steps; a pytest process that ends any other way before the deadline (killed,
-an internal error) counts it as dead, with the reason. At the deadline, as in fuzz.sh,
+the run's tally in Redis and renews its heartbeat there (Redis lost, it goes on without,
+counting for its report alone). A failure stops it, recorded with its shrunk steps; a
+pytest process that ends any other way before the deadline (killed, an internal error)
+counts it as dead, with the reason. At the deadline, as in fuzz.sh,
 pytest gets SIGINT (it stops cleanly and writes its tally) and SIGKILL a minute later.
 Should the worker itself be killed, Ray kills its process group, pytest with it (within a
 second, Ray 2.60; ``tests/cluster/test_fuzz_cluster_cli.py`` checks it).
@@ -27,7 +28,14 @@ from pathlib import Path
 from typing import IO
 
 from harness.cluster.failures import failed_tests, shrunk_steps
-from harness.cluster.shared_database import LOCAL_DATABASE, LOCAL_ENV, SHARED_ENV, connect
+from harness.cluster.shared_database import (
+    LOCAL_DATABASE,
+    LOCAL_ENV,
+    SHARED_ENV,
+    UnreachableDatabaseError,
+    connect,
+    redis_client,
+)
 from harness.cluster.tally import Failure, RunTally
 
 POLL_S = 1.0
@@ -101,7 +109,11 @@ class _Worker:
     def __init__(self, job: FuzzJob, name: str) -> None:
         self.job = job
         self.name = name
-        self.tally = RunTally(connect(job.database), job.run_id)
+        try:
+            redis = connect(job.database)
+        except UnreachableDatabaseError:  # lost before this worker started: it goes on without
+            redis = redis_client(job.database)
+        self.tally = RunTally(redis, job.run_id)
         self.logs = Path(job.source_root) / job.logs
         self._tally_dir = self.logs / f"tally-{name}"
         self._processes = 0

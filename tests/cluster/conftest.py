@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.cluster.ray_run import LOOPBACK_ONLY
-from harness.cluster.redis_server import loopback_redis
+from harness.cluster.redis_server import LoopbackRedis, loopback_redis
 
 # Ray reads this when first imported, which may be in any test of this process: set now.
 os.environ.update(LOOPBACK_ONLY)
@@ -30,12 +30,18 @@ def require(present: bool, missing: str) -> None:
 
 
 @pytest.fixture
-def redis_url() -> Iterator[str]:
-    """A fresh ``redis-server`` on 127.0.0.1, stopped after the test."""
+def redis_server() -> Iterator[LoopbackRedis]:
+    """A fresh ``redis-server`` on 127.0.0.1, stopped after the test (or killed by it)."""
     require(shutil.which("redis-server") is not None, "no redis-server on this machine")
     require(importlib.util.find_spec("redis") is not None, "no redis package (the 'cluster' extra)")
-    with loopback_redis() as url:
-        yield url
+    with loopback_redis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: LoopbackRedis) -> str:
+    """The URL of ``redis_server``: database 0."""
+    return redis_server.url
 
 
 @pytest.fixture

@@ -17,12 +17,13 @@ import pytest
 from harness.cli.fuzz import main
 from harness.cluster.shared_database import LOCAL_ENV, VERSION_KEY, connect, redis_client
 from harness.cluster.tally import RUNS, RunTotals, recent_runs
+from tests.support.processes import ctrl_c, in_sessions, own_session
 
 if TYPE_CHECKING:
     from redis import Redis
 
 ROOT = Path(__file__).resolve().parents[2]
-CONSOLE_SCRIPT = Path(sys.executable).parent / "pagedkv"
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "pagedkv")
 STARTUP_S = 180  # a local Ray cluster and two pytest processes, on a loaded 2-core machine
 
 
@@ -30,14 +31,10 @@ def test_a_run_shows_its_tally_counts_a_killed_worker_dead_and_ctrl_c_stops_ever
     redis_url: str, ray_installed: None
 ) -> None:
     options = ["--workers", "2", "--seconds", "600", "--database", redis_url]
-    driver = subprocess.Popen(
-        [CONSOLE_SCRIPT, "fuzz", "--ray", *options],
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # Ctrl-C reaches a terminal's whole foreground group
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    try:
+    command = [CONSOLE_SCRIPT, "fuzz", "--ray", *options]
+    # Its own session: Ray's processes and the workers' pytest stay in it, told apart from
+    # any other run's; Ctrl-C reaches a terminal's whole foreground group.
+    with own_session(command, {**os.environ, "OMP_NUM_THREADS": "1"}) as driver:
         redis = connect(redis_url)
         running = _wait_for(redis, lambda t: t.alive == 2 and _both_fuzzing(t.run_id))
         assert running.target == "allocator"
@@ -46,18 +43,13 @@ def test_a_run_shows_its_tally_counts_a_killed_worker_dead_and_ctrl_c_stops_ever
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.startswith(f"run {running.run_id} (allocator, running): 2 of 2 ")
 
-        killed = _fuzz_processes(redis_url)[0]
+        killed = _fuzz_processes(driver.pid)[0]
         os.kill(_parent(killed), signal.SIGKILL)  # its Ray worker: as the OOM killer would
         dead = _wait_for(redis, lambda t: t.died == 1)
         assert dead.alive == 1
         _wait_gone(killed)  # it died with its worker, not left to fuzz on
 
-        os.killpg(driver.pid, signal.SIGINT)
-        _, err = driver.communicate(timeout=120)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait()
+        err = ctrl_c(driver, timeout_s=120)
     assert driver.returncode == 130, err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
@@ -67,7 +59,7 @@ def test_a_run_shows_its_tally_counts_a_killed_worker_dead_and_ctrl_c_stops_ever
     assert (ended.state, ended.alive, ended.died) == ("interrupted", 0, 1)
     assert f"{ended.cases:,} test cases, {ended.steps:,} steps" in lines[-1]
     time.sleep(1)
-    assert _fuzz_processes(redis_url) == []
+    assert _fuzz_processes(driver.pid) == []
     # The survivor's pytest took the interrupt and stopped cleanly (a Ray worker blocks
     # SIGINT, and pytest would inherit that), rather than being killed STOP_S later.
     logs = (ROOT / ".hypothesis" / "fuzz-logs" / ended.run_id).glob("worker-*.log")
@@ -198,18 +190,9 @@ def _both_fuzzing(run_id: str) -> bool:
     return all(any((tallies / f"tally-w{n}").glob("*.txt")) for n in (1, 2))
 
 
-def _fuzz_processes(database: str) -> list[int]:
-    """The pytest processes fuzzing for ``database`` (from /proc)."""
-    found = []
-    for process in Path("/proc").glob("[0-9]*"):
-        try:
-            environ = (process / "environ").read_bytes().split(b"\0")
-            cmdline = (process / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"pytest" in cmdline and f"PAGEDKV_FUZZ_DATABASE={database}".encode() in environ:
-            found.append(int(process.name))
-    return sorted(found)
+def _fuzz_processes(session: int) -> list[int]:
+    """The pytest processes of ``session`` (the driver's), never another run's."""
+    return sorted(process.pid for process in in_sessions({session}) if "pytest" in process.command)
 
 
 def _parent(pid: int) -> int:

@@ -5,6 +5,9 @@ replays it from Redis without searching; the tally in Redis is the sum of what e
 worker counted. The cluster listens on loopback only, and is stopped at the end.
 """
 
+import os
+import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +21,13 @@ from harness.cluster.replay import replay
 from harness.cluster.shared_database import LOCAL_ENV, connect
 from harness.cluster.tally import RunTally
 from harness.cluster.worker import FuzzJob
+from tests.support.processes import ctrl_c, left_after, own_session, wait_for_command
 
 ROOT = Path(__file__).resolve().parents[2]
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "pagedkv")
+STARTUP_S = 180  # a local Ray cluster, on a loaded 2-core machine
+# Ray's agents (children of the raylet) lived ~65 s after a Ctrl-C that cut ray.init short.
+STOPPED_S = 30
 PLANTED = "tests/cluster/planted_fuzz_target.py"
 PLANTED_TEST = f"{PLANTED}::TestFuzzLeaksOneBlockOnRelease::runTest"
 SECONDS = 150  # the bound; the bug is found within the first test cases
@@ -99,3 +107,36 @@ def test_one_worker_finds_a_planted_bug_another_run_replays_it_from_redis_and_th
     empty_redis = redis_url.removesuffix("/0") + "/1"
     nothing = replay(ROOT, PLANTED, {}, empty_redis, str(tmp_path / "empty-db"))
     assert (nothing.status, nothing.failed) == (0, []), nothing.output
+
+
+@pytest.mark.parametrize("ray", [["--ray"], ["--ray", "auto"]], ids=["local", "auto"])
+def test_a_ray_address_in_the_environment_that_answers_nothing_is_one_line(
+    ray: list[str],
+    redis_url: str,
+    ray_installed: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("RAY_ADDRESS", nowhere)
+    assert harness.cli.fuzz.main([*ray, "--database", redis_url]) == 2
+    err = capsys.readouterr().err
+    said = f"pagedkv fuzz: error: cannot reach the Ray cluster at {nowhere} (RAY_ADDRESS): "
+    assert err.startswith(said) and err.count("\n") == 1, err
+
+
+def test_ctrl_c_while_ray_starts_leaves_no_process_of_the_run(
+    redis_url: str, ray_installed: None
+) -> None:
+    command = [CONSOLE_SCRIPT, "fuzz", "--ray", "--workers", "1", "--database", redis_url]
+    # In its own session: everything Ray starts for it stays there.
+    with own_session(command, {**os.environ, "OMP_NUM_THREADS": "1"}) as driver:
+        # Ray is half-way: the raylet has started its agents, ray.init has not returned.
+        wait_for_command({driver.pid}, "Agent", STARTUP_S)
+        err = ctrl_c(driver, timeout_s=STARTUP_S)
+    assert driver.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("pagedkv fuzz: interrupted")
+    assert left_after({driver.pid}, STOPPED_S) == []

@@ -4,10 +4,7 @@ fuzzing, with their options and exit codes."""
 import contextlib
 import importlib
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +13,17 @@ import harness.bench.fragmentation
 import harness.cli.fuzz
 from harness.cli.main import main as harness_main
 from harness.cli.pagedkv import BENCHMARKS, main
+from harness.cluster.shared_database import LOCAL_ENV
+from tests.support.processes import (
+    child_session,
+    ctrl_c,
+    left_after,
+    own_session,
+    wait_for_command,
+)
 
-CONSOLE_SCRIPT = Path(sys.executable).parent / "pagedkv"
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "pagedkv")
+STARTUP_S = 60  # the console script, then the script's first pytest, on a loaded machine
 
 
 def test_help_at_the_top_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,15 +104,11 @@ def test_fuzz_outside_a_source_checkout_says_so(
 
 
 def test_fuzz_runs_the_script_and_ctrl_c_stops_it_in_one_line() -> None:
-    process = subprocess.Popen(
-        [CONSOLE_SCRIPT, "fuzz", "120", "1"],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    time.sleep(3)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
+    command = [CONSOLE_SCRIPT, "fuzz", "120", "1"]
+    with own_session(command, {**os.environ, "OMP_NUM_THREADS": "1"}) as process:
+        script = child_session(process.pid, STARTUP_S)  # scripts/fuzz.sh opens its own
+        wait_for_command({script}, "pytest", STARTUP_S)
+        err = ctrl_c(process, timeout_s=120)
     assert process.returncode == 130, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
@@ -115,18 +117,14 @@ def test_fuzz_runs_the_script_and_ctrl_c_stops_it_in_one_line() -> None:
         " of 120 s; logs kept in .hypothesis/fuzz-logs/, failing cases found "
         "so far in .hypothesis/fuzz-db"
     )
-    time.sleep(1)  # the stopped workers' last exit
-    assert _fuzz_workers_in(harness.cli.fuzz.SOURCE_ROOT) == []
+    # Only what this test started: another fuzz run in the same checkout is none of its business.
+    assert left_after({process.pid, script}, timeout_s=1) == []
 
 
-def _fuzz_workers_in(root: Path) -> list[int]:
-    """Processes running the fuzz targets with ``root`` as their directory (from /proc)."""
-    found = []
-    for process in Path("/proc").glob("[0-9]*"):
-        try:
-            running = b"fuzz_targets.py" in (process / "cmdline").read_bytes()
-            if running and (process / "cwd").resolve() == root:
-                found.append(int(process.name))
-        except OSError:
-            continue
-    return found
+def test_ctrl_c_during_a_replay_is_one_line_and_leaves_nothing_running(tmp_path: Path) -> None:
+    environment = {**os.environ, LOCAL_ENV: str(tmp_path), "OMP_NUM_THREADS": "1"}
+    with own_session([CONSOLE_SCRIPT, "fuzz", "--replay"], environment) as process:
+        wait_for_command({process.pid}, "pytest", STARTUP_S)  # the replay's, in its session
+        err = ctrl_c(process, timeout_s=120)  # reaching the replay's pytest too
+    assert (process.returncode, err) == (130, "pagedkv fuzz: interrupted\n")
+    assert left_after({process.pid}, timeout_s=5) == []
