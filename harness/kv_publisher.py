@@ -210,7 +210,7 @@ class KVEventStream(KVEventLog):
         for batch in batches:
             self.publisher.publish(batch.events)
 
-    def close(self) -> None:
-        """Publish the last step's events and close the publisher."""
+    def close(self) -> int:
+        """Publish the last step's events and close the publisher; the batches it dropped."""
         self.flush()
-        self.publisher.close()
+        return self.publisher.close()
