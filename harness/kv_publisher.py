@@ -210,7 +210,8 @@ class KVEventStream(KVEventLog):
         for batch in batches:
             self.publisher.publish(batch.events)
 
-    def close(self) -> int:
-        """Publish the last step's events and close the publisher; the batches it dropped."""
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> int:
+        """Publish the last step's events and close the publisher (``timeout_s``: its
+        ``close``'s); the batches it dropped."""
         self.flush()
-        return self.publisher.close()
+        return self.publisher.close(timeout_s)

@@ -104,19 +104,18 @@ def open_event_stream(
     return KVEventStream(publisher)
 
 
-def close_event_stream(stream: KVEventStream, target: ZmqTarget) -> str:
-    """Publish the last step's events and close; the line that says what went out (every
-    batch sent: the opening ``AllBlocksCleared``, device and host events) and what did
-    not (what closing dropped after waiting ``CLOSE_TIMEOUT_S``)."""
-    dropped = stream.close()
+def close_event_stream(
+    stream: KVEventStream, target: ZmqTarget, timeout_s: float = CLOSE_TIMEOUT_S
+) -> str:
+    """Publish the last step's events and close, sending what is queued for up to
+    ``timeout_s``; the line that says what went out (every batch sent: the opening
+    ``AllBlocksCleared``, device and host events) and what closing dropped."""
+    dropped = stream.close(timeout_s)
     publisher = stream.publisher
     sent = f"{publisher.sent_events} KV cache events in {publisher.sent_batches} batches"
     if not dropped:
         return f"published {sent} at {target}"
-    return (
-        f"published {sent} at {target}; {dropped} batches not sent "
-        f"(still queued {CLOSE_TIMEOUT_S:g} s after the run)"
-    )
+    return f"published {sent} at {target}; {dropped} batches not sent within {timeout_s:g} s"
 
 
 def add_event_options(parser: argparse.ArgumentParser) -> None:

@@ -53,6 +53,14 @@ class Wire(NamedTuple):
     port: int
 
 
+class SlowWire(ZmqEventPublisher):
+    """A publisher whose wire takes 20 ms a batch."""
+
+    def send(self, seq: int, payload: bytes) -> None:
+        time.sleep(0.02)
+        super().send(seq, payload)
+
+
 @contextmanager
 def open_wire(publisher_class: type[ZmqEventPublisher] = ZmqEventPublisher) -> Iterator[Wire]:
     """A ``publisher_class`` at a free loopback port pair, encoding for blocks of 4 tokens

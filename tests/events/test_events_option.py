@@ -17,7 +17,9 @@ from harness.cli.events_target import (
     parse_events_target,
 )
 from harness.cli.main import main
-from tests.events.loopback import free_port_pair, receive, wait_for
+from harness.kv_publisher import KVEventStream
+from spec.event_stream import KeyRemoved
+from tests.events.loopback import SlowWire, free_port_pair, open_wire, receive, wait_for
 from tests.support.harness_cases import save_model_directory, tiny_model
 
 
@@ -139,6 +141,20 @@ def test_an_ipv6_target_binds_and_a_subscriber_on_ipv6_loopback_receives_the_str
         subscriber.close(linger=0)
     assert msgspec.msgpack.decode(frames[2])[1] == [{"type": "AllBlocksCleared"}]
     assert summary == f"published 1 KV cache events in 1 batches at zmq://[::1]:{port}"
+
+
+def test_the_summary_says_how_many_batches_closing_dropped() -> None:
+    with open_wire(SlowWire) as wire:
+        stream = KVEventStream(wire.publisher)  # the opening clear, then 50 more
+        for n in range(50):
+            wire.publisher.publish((KeyRemoved(0, "GPU", n),))
+        summary = close_event_stream(stream, ZmqTarget("127.0.0.1", wire.port), timeout_s=0.1)
+    sent = wire.publisher.sent_batches
+    assert summary == (
+        f"published {sent} KV cache events in {sent} batches at zmq://127.0.0.1:{wire.port}; "
+        f"{51 - sent} batches not sent within 0.1 s"
+    )
+    assert 51 - sent > 0
 
 
 def test_the_summary_counts_every_event_a_subscriber_received(

@@ -2,14 +2,12 @@
 subscriber in order, replay serves every batch its buffer holds, and ``close`` stops
 sending at its timeout and says how many batches it dropped (no time is asserted)."""
 
-import time
-
 import msgspec
 import zmq
 
-from harness.kv_publisher import END_SEQ, REPLAY_BATCHES, ZmqEventPublisher
+from harness.kv_publisher import END_SEQ, REPLAY_BATCHES
 from spec.event_stream import KeyStored
-from tests.events.loopback import open_wire, receive, wait_for
+from tests.events.loopback import SlowWire, open_wire, receive, wait_for
 
 
 def stored(n: int, tokens: int) -> tuple[KeyStored]:
@@ -58,14 +56,6 @@ def test_replay_serves_every_batch_its_buffer_holds_to_a_consumer_that_reads_lat
             dealer.close(linger=0)
     assert [int.from_bytes(r[2], "big") for r in replies[:-1]] == [b.seq for b in batches]
     assert replies[-1] == [b"", b"", END_SEQ, b""]
-
-
-class SlowWire(ZmqEventPublisher):
-    """A publisher whose wire takes 20 ms a batch."""
-
-    def send(self, seq: int, payload: bytes) -> None:
-        time.sleep(0.02)
-        super().send(seq, payload)
 
 
 def test_close_sends_until_its_timeout_then_drops_the_rest_and_says_how_many() -> None:
