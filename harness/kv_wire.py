@@ -26,17 +26,22 @@ WireFormat = Literal["vllm", "vllm-array"]
 WIRE_FORMATS: tuple[WireFormat, ...] = ("vllm", "vllm-array")
 
 
+# NOTE: tuples where vLLM has lists (both are msgpack arrays): a tuple of the spec's event
+# goes out as it is, and a constant one needs no allocation. Building the structs was
+# two-thirds of encoding a batch (33 us for 37 events, where vLLM encodes its own in 17).
+
+
 class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     """vLLM's ``BlockStored``, field for field (a map on the wire)."""
 
-    block_hashes: list[int]
+    block_hashes: tuple[int]
     parent_block_hash: int | None
-    token_ids: list[int]
+    token_ids: tuple[int, ...]
     block_size: int
     lora_id: int | None
     medium: str | None
     lora_name: str | None
-    extra_keys: list[tuple[str | bytes, ...] | None] | None = None
+    extra_keys: tuple[tuple[str | bytes] | None] | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
@@ -45,7 +50,7 @@ class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
 class BlockRemoved(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     """vLLM's ``BlockRemoved`` (a map on the wire)."""
 
-    block_hashes: list[int]
+    block_hashes: tuple[int]
     medium: str | None
     group_idx: int | None = None
 
@@ -78,13 +83,23 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 _ENCODER = msgspec.msgpack.Encoder()
+# vLLM's untagged extra keys of a block without a salt.
+_UNSALTED: tuple[None] = (None,)
 
 
 class WireEncoder:
     """Encodes a producer's batches for one pool: its block size and KV cache groups
     (``group_windows``: ``None`` full attention, W a sliding window), in one format."""
 
-    __slots__ = ("_array", "block_size", "group_windows", "wire_format")
+    __slots__ = (
+        "_cleared",
+        "_group_kinds",
+        "_removed",
+        "_stored",
+        "block_size",
+        "group_windows",
+        "wire_format",
+    )
 
     def __init__(
         self, block_size: int, group_windows: Sequence[int | None], wire_format: WireFormat
@@ -94,7 +109,14 @@ class WireEncoder:
         self.block_size = block_size
         self.group_windows = tuple(group_windows)
         self.wire_format = wire_format
-        self._array = wire_format == "vllm-array"
+        array = wire_format == "vllm-array"
+        self._stored = ArrayBlockStored if array else BlockStored
+        self._removed = ArrayBlockRemoved if array else BlockRemoved
+        self._cleared = ArrayAllBlocksCleared() if array else AllBlocksCleared()
+        self._group_kinds = tuple(
+            ("full_attention" if window is None else "sliding_window", window)
+            for window in self.group_windows
+        )
 
     def encode(self, batch: EventBatch, ts: float, data_parallel_rank: int = 0) -> bytes:
         """The payload of ``batch`` (its ``seq`` travels in a frame of its own)."""
@@ -103,25 +125,22 @@ class WireEncoder:
 
     def _wire_event(self, event: StreamEvent) -> WireEvent:
         if isinstance(event, KeyStored):
-            window, salt = self.group_windows[event.group], event.cache_salt
-            stored = ArrayBlockStored if self._array else BlockStored
-            return stored(
-                block_hashes=[event.block_hash],
-                parent_block_hash=event.parent_block_hash,
-                token_ids=list(event.token_ids),
-                block_size=self.block_size,
-                lora_id=None,
-                medium=event.medium,
-                lora_name=None,
+            kind, window = self._group_kinds[event.group]
+            salt = event.cache_salt
+            return self._stored(
+                (event.block_hash,),
+                event.parent_block_hash,
+                event.token_ids,
+                self.block_size,
+                None,  # lora_id
+                event.medium,
+                None,  # lora_name
                 # vLLM's untagged extra keys: the salt alone, on a first block only.
-                extra_keys=[None if salt is None else (salt_extra_key(salt),)],
-                group_idx=event.group,
-                kv_cache_spec_kind="full_attention" if window is None else "sliding_window",
-                kv_cache_spec_sliding_window=window,
+                _UNSALTED if salt is None else ((salt_extra_key(salt),),),
+                event.group,
+                kind,
+                window,
             )
         if isinstance(event, KeyRemoved):
-            removed = ArrayBlockRemoved if self._array else BlockRemoved
-            return removed(
-                block_hashes=[event.block_hash], medium=event.medium, group_idx=event.group
-            )
-        return ArrayAllBlocksCleared() if self._array else AllBlocksCleared()
+            return self._removed((event.block_hash,), event.medium, event.group)
+        return self._cleared

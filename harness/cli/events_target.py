@@ -1,18 +1,22 @@
 """``--events``: where the run's KV cache events go. A path writes them as JSON lines
 (``harness.kv_events``) at the end; ``zmq://HOST:PORT`` publishes them while the run goes,
 in vLLM's wire format (``--events-format``), on a PUB socket bound at HOST:PORT with the
-replay socket at HOST:PORT+1, for a router such as Dynamo's indexer to subscribe to.
-The options themselves, the target, the publishing sink and the observer that makes it
-publish each step are here; the main command calls them."""
+replay socket at HOST:PORT+1, for a router such as Dynamo's indexer to subscribe to
+(HOST an IPv6 address in brackets, ``zmq://[::1]:5557``, binds too). A bare
+``HOST:PORT`` and another scheme are refused rather than taken for file names.
+The options themselves, the target, the publishing sink, the observer that makes it
+publish each step and the line that says what went out are here; the main command calls
+them."""
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.cli.output import check_writable
 from harness.cli.parsing import UsageError
 from harness.kv_events import KVEventLog
-from harness.kv_publisher import KVEventStream, ZmqEventPublisher
+from harness.kv_publisher import CLOSE_TIMEOUT_S, KVEventStream, ZmqEventPublisher
 from harness.kv_wire import WIRE_FORMATS, WireEncoder, WireFormat
 from harness.runtime.events import PoolEvent, PoolObserver
 from impl import KVCacheManager
@@ -21,6 +25,9 @@ SCHEME = "zmq://"
 # How long the command waits after binding for a router to subscribe before it publishes
 # (a router that connects later misses the first batches without knowing it).
 SUBSCRIBER_WAIT_S = 5.0
+# What a forgotten scheme looks like: a host name, an IPv4 address or a bracketed IPv6
+# one, a colon and a port.
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +54,25 @@ EventsTarget = Path | ZmqTarget
 
 def parse_events_target(text: str) -> EventsTarget:
     """``--events``'s value: ``zmq://HOST:PORT`` (PORT in 1..65534: PORT+1 is the replay
-    socket's), else a file path."""
+    socket's; an IPv6 HOST in brackets), else a file path that is neither ``HOST:PORT``
+    nor ``SCHEME://...``."""
     if not text.startswith(SCHEME):
+        if _HOST_PORT.fullmatch(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is an address, not a file: write zmq://{text} to publish there "
+                f"(./{text} for a file of that name)"
+            )
+        if "://" in text:
+            raise argparse.ArgumentTypeError(f"{text!r}: the one scheme is zmq://HOST:PORT")
         return Path(text)
     host, colon, port = text[len(SCHEME) :].rpartition(":")
     if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65534:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not zmq://HOST:PORT with PORT in 1..65534 (PORT+1 serves replay)"
+        )
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: an IPv6 address goes in brackets, zmq://[{host}]:{port}"
         )
     return ZmqTarget(host, int(port))
 
@@ -85,6 +104,20 @@ def open_event_stream(
     return KVEventStream(publisher)
 
 
+def close_event_stream(
+    stream: KVEventStream, target: ZmqTarget, timeout_s: float = CLOSE_TIMEOUT_S
+) -> str:
+    """Publish the last step's events and close, sending what is queued for up to
+    ``timeout_s``; the line that says what went out (every batch sent: the opening
+    ``AllBlocksCleared``, device and host events) and what closing dropped."""
+    dropped = stream.close(timeout_s)
+    publisher = stream.publisher
+    sent = f"{publisher.sent_events} KV cache events in {publisher.sent_batches} batches"
+    if not dropped:
+        return f"published {sent} at {target}"
+    return f"published {sent} at {target}; {dropped} batches not sent within {timeout_s:g} s"
+
+
 def add_event_options(parser: argparse.ArgumentParser) -> None:
     """The main command's ``--events`` and ``--events-format``."""
     parser.add_argument(
@@ -97,7 +130,8 @@ def add_event_options(parser: argparse.ArgumentParser) -> None:
         "BlockRemoved, AllBlocksCleared), step, block_id, group, and for BlockStored "
         "parent_block_id, token_ids (past the parent's key) and cache_salt; "
         "spec.replay_events rebuilds the cache from them. zmq://HOST:PORT: published while "
-        "the run goes, as vLLM publishes them (a ZeroMQ PUB socket bound at HOST:PORT, "
+        "the run goes, as vLLM publishes them (a ZeroMQ PUB socket bound at HOST:PORT, an "
+        "IPv6 HOST in brackets, "
         "frames (topic, 8-byte sequence number, msgpack batch), one batch per engine step, "
         "keys as block hashes; replay of missed batches at HOST:PORT+1), for a KV-aware "
         "router such as Dynamo's indexer to subscribe to; the run waits up to "

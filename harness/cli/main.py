@@ -25,6 +25,7 @@ from harness.cli.events_target import (
     ZmqTarget,
     add_event_options,
     check_events_target,
+    close_event_stream,
     open_event_stream,
     with_event_publisher,
 )
@@ -322,8 +323,7 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     # A file that cannot be written fails the command after the table, in one line.
     output_error = None if plot is None else _write_plot(report, plot, progress)
     if isinstance(kv_events, KVEventStream):
-        kv_events.close()
-        progress(f"published {len(kv_events.events)} KV cache events at {args.events}")
+        progress(close_event_stream(kv_events, args.events))
     elif kv_events is not None:
         output_error = _write_events(kv_events, args.events, progress) or output_error
     progress("done")

@@ -28,6 +28,7 @@ BENCHMARKS = {
     "allocator": ("harness.bench.allocator", "allocator throughput on a serving trace (no torch)"),
     "attention": ("harness.bench.attention", "ms per decode attention call, gather vs kernels"),
     "decode": ("harness.bench.decode", "decode tok/s and KV bytes, dense vs paged vs HF CB"),
+    "events": ("harness.bench.events", "KV event batches/s, our ZMQ publisher vs vLLM's"),
     "fragmentation": ("harness.bench.fragmentation", "the article's fragmentation figures"),
     "fuzz_cluster": ("harness.bench.fuzz_cluster", "fuzz steps/s/core, Ray + Redis vs fuzz.sh"),
     "host_prefix": ("harness.bench.host_prefix", "prefix hits a host tier adds (no torch)"),

@@ -6,11 +6,16 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
+import zmq
+
+from harness.kv_publisher import ZmqEventPublisher
+from harness.kv_wire import WireEncoder
 
 DYNAMO_PYTHON = Path(__file__).resolve().parents[2] / ".venv-dynamo" / "bin" / "python"
 T = TypeVar("T")
@@ -23,19 +28,69 @@ def require_dynamo() -> Path:
     return DYNAMO_PYTHON
 
 
-def free_port_pair() -> int:
-    """A loopback port whose successor is free too (a PUB socket and its replay)."""
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A loopback port whose successor is free too (a PUB socket and its replay); ``host``
+    ``"::1"`` for IPv6."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
+        with socket.socket(family) as probe:
+            probe.bind((host, 0))
             port = int(probe.getsockname()[1])
-        with socket.socket() as next_one:
+        with socket.socket(family) as next_one:
             try:
-                next_one.bind(("127.0.0.1", port + 1))
+                next_one.bind((host, port + 1))
             except OSError:
                 continue
         return port
     raise RuntimeError("no two consecutive free loopback ports")
+
+
+class Wire(NamedTuple):
+    """A publisher bound on loopback and a subscriber it waited for."""
+
+    publisher: ZmqEventPublisher
+    subscriber: "zmq.Socket[bytes]"
+    port: int
+
+
+class SlowWire(ZmqEventPublisher):
+    """A publisher whose wire takes 20 ms a batch."""
+
+    def send(self, seq: int, payload: bytes) -> None:
+        time.sleep(0.02)
+        super().send(seq, payload)
+
+
+@contextmanager
+def open_wire(publisher_class: type[ZmqEventPublisher] = ZmqEventPublisher) -> Iterator[Wire]:
+    """A ``publisher_class`` at a free loopback port pair, encoding for blocks of 4 tokens
+    in a full-attention and an 8-token-window group, once a subscriber subscribed; closed
+    after."""
+    port = free_port_pair()
+    subscriber: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    subscriber.setsockopt(zmq.SUBSCRIBE, b"")
+    subscriber.connect(f"tcp://127.0.0.1:{port}")
+    publisher = publisher_class(
+        f"tcp://127.0.0.1:{port}",
+        f"tcp://127.0.0.1:{port + 1}",
+        WireEncoder(4, (None, 8), "vllm"),
+        subscriber_wait_s=5,
+    )
+    assert publisher.subscribed
+    try:
+        yield Wire(publisher, subscriber, port)
+    finally:
+        publisher.close()
+        subscriber.close(linger=0)
+
+
+def receive(sock: "zmq.Socket[bytes]", count: int) -> list[list[bytes]]:
+    """The next ``count`` messages on ``sock``; ``AssertionError`` if one takes 5 s."""
+    frames: list[list[bytes]] = []
+    for _ in range(count):
+        assert sock.poll(5000), f"nothing arrived within 5 s after {len(frames)} of {count}"
+        frames.append(sock.recv_multipart())
+    return frames
 
 
 class Indexer:

@@ -3,7 +3,7 @@ both encodings, and travels as vLLM's ZeroMQ frames with replay."""
 
 import time
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import pytest
@@ -13,7 +13,7 @@ from harness.kv_publisher import END_SEQ, ZmqEventPublisher
 from harness.kv_wire import WireEncoder, WireFormat
 from spec.event_stream import EventBatch, KeyRemoved, KeyStored
 from spec.events import AllBlocksCleared
-from tests.events.loopback import free_port_pair
+from tests.events.loopback import Wire, open_wire, receive
 
 pytest.importorskip("vllm.distributed.kv_events", reason="needs vLLM (the conformance extra)")
 from vllm.distributed import kv_events
@@ -87,37 +87,10 @@ def test_the_two_encodings_differ_only_in_the_shape_of_each_event() -> None:
     assert as_array[1][0][1:] == [stored.get(name) for name in fields[: len(as_array[1][0]) - 1]]
 
 
-class Wire(NamedTuple):
-    publisher: ZmqEventPublisher
-    subscriber: "zmq.Socket[bytes]"
-    port: int
-
-
 @pytest.fixture
 def wire() -> Iterator[Wire]:
-    """A publisher on loopback and a subscriber it waited for."""
-    port = free_port_pair()
-    subscriber: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
-    subscriber.setsockopt(zmq.SUBSCRIBE, b"")
-    subscriber.connect(f"tcp://127.0.0.1:{port}")
-    publisher = ZmqEventPublisher(
-        f"tcp://127.0.0.1:{port}",
-        f"tcp://127.0.0.1:{port + 1}",
-        WireEncoder(4, (None, 8), "vllm"),
-        subscriber_wait_s=5,
-    )
-    assert publisher.subscribed
-    yield Wire(publisher, subscriber, port)
-    publisher.close()
-    subscriber.close(linger=0)
-
-
-def receive(sock: "zmq.Socket[bytes]", count: int) -> list[list[bytes]]:
-    frames = []
-    for _ in range(count):
-        assert sock.poll(5000), "nothing arrived within 5 s"
-        frames.append(sock.recv_multipart())
-    return frames
+    with open_wire() as opened:
+        yield opened
 
 
 def test_batches_go_out_as_topic_sequence_and_payload_frames_numbered_one_by_one(

@@ -10,6 +10,7 @@ import pytest
 from harness.bench import allocator as bench_allocator
 from harness.bench import api_cost as bench_api_cost
 from harness.bench import decode as bench_decode
+from harness.bench import events as bench_events
 from harness.bench import host_prefix as bench_host_prefix
 from harness.bench import preemption as bench_preemption
 from harness.bench import speculation as bench_speculation
@@ -157,6 +158,19 @@ def test_the_preemption_benchmark_swaps_on_the_tight_pool_and_recomputes_nothing
     swaps, recomputes = rows["| swap"][3].split(" / ")
     assert int(swaps) > 0 and recomputes == "0" and rows["| swap"][4] == "0"
     assert rows["| recompute"][3].startswith("0 / ") and int(rows["| recompute"][4]) > 0
+
+
+def test_the_events_benchmark_prints_both_batch_sets_for_the_three_publishers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("vllm.distributed.kv_events", reason="needs vLLM (the conformance extra)")
+    assert bench_events.main(["--batches", "30", "--repeats", "1", "--requests", "20"]) == 0
+    out, err = capsys.readouterr()
+    header, _, *rows = out.splitlines()[1:]
+    assert header.split(" | ")[1:4] == list(bench_events.METHODS)
+    assert [row.split(" | ")[0] for row in rows] == ["| empty", "| trace"]
+    assert all(float(cell.replace(",", "")) > 0 for row in rows for cell in row.split(" | ")[1:4])
+    assert "trace: vLLM 0.33 (building), round 1/1" in err
 
 
 # Issue 33, items 7 and 8: past the allocator's bounds each ended in a traceback (exit 1),
