@@ -46,10 +46,10 @@ from tests.support.planted_bugs import (
     SkipsSharedDecrement,
     StoresARefusedKey,
     SwapInForgetsTheOtherHolder,
-    WriteKeepsAKeptKey,
     TruncateKeepsTheCutBlocks,
     TruncateUnsharesTheLastBlock,
     TrustsHashOnWeakHash,
+    WriteKeepsAKeptKey,
 )
 
 # The fast configuration: pools of 1..3 blocks of 1..3 tokens, three request ids, token
