@@ -54,11 +54,21 @@ workers=${2:-$(nproc)}
 logs=.hypothesis/fuzz-logs/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$logs/tally"
 
+# The targets (test classes) of the fuzz file, in file order; each worker's run takes them
+# all, starting at a different one (``rotated N``: from target N mod their count on), so
+# every target is fuzzed from the first minutes, whatever the number of workers.
+mapfile -t targets < <(python -m pytest -q --collect-only -p no:cacheprovider "$fuzz_file" | grep '::')
+rotated() {
+    local start=$(($1 % ${#targets[@]}))
+    printf '%s\n' "${targets[@]:start}" "${targets[@]:0:start}"
+}
+
 fuzz_worker() {
     local worker=$1 deadline=$(($(date +%s) + seconds)) left status run=0
     while left=$((deadline - $(date +%s))); [ "$left" -gt 0 ]; do
         run=$((run + 1))
-        echo "== worker $worker run $run, ${left}s left" >>"$logs/worker-$worker.log"
+        echo "== worker $worker run $run, ${left}s left, from $(rotated $((worker + run)) | head -1)" \
+            >>"$logs/worker-$worker.log"
         status=0
         # No --hypothesis-seed: Hypothesis draws a fresh seed for each process, and a
         # forced seed would turn its example database off (no failure saved, none replayed).
@@ -69,7 +79,7 @@ fuzz_worker() {
         # (`pagedkv fuzz` does on Ctrl-C).
         PAGEDKV_FUZZ_TALLY="$logs/tally" HYPOTHESIS_PROFILE=fuzz \
             timeout --foreground -s INT -k 60 "$left" \
-            python -m pytest -q -x -p no:cacheprovider "$fuzz_file" \
+            python -m pytest -q -x -p no:cacheprovider $(rotated $((worker + run))) \
             >>"$logs/worker-$worker.log" 2>&1 || status=$?
         # 0: a run finished. 124, or 137 once the hard kill came: the deadline.
         if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$status" -ne 137 ]; then

@@ -52,7 +52,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "fuzz",
-    max_examples=20_000,
+    max_examples=2_000,
     stateful_step_count=100,
     deadline=None,
     print_blob=True,

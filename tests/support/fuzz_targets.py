@@ -3,8 +3,9 @@
 Not collected by a plain ``pytest`` run (the file name does not start with ``test_``):
 ``scripts/fuzz.sh`` and ``hypothesis fuzz`` name it explicitly. Its machines are those of
 ``tests/support/lockstep.py`` (on the real impl, and on it under a constantly colliding
-hash) and ``tests/support/host_lockstep.py`` (with a host tier); the only addition is a
-tally of test cases and steps. When
+hash) and ``tests/support/host_lockstep.py`` (with a host tier), and the metamorphic
+relations of ``tests/support/metamorphic.py`` and ``tests/support/stream_consumers.py``;
+the only addition is a tally of test cases and steps. When
 ``PAGEDKV_FUZZ_TALLY`` names a directory, each process keeps ``<pid>.txt`` there up to
 date (every 10 cases and at exit), so a fuzzing session can report how much it ran even
 when its worker processes are killed at the deadline (HypoFuzz's workers skip ``atexit``).
@@ -22,7 +23,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant
 
 from tests.support.host_lockstep import HostTierMachine, WindowedHostTierMachine
 from tests.support.lockstep import AllocatorMachine, WindowedAllocatorMachine
+from tests.support.metamorphic import (
+    ForkReleaseLeavesTheCache,
+    HostTierAddsHits,
+    LargerPoolKeepsHits,
+    ResetIsAFreshPool,
+    SaltNeverRaisesHits,
+)
 from tests.support.planted_bugs import WeakHashOnly
+from tests.support.stream_consumers import ConsumersMachine
 
 
 class Tally:
@@ -76,11 +85,22 @@ class CountingWindowedHostTierMachine(Tallied, WindowedHostTierMachine):
     """The same on pools of KV cache groups with sliding windows."""
 
 
+def _tallied(machine: type[RuleBasedStateMachine]) -> type[RuleBasedStateMachine]:
+    """``machine`` that tallies its test cases and steps."""
+    return type(f"Counting{machine.__name__}", (Tallied, machine), {})
+
+
 TestFuzzImplAgreesWithSpec = CountingAllocatorMachine.TestCase
 TestFuzzImplUnderAWeakHashAgreesWithSpec = CountingWeakHashMachine.TestCase
 TestFuzzImplWithWindowsAgreesWithSpec = CountingWindowedMachine.TestCase
 TestFuzzImplWithAHostTierAgreesWithSpec = CountingHostTierMachine.TestCase
 TestFuzzImplWithAHostTierAndWindowsAgreesWithSpec = CountingWindowedHostTierMachine.TestCase
+TestFuzzAHostTierAddsHits = _tallied(HostTierAddsHits).TestCase
+TestFuzzALargerPoolKeepsHits = _tallied(LargerPoolKeepsHits).TestCase
+TestFuzzASaltNeverRaisesHits = _tallied(SaltNeverRaisesHits).TestCase
+TestFuzzAForkReleasedAtOnceLeavesTheCache = _tallied(ForkReleaseLeavesTheCache).TestCase
+TestFuzzAResetIsAFreshPool = _tallied(ResetIsAFreshPool).TestCase
+TestFuzzAConsumerOfTheStreamHoldsTheCachesKeys = _tallied(ConsumersMachine).TestCase
 
 
 def _write_tally() -> None:
