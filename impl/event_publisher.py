@@ -39,13 +39,19 @@ class EventPublisher:
     """Numbered batches of stream events from the events of a pool of ``block_size``-token
     blocks; the first batch is numbered ``first_seq``."""
 
-    __slots__ = ("_cached", "_pending", "block_size", "next_seq")
+    __slots__ = ("_cached", "_hashes", "_pending", "block_size", "next_seq")
 
     def __init__(self, block_size: int, first_seq: int = 0) -> None:
         self.block_size = block_size
         self.next_seq = first_seq
         # Each cached block's key and hash (the parent hash of its child's store).
         self._cached: dict[Place, tuple[CacheKey, bytes]] = {}
+        # Each key cached somewhere: its hash and how many places hold it.
+        # NOTE: a store without a parent block (a first block, or an orphan: a demoted
+        # block arrives before its parent's demotion, a release demoting last block first)
+        # finds its parent's hash here when any medium caches the parent, instead of
+        # hashing its whole prefix block by block (a 64-block prefix: 64 SHA-256 calls).
+        self._hashes: dict[CacheKey, tuple[bytes, int]] = {}
         # The step's events, each with the length of its key (0 but for a store).
         self._pending: list[tuple[int, StreamEvent]] = []
 
@@ -61,13 +67,19 @@ class EventPublisher:
         """``spec.EventReplayError`` for an event the blocks it remembers contradict."""
         if isinstance(event, AllBlocksCleared):
             self._cached.clear()
+            self._hashes.clear()
             self._pending.append((0, event))
             return
         place = (medium, event.group, event.block_id)
         if isinstance(event, BlockRemoved):
             if place not in self._cached:
                 raise EventReplayError(f"{event} ({medium}): the block caches nothing")
-            _, own = self._cached.pop(place)
+            key, own = self._cached.pop(place)
+            _, places = self._hashes[key]
+            if places == 1:
+                del self._hashes[key]
+            else:
+                self._hashes[key] = (own, places - 1)
             removed = KeyRemoved(event.group, medium, compute_external_hash(own))
             self._pending.append((0, removed))
             return
@@ -75,17 +87,22 @@ class EventPublisher:
         present = PresentKey(event.group, medium, key)
         stored, own = compute_key_stored_after(present, parent_hash, self.block_size)
         self._cached[place] = (key, own)
+        self._hashes[key] = (own, self._hashes.get(key, (own, 0))[1] + 1)
         self._pending.append((len(key.token_ids), stored))
 
     def _key_of(self, medium: str, event: BlockStored) -> tuple[CacheKey, bytes | None]:
         """The key ``event`` stores and its parent prefix's hash."""
         if event.parent_block_id is None:
             key = CacheKey(event.cache_salt, event.token_ids)
+            prefix = CacheKey(key.cache_salt, key.token_ids[: -self.block_size])
+            known = self._hashes.get(prefix) if prefix.token_ids else None
+            if known is not None:
+                return key, known[0]
             return key, compute_parent_hash(key, self.block_size)
-        parent = self._cached.get((medium, event.group, event.parent_block_id))
-        if parent is None:
+        cached = self._cached.get((medium, event.group, event.parent_block_id))
+        if cached is None:
             raise EventReplayError(f"{event} ({medium}): its parent block caches nothing")
-        parent_key, parent_hash = parent
+        parent_key, parent_hash = cached
         return CacheKey(parent_key.cache_salt, parent_key.token_ids + event.token_ids), parent_hash
 
     def end_step(self) -> tuple[EventBatch, ...]:

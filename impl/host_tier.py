@@ -15,6 +15,7 @@ pending), with no scan of either pool.
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 from impl.prefix_cache import BlockKey, PrefixCache
 from impl.tables import Table
@@ -134,23 +135,26 @@ class HostTier:
 
     def write_through(self, block_ids: list[int], group: int, cache: PrefixCache) -> None:
         """The host prefix cache's part of a release (``spec.blocks``): of ``block_ids``
-        (unreferenced, in release order), in that order, a cached one whose key the host
-        caches makes it the host's most recently used, and the cached ones whose key the
-        host lacks get a host copy, the last released first, as many as the host has
-        blocks for."""
+        (unreferenced, in release order), the cached ones whose key the host lacks get a
+        host copy, the last released first, as many as the host has blocks for, copied the
+        head first; then every key of theirs the host holds becomes its most recently used
+        in release order (those it had already first, out of the demotions' way)."""
         host_cache = self.caches[group]
         block_keys = cache.block_keys
-        cached = [(b, key) for b in block_ids if (key := block_keys[b]) is not None]
-        if not cached:
+        keys = [(b, key) for b in block_ids if (key := block_keys[b]) is not None]
+        if not keys:
             return
-        demotable = [block_id for block_id, key in cached if host_cache.find(key) is None]
-        demoted = set(demotable[max(0, len(demotable) - self.free_blocks) :])
-        for block_id, key in cached:
-            host_id = host_cache.find(key)
+        lru = self.lru
+        on_host = [host_cache.find(key) for _, key in keys]
+        for host_id in on_host:
             if host_id is not None:
-                self.lru.move_to_end(host_id)
-            elif block_id in demoted:
-                self.demote(block_id, group, key)
+                lru.move_to_end(host_id)
+        demotable = [keys[i] for i, host_id in enumerate(on_host) if host_id is None]
+        for block_id, key in reversed(demotable[max(0, len(demotable) - self.free_blocks) :]):
+            self.demote(block_id, group, key)
+        for _, key in keys:
+            if (host_id := host_cache.find(key)) is not None:
+                lru.move_to_end(host_id)
 
     def hold_again(self, block_ids: Iterable[int]) -> None:
         """Prefix hits took these in-flight blocks back: they will not be queued when their
@@ -168,7 +172,9 @@ class HostTier:
         taken = list(free)
         free.clear()
         copied = self.copied_host_ids
-        evicted = [h for h in self.lru if h not in copied][: count - len(taken)]
+        # NOTE: lazily, stopping at the last one taken: a scan of the whole host cache for
+        # each demotion made a 2,048-block host tier cost 2.6 s of a 21 s trace replay.
+        evicted = list(islice((h for h in self.lru if h not in copied), count - len(taken)))
         for host_id in evicted:
             self.caches[self.lru.pop(host_id)].evict(host_id)
         return taken + evicted

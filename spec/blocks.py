@@ -12,8 +12,9 @@
   release leaves with none also get host copies (they are demoted: write-through at free
   time), as many as the host has room for, the last ones released first: a table releases
   its last block first, so the host keeps a chain's head, which every hit on the chain
-  needs; those whose key the host has already become its most recently used. A demoted
-  block still joins the cached free queue at once, where it would go without a host tier
+  needs. They are copied head first, then they and those whose key the host has already
+  become its most recently used in release order, the head newest. A demoted block still
+  joins the cached free queue at once, where it would go without a host tier
   (the device behaves as if there were none). A pending copy-on-write copy into a block
   that became free is moot and is dropped, so a pending copy never writes into a block
   that is free or lent to another request.
@@ -141,21 +142,39 @@ def _cache_key_of(state: AllocatorState, block_id: int) -> tuple[int, CacheKey]:
 
 
 def _write_through(state: AllocatorState, block_ids: list[int]) -> AllocatorState:
-    """The host prefix cache's part of a release (the module's rule): in release order, a
-    block whose key the host caches makes that key the host's most recently used (a release
-    is a use), and those ``_demoted_head_first`` chose are demoted. So the host's LRU order
-    is the order keys were last used, a chain's tail older than its head."""
-    demoted = set(_demoted_head_first(state, block_ids))
+    """The host prefix cache's part of a release (the module's rule) for the cached blocks
+    it left unreferenced, ``block_ids`` in release order: those ``_demoted_head_first``
+    chose are demoted, the chain's head first (so a copy's parent is on the host before
+    it); then every key of theirs the host holds becomes its most recently used in release
+    order (a release is a use: the host's LRU order is the order keys were last used, a
+    chain's tail older than its head). The keys the host had already are made recent
+    first too, so that the demotions take other host blocks before them."""
+    on_host = _host_blocks_of(state, block_ids)
+    state = _make_recent(state, on_host)
+    for block_id in reversed(_demoted_head_first(state, block_ids)):
+        state = _demote(state, block_id)
+    return _make_recent(state, _host_blocks_of(state, block_ids))
+
+
+def _host_blocks_of(state: AllocatorState, block_ids: list[int]) -> list[int]:
+    """The host blocks caching the keys of these cached device blocks, in their order, for
+    those the host caches."""
+    found = []
     for block_id in block_ids:
         group, key = _cache_key_of(state, block_id)
         host_id = state.host.host_caches[group].get(key)
         if host_id is not None:
-            others = tuple(h for h in state.host.host_cached_block_ids if h != host_id)
-            host = replace(state.host, host_cached_block_ids=(*others, host_id))
-            state = replace(state, host=host)
-        elif block_id in demoted:
-            state = _demote(state, block_id)
-    return state
+            found.append(host_id)
+    return found
+
+
+def _make_recent(state: AllocatorState, host_ids: list[int]) -> AllocatorState:
+    """``state`` with these host-cached blocks the most recently used, in this order."""
+    if not host_ids:
+        return state
+    moved = set(host_ids)
+    kept = tuple(h for h in state.host.host_cached_block_ids if h not in moved)
+    return replace(state, host=replace(state.host, host_cached_block_ids=(*kept, *host_ids)))
 
 
 def _demoted_head_first(state: AllocatorState, block_ids: list[int]) -> list[int]:

@@ -96,7 +96,8 @@ ABSOLUTE_PROPERTIES: Mapping[str, str] = {
     "past skipped_blocks) is in the cache under its CacheKey: a prefix hit finds it",
     "eviction_justified": "a CacheKey leaves a cache only as the spec's operation on the "
     "same state evicts (BlockRemoved: a block was needed and the free queue was empty, or "
-    "truncate emptied a cached block's end) or on reset_prefix_cache: a call loses, over "
+    "an append wrote into a block a rollback left cached) or on reset_prefix_cache: a call "
+    "loses, over "
     "every group, at most as many keys as the spec's operation evicts",
     "shadow_hit_maximal": "a prompt's hit is at least the spec's hit rule "
     "(cached_prefix_tokens) over the kit's shadow: every key the target's calls computed "

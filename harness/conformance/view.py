@@ -66,7 +66,9 @@ class Contents:
     ) -> None:
         """Record the key of every full block in a table whose tokens the kit knows, under
         the salt of that table's request (``cache_salts``; none if absent); a block in a
-        table tracked by count, or not yet full, holds nothing findable. A state group's
+        table tracked by count holds nothing findable, nor one not yet full, unless it is
+        the block of a key whose first tokens the table still has (a rollback cut into it:
+        its K/V is the key's until a write, ``spec.releasing.truncate``). A state group's
         running block holds the state after its request's tokens when their count is a
         positive multiple of ``block_size``, and nothing findable otherwise."""
         salts = cache_salts or {}
@@ -74,13 +76,14 @@ class Contents:
             keys = self.keys[group]
             for request_id, table in tables.items():
                 ids = token_ids.get(request_id)
+                salt = salts.get(request_id)
                 for index, block_id in enumerate(table.block_ids, start=table.skipped_blocks):
                     end = (index + 1) * block_size
                     if group in self.state_groups:
                         end = table.token_count if table.token_count % block_size == 0 else -1
                     if ids is not None and 0 < end <= len(ids):
-                        keys[block_id] = spec.CacheKey(salts.get(request_id), ids[:end])
-                    else:
+                        keys[block_id] = spec.CacheKey(salt, ids[:end])
+                    elif not _is_cut_into(keys.get(block_id), ids, salt, end):
                         keys.pop(block_id, None)
                     for other in self.keys:
                         if other is not keys:
@@ -92,6 +95,21 @@ class Contents:
     def held_keys(self, group: int) -> set[spec.CacheKey]:
         """The keys some block of ``group`` still holds (not yet taken for other tokens)."""
         return set(self.keys[group].values())
+
+
+def _is_cut_into(
+    key: spec.CacheKey | None, token_ids: TokenIds | None, salt: str | None, end: int
+) -> bool:
+    """Whether a table with ``token_ids`` ending before ``end`` (its block's last token)
+    holds a block that still holds ``key``: the key ends there, under the table's salt,
+    and begins with the tokens the table has in it."""
+    return (
+        key is not None
+        and token_ids is not None
+        and key.cache_salt == salt
+        and len(key.token_ids) == end
+        and key.token_ids[: len(token_ids)] == tuple(token_ids)
+    )
 
 
 def to_state(

@@ -219,18 +219,18 @@ def test_a_freed_cached_block_is_copied_to_the_host_and_revived_from_it_after_ev
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
     pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
     pool.release("a")
-    # Write-through at free time: 1 and 0 get host copies and join the cached free queue
-    # at once, where they would go without a host tier.
+    # Write-through at free time: 1 and 0 get host copies (the head first) and join the
+    # cached free queue at once, where they would go without a host tier.
     assert (free_ids(pool), cached_free_ids(pool)) == ((2,), (1, 0))
-    assert pool.take_transfers() == Transfers(device_to_host=((1, 0), (0, 1)))
+    assert pool.take_transfers() == Transfers(device_to_host=((0, 0), (1, 1)))
     assert cached_free_ids(pool) == (1, 0)
     pool.allocate("b", 6)  # takes 2, then evicts 1 and 0 from the device
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 4  # found on the host
     pool.release("b")
     hit = pool.allocate("c", [1, 2, 3, 4, 9])
     assert (hit.table().block_ids, hit.cached_tokens) == ((0, 1, 2), 4)
-    # Host block 1 holds 1..2 and 0 holds 1..4: copied into the new blocks 0 and 1.
-    assert pool.take_transfers() == Transfers(host_to_device=((1, 0), (0, 1)))
+    # Host block 0 holds 1..2 and 1 holds 1..4: copied into the new blocks 0 and 1.
+    assert pool.take_transfers() == Transfers(host_to_device=((0, 0), (1, 1)))
     usage = pool.usage()
     assert (usage.host_cached_blocks, usage.host_hit_blocks, usage.prefix_hit_tokens) == (2, 2, 4)
     # The device caches the keys again and the host has them: freed, they are not copied
@@ -247,14 +247,14 @@ def test_a_prefix_hit_can_take_its_first_block_from_the_device_and_the_next_from
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
     pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
     pool.release("a")
-    assert pool.take_transfers() == Transfers(device_to_host=((1, 0), (0, 1)))
+    assert pool.take_transfers() == Transfers(device_to_host=((0, 0), (1, 1)))
     pool.allocate("b", 4)  # takes 2, then evicts 1 (1..4) from the device; 0 stays cached
     assert table(pool, "b").block_ids == (2, 1)
     pool.release("b")
     hit = pool.allocate("c", [1, 2, 3, 4, 9])
-    # 1..2 is a device hit on block 0, 1..4 a host hit on host block 0, copied into 1.
+    # 1..2 is a device hit on block 0, 1..4 a host hit on host block 1, copied into 1.
     assert (hit.table().block_ids, hit.cached_tokens) == ((0, 1, 2), 4)
-    assert pool.take_transfers() == Transfers(host_to_device=((0, 1),))
+    assert pool.take_transfers() == Transfers(host_to_device=((1, 1),))
     usage = pool.usage()
     assert (usage.host_hit_blocks, usage.prefix_hit_tokens, usage.evictions) == (1, 4, 1)
 
@@ -305,19 +305,19 @@ def test_a_host_tier_smaller_than_a_freed_chain_keeps_its_head_and_loses_no_hit(
         assert cached_free_ids(pool) == (5, 4, 3, 2, 1, 0)  # the same with a host tier
         pool.allocate("b", [99] * 8)  # takes 7, 8, 6, then evicts 5
         hits.append(pool.cached_prefix_tokens(prompt))
-    # The host copies the chain's head, the blocks every hit on it needs.
-    assert demoted == ((2, 0), (1, 1), (0, 2))
+    # The host copies the chain's head, the blocks every hit on it needs, head first.
+    assert demoted == ((0, 0), (1, 1), (2, 2))
     assert hits == [10, 10]
 
 
 def test_an_eviction_before_its_copy_is_taken_makes_a_demotion_moot(make: Factory) -> None:
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
     pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
-    pool.release("a")  # 1 and 0 demoted to host blocks 0 and 1, copies pending
+    pool.release("a")  # 0 and 1 demoted to host blocks 0 and 1, copies pending
     pool.allocate("b", 4)  # takes 2, then evicts 1 before its copy is taken
     # Block 1 now holds b's K/V: its copy out is dropped, its host key forgotten and host
-    # block 0 freed; block 0 (1..2) keeps its demotion.
-    assert pool.take_transfers() == Transfers(device_to_host=((0, 1),))
+    # block 1 freed; block 0 (1..2) keeps its demotion.
+    assert pool.take_transfers() == Transfers(device_to_host=((0, 0),))
     usage = pool.usage()
     assert (usage.host_cached_blocks, usage.host_free_blocks) == (1, 2)
     assert pool.cached_prefix_tokens(PROMPT) == 2
@@ -328,7 +328,7 @@ def test_after_a_host_hit_the_host_still_evicts_a_chain_s_tail_before_its_head(
 ) -> None:
     pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
     pool.allocate("a", PROMPT)  # blocks 0 (1..2) and 1 (1..4) cached, 2
-    pool.release("a")  # demoted to host blocks 0 (1..4) and 1 (1..2): the head newer
+    pool.release("a")  # demoted to host blocks 0 (1..2) and 1 (1..4): the head newer
     pool.take_transfers()
     pool.allocate("x", 6)  # every device block: the host alone caches 1..2 and 1..4
     pool.release("x")
@@ -339,7 +339,7 @@ def test_after_a_host_hit_the_host_still_evicts_a_chain_s_tail_before_its_head(
     pool.release("x")
     pool.allocate("s", 1)
     pool.swap_out("s")  # takes the least recently used host block: the chain's tail
-    assert pool.take_transfers().device_to_host == ((0, 0),)
+    assert pool.take_transfers().device_to_host == ((0, 1),)
     assert pool.cached_prefix_tokens([1, 2, 3, 4, 9]) == 2
 
 
@@ -415,7 +415,7 @@ def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_s
     pool.swap_out("s")  # 1 and 0 in flight, copied to host blocks 0 and 1
     usage = pool.usage()
     assert (usage.host_blocks, usage.swapped_requests, usage.host_swapped_blocks) == (4, 1, 2)
-    pool.release("a")  # 3 and 2 demoted to host blocks 2 and 3, cached free; 4 free
+    pool.release("a")  # 2 and 3 demoted to host blocks 2 and 3, cached free; 4 free
     # Blocks in flight (0 and 1) are used, but no group's table reserves them.
     usage = pool.usage()
     assert (usage.used_blocks, usage.group_reserved_tokens) == (2, (0,))
@@ -424,7 +424,7 @@ def test_releasing_a_swapped_request_lands_its_blocks_but_not_those_a_copy_out_s
     assert (free_ids(pool), cached_free_ids(pool)) == ((4, 1, 0), (3, 2))
     usage = pool.usage()
     assert (usage.used_blocks, usage.group_reserved_tokens) == (0, (0,))
-    assert pool.take_transfers() == Transfers(device_to_host=((3, 2), (2, 3)))
+    assert pool.take_transfers() == Transfers(device_to_host=((2, 2), (3, 3)))
     assert cached_free_ids(pool) == (3, 2)
 
 

@@ -12,7 +12,7 @@ from impl import AppendedSlots, KVCacheManager
 from impl.block_pool import BlockPool
 from impl.event_publisher import EventPublisher
 from spec import BlockRemoved, BlockStored, ReleasedBlocks
-from spec.event_stream import EventBatch, StreamEvent
+from spec.event_stream import EventBatch, KeyStored, StreamEvent
 
 
 class StoresBeforeTheWrite(KVCacheManager):
@@ -74,13 +74,16 @@ class SkipsASequenceNumber(EventPublisher):
         return (EventBatch(3, batches[0].events),)
 
 
-class StoresInReleaseOrder(EventPublisher):
-    """A publisher that sends a step's stores in the order the caches made them: a
-    released request's blocks are demoted to the host last block first, so a child's
-    store comes before its parent's, and a radix-tree consumer (Dynamo's) drops it."""
+class StoresChildrenFirst(EventPublisher):
+    """A publisher that sends a step's stores longest key first (as one that forwards a
+    release's demotions in release order, last block first, would): a child's store comes
+    before its parent's, and a radix-tree consumer (Dynamo's) drops it."""
 
     def _in_order(self, pending: list[tuple[int, StreamEvent]]) -> tuple[StreamEvent, ...]:
-        return tuple(event for _, event in pending)
+        ordered = super()._in_order(pending)
+        stores = [event for event in ordered if isinstance(event, KeyStored)]
+        others = [event for event in ordered if not isinstance(event, KeyStored)]
+        return (*others, *reversed(stores))
 
 
 class PublishesNoHostKeys(KVCacheManager):
