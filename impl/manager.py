@@ -178,7 +178,7 @@ class KVCacheManager:
             errors.unknown_request(request_id)
         if type(tokens) is int:
             if table.token_ids is not None:
-                errors.tracks_token_ids(request_id)
+                errors.tracks_token_ids(request_id, tokens)
             if 0 < tokens <= table.room:
                 # NOTE: the growth path's in-block case (``KVCacheGroups.grow``) inlined:
                 # the decode append of a request allocated by count, one call less.
@@ -191,10 +191,10 @@ class KVCacheManager:
             return self._appended(request_id, table, tokens, 0)
         if not errors.is_token_ids(tokens):
             if table.token_ids is not None:
-                errors.tracks_token_ids(request_id)
+                errors.tracks_token_ids(request_id, tokens)
             errors.check_token_count(tokens)  # not an int: refused
         if table.token_ids is None:
-            errors.allocated_by_count(request_id)
+            errors.allocated_by_count(request_id, len(tokens))  # type: ignore[arg-type]
         ids = tuple(tokens)  # type: ignore[arg-type]  # is_token_ids narrowed it
         for token_id in ids:
             if type(token_id) is not int or not 0 <= token_id <= MAX_TOKEN_ID:
@@ -352,8 +352,7 @@ class KVCacheManager:
         A chunked prefill asks this over the whole prompt before allocating its first
         chunk (``allocate(token_ids[:hit + chunk])`` then finds the same hit).
         """
-        ids = tuple(token_ids)
-        errors.check_token_ids(ids)
+        ids = errors.check_prompt(token_ids)
         errors.check_cache_salt(cache_salt)
         cached_tokens, _, _, _ = self._hits.match(ids, cache_salt)
         return cached_tokens

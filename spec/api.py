@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from spec import blocks, caching, growth, releasing, sharing, swap
-from spec.errors import check_cache_salt, check_token_ids, is_token_ids
+from spec.errors import check_cache_salt, check_prompt, is_token_ids
 from spec.events import CachedBlock
 from spec.kinds import is_state_group
 from spec.records import (
@@ -187,8 +187,7 @@ def cached_prefix_tokens(
 ) -> tuple[AllocatorState, int]:
     """The tokens ``allocate(request_id, token_ids, cache_salt)`` would find cached
     (``spec.caching.cached_prefix_tokens``). Checks the ids and the salt as ``allocate``."""
-    ids = tuple(token_ids)
-    check_token_ids(ids)
+    ids = check_prompt(token_ids)
     check_cache_salt(cache_salt)
     return state, caching.cached_prefix_tokens(state, ids, cache_salt)
 

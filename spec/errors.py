@@ -190,6 +190,20 @@ def check_token_count(token_count: object) -> None:
         raise ValueError(f"token_count must be non-negative, got {token_count}")
 
 
+def check_prompt(token_ids: object) -> tuple[int, ...]:
+    """Refuse (``TypeError``) a prompt that is not a sequence of token ids (a ``str``, bytes,
+    or no sequence at all: ``None``, a set), then its ids as ``check_token_ids`` says;
+    returns them as a tuple."""
+    if not is_token_ids(token_ids):
+        raise TypeError(
+            f"token_ids must be a sequence of token ids, got {type(token_ids).__name__}"
+            f" {token_ids!r}"
+        )
+    ids = tuple(token_ids)
+    check_token_ids(ids)
+    return ids
+
+
 def check_token_ids(token_ids: Iterable[object]) -> None:
     """Refuse token ids that are not ``int`` in [0, MAX_TOKEN_ID], naming the first bad one."""
     for index, token_id in enumerate(token_ids):
@@ -222,7 +236,9 @@ def duplicate_request(request_id: str) -> NoReturn:
 
 
 def unknown_request(request_id: object) -> NoReturn:
-    """Raise the ``KeyError`` for a request id that holds no blocks."""
+    """Raise the ``KeyError`` for a request id that holds no blocks, or the ``TypeError`` of
+    ``check_request_id`` for one that is not a ``str`` (no request has such an id)."""
+    check_request_id(request_id)
     raise KeyError(f"request has no allocated blocks: {request_id}") from None
 
 
@@ -260,14 +276,20 @@ def check_allocate(
     return tokens
 
 
-def tracks_token_ids(request_id: str) -> NoReturn:
+def tracks_token_ids(request_id: str, tokens: object) -> NoReturn:
     """Raise the ``ValueError`` for a count appended to a request allocated by token ids."""
-    raise ValueError(f"request {request_id!r} tracks token ids: append token ids, not a count")
+    raise ValueError(
+        f"cannot append a count ({tokens!r}) to request {request_id!r}: it tracks token ids, "
+        "so append the ids of the tokens"
+    )
 
 
-def allocated_by_count(request_id: str) -> NoReturn:
+def allocated_by_count(request_id: str, token_count: int) -> NoReturn:
     """Raise the ``ValueError`` for token ids appended to a request allocated by count."""
-    raise ValueError(f"request {request_id!r} was allocated by count: append a count, not ids")
+    raise ValueError(
+        f"cannot append {token_count} token ids to request {request_id!r}: it was allocated "
+        "by count, so append a count"
+    )
 
 
 def counted_with_salt(request_id: str) -> NoReturn:
@@ -338,7 +360,9 @@ def check_host_tier(host_blocks: object, host_prefix_cache: object) -> None:
 
 
 def not_swapped(request_id: object) -> NoReturn:
-    """Raise the ``KeyError`` for ``swap_in`` of a request that is not swapped out."""
+    """Raise the ``KeyError`` for ``swap_in`` of a request that is not swapped out (the
+    ``TypeError`` of ``check_request_id`` for an id that is not a ``str``)."""
+    check_request_id(request_id)
     raise KeyError(f"request is not swapped out: {request_id}") from None
 
 

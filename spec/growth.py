@@ -172,12 +172,12 @@ def append(
     snapshot_request(state, request_id)
     if not is_token_ids(tokens):
         if request_id in state.token_ids:
-            tracks_token_ids(request_id)
+            tracks_token_ids(request_id, tokens)
         check_token_count(tokens)
         assert isinstance(tokens, int)  # narrowed by check_token_count
         return _grow(state, request_id, tokens)
     if request_id not in state.token_ids:
-        allocated_by_count(request_id)
+        allocated_by_count(request_id, len(tokens))
     ids = tuple(tokens)
     check_token_ids(ids)
     state = _grow(state, request_id, len(ids))

@@ -8,9 +8,8 @@ Two sets of ``--batches`` batches: empty ones, and the ones impl's ``EventPublis
 of a fixed-seed prefix-heavy trace (``harness.bench.host_prefix``'s: shared system
 prompts) replayed through the allocator, one batch per admission (its events and those of
 the appends and releases before it: stores and evictions' removes), repeated from the
-start if the trace gives fewer. No host tier: impl's ``EventPublisher`` hashes a demoted
-block's whole prefix (a release demotes last block first, so each is an orphan), which
-made the trace take 64 ms a request.
+start if the trace gives fewer. A device pool only, as vLLM's ``BlockPool`` makes its
+batches (vLLM's host-side events come from its offloading connector, apart).
 
 Ours is handed the spec's events and builds vLLM's wire structs from them in its thread.
 vLLM's publisher takes its own ``KVEventBatch``, which its block pool and scheduler build

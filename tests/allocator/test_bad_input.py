@@ -55,6 +55,19 @@ def _state(pool: Manager) -> object:
         (lambda m: m.allocate(None, [1]), TypeError, "request_id must be a str"),
         (lambda m: m.allocate("b", 1, "salt"), ValueError, "a cache salt needs token ids"),
         (lambda m: m.fork("p", 7), TypeError, "request_id must be a str, got int 7"),
+        (lambda m: m.release(7), TypeError, "request_id must be a str, got int 7"),
+        (lambda m: m.preempt(None), TypeError, "request_id must be a str, got NoneType None"),
+        (lambda m: m.truncate(b"p", 1), TypeError, "request_id must be a str, got bytes b'p'"),
+        (lambda m: m.swap_out(7), TypeError, "request_id must be a str, got int 7"),
+        (lambda m: m.swap_in(7), TypeError, "request_id must be a str, got int 7"),
+        (
+            lambda m: m.cached_prefix_tokens(None),
+            TypeError,
+            "token_ids must be a sequence of token ids, got NoneType None",
+        ),
+        (lambda m: m.cached_prefix_tokens({1, 2}), TypeError, "got set {1, 2}"),
+        (lambda m: m.append("p", 2), ValueError, "cannot append a count (2) to request 'p'"),
+        (lambda m: m.append("c", [1, 2]), ValueError, "cannot append 2 token ids to request 'c'"),
     ],
 )
 @pytest.mark.parametrize("make", [SpecBackedManager, KVCacheManager], ids=["spec", "impl"])

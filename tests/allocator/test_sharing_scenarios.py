@@ -1,17 +1,13 @@
 """Prefix caching, eviction, fork and copy-on-write with literal block ids, on spec and impl."""
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import pytest
 
-import spec
 from impl import BlockAllocationError, KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import ReleasedBlocks, RequestBlockTable
-from spec.api import OPERATIONS
 from spec.invariants import violated_invariants
-from tests.support.lockstep import are_last_blocks_shared_alike
 from tests.support.reading import admitted, cached_free_ids, free_ids, table
 
 Factory = Callable[[int, int], KVCacheManager]
@@ -281,14 +277,22 @@ def test_a_fork_of_an_empty_request_grows_by_no_tokens_then_by_one(make: Factory
     assert pool.append("b", 1).table() == RequestBlockTable("b", (0,), 1)
 
 
-def test_a_fork_shares_every_groups_partly_filled_last_block_one_unshared_breaks_it() -> None:
-    # A full group and a window of 4, blocks of 4: a at 6 tokens, forked to b.
-    state = spec.init(10, 4, (None, 4))
-    state, _ = OPERATIONS["allocate"].transition(state, "a", tuple(range(1, 7)))
-    state, _ = OPERATIONS["fork"].transition(state, "a", "b")
-    assert are_last_blocks_shared_alike(state)
-    b = state.group_tables[1]["b"]
-    free = state.free_block_ids[0]
-    tables = state.group_tables[1].set("b", replace(b, block_ids=(*b.block_ids[:-1], free)))
-    broken = replace(state, group_tables=(state.group_tables[0], tables))
-    assert not are_last_blocks_shared_alike(broken)
+def test_a_window_can_unshare_one_group_s_last_block_and_only_the_shared_ones_are_copied(
+    make: Callable[..., KVCacheManager],
+) -> None:
+    # A full group and a window of 1, blocks of 2: r0 at 2 tokens (blocks 0 and 1), forked
+    # to r1, rolled back to 1 token: its last block is partly filled and shared in both.
+    pool = make(8, 2, group_windows=(None, 1))
+    pool.allocate("r0", (0, 0))
+    pool.fork("r0", "r1")
+    pool.truncate("r0", 1)
+    # r1's next token leaves the window past its first block: group 1 drops block 1, which
+    # r0 now holds alone, while group 0's block 0 stays shared.
+    pool.append("r1", (0,))
+    assert table(pool, "r1", 1) == RequestBlockTable("r1", (3,), 3, skipped_blocks=1)
+    # r0 writes into its last blocks and opens new ones: group 0's last block is copied
+    # (into 4, then 5 opens), group 1's written in place (then 6 opens).
+    pool.append("r0", (5, 6))
+    assert table(pool, "r0", 0) == RequestBlockTable("r0", (4, 5), 3)
+    assert table(pool, "r0", 1) == RequestBlockTable("r0", (1, 6), 3)
+    assert pool.take_transfers().copies == ((0, 4),)

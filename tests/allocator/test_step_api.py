@@ -67,10 +67,15 @@ def test_the_wrong_kind_of_append_is_refused_in_words(make: type[Manager]) -> No
     pool = make(8, 4)
     pool.allocate("a", 3)
     pool.allocate("p", [1])
-    with pytest.raises(ValueError, match=r"^request 'p' tracks token ids: append token ids"):
+    with pytest.raises(
+        ValueError,
+        match=r"^cannot append a count \(1\) to request 'p': it tracks token ids, so append",
+    ):
         pool.append("p", 1)
-    with pytest.raises(ValueError, match=r"^request 'a' was allocated by count: append a count"):
-        pool.append("a", [1])
+    with pytest.raises(
+        ValueError, match=r"^cannot append 2 token ids to request 'a': it was allocated by count"
+    ):
+        pool.append("a", [1, 2])
 
 
 def test_decoding_token_by_token_fills_each_block_then_opens_the_next(

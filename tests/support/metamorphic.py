@@ -105,8 +105,18 @@ def cached_tokens(manager: Manager, prompts: set[tuple[int, ...]], salt: str | N
     return [manager.cached_prefix_tokens(prompt, salt) for prompt in sorted(prompts)]
 
 
-def at_least(more: list[int], fewer: list[int]) -> bool:
-    return all(m >= f for m, f in zip(more, fewer, strict=True))
+def assert_hits_at_least(
+    prompts: set[tuple[int, ...]],
+    more: tuple[Manager, str | None, str],
+    fewer: tuple[Manager, str | None, str],
+) -> None:
+    """Each prompt is cached at least as long in ``more``'s pool under its salt as in
+    ``fewer``'s under its own (each: pool, salt, what the message calls it)."""
+    (pool, salt, name), (other, other_salt, other_name) = more, fewer
+    hits, other_hits = cached_tokens(pool, prompts, salt), cached_tokens(other, prompts, other_salt)
+    assert all(h >= o for h, o in zip(hits, other_hits, strict=True)), (
+        f"cached tokens of {sorted(prompts)}: {other_hits} {other_name}, {hits} {name}"
+    )
 
 
 class PairMachine(RuleBasedStateMachine):
@@ -228,13 +238,8 @@ class HostTierAddsHits(PairMachine):
             assert device_side(b.to_spec()) == device_side(a.to_spec()), (
                 "the host tier changed the device side"
             )
-            without, with_host = (
-                cached_tokens(a, self.prompts, None),
-                cached_tokens(b, self.prompts, None),
-            )
-            assert at_least(with_host, without), (
-                f"cached tokens of {sorted(self.prompts)}: {without} without a host tier, "
-                f"{with_host} with one"
+            assert_hits_at_least(
+                self.prompts, (b, None, "with one"), (a, None, "without a host tier")
             )
 
 
@@ -263,13 +268,8 @@ class LargerPoolKeepsHits(PairMachine):
         if self.diverged:
             return
         for a, b in self.pairs:
-            smaller, larger = (
-                cached_tokens(a, self.prompts, None),
-                cached_tokens(b, self.prompts, None),
-            )
-            assert at_least(larger, smaller), (
-                f"cached tokens of {sorted(self.prompts)}: {smaller} in the smaller pool, "
-                f"{larger} in the larger"
+            assert_hits_at_least(
+                self.prompts, (b, None, "in the larger"), (a, None, "in the smaller pool")
             )
 
 
@@ -300,12 +300,9 @@ class SaltNeverRaisesHits(PairMachine):
         if self.diverged:
             return
         for a, b in self.pairs:
-            unsalted = cached_tokens(a, self.prompts, None)
             for salt in sorted(set(SALT_OF.values()), key=str):
-                salted = cached_tokens(b, self.prompts, salt)
-                assert at_least(unsalted, salted), (
-                    f"cached tokens of {sorted(self.prompts)}: {unsalted} unsalted, {salted} "
-                    f"under salt {salt!r}"
+                assert_hits_at_least(
+                    self.prompts, (a, None, "unsalted"), (b, salt, f"under salt {salt!r}")
                 )
 
 
