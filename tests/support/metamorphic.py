@@ -14,19 +14,20 @@ relation compares the pair:
   forward, so a host hit's copy never waits across a release).
 - ``LargerPoolKeepsHits``: ``b`` has more blocks. Until the pools first answer a step
   differently (``a`` out of blocks where ``b`` is not: after that they run different
-  workloads) or one loses a duplicate (below), no admission and no cached prompt hits
+  workloads) or ``b`` loses a duplicate (below), no admission and no cached prompt hits
   fewer tokens in ``b``.
 - ``SaltNeverRaisesHits``: ``b`` admits each request under its id's cache salt. Until they
-  first answer differently (``b`` out of blocks: its misses take more) or one loses a
+  first answer differently (``b`` out of blocks: its misses take more) or ``a`` loses a
   duplicate, no admission hits more tokens in ``b``, and no prompt is cached longer there
   under any salt.
 
-Both stop at a lost duplicate because of the duplicate rule (vLLM's too): a block filled
-with a prefix another block caches is not cached, so when it is freed, or the cached copy
-is evicted first, the cache loses K/V it had, where the other pool may have cached that
-block (the salted one keys it apart; the larger one evicted the first copy before the
-duplicate was filled). Each relation fails there otherwise (``docs/verification.md``: the
-counterexamples, and ``test_metamorphic.py``'s scenario).
+Both stop at a duplicate lost by the pool they say hits more, because of the duplicate
+rule (vLLM's too): a block filled with a prefix another block caches is not cached, so
+when it is freed, or the cached copy is evicted first, the cache loses K/V it had, where
+the other pool may have cached that block (the salted one keys it apart; the smaller one
+had evicted the first copy before the duplicate was filled). Each relation fails there
+otherwise (``docs/verification.md``: the counterexamples, and ``test_metamorphic.py``'s
+scenario).
 - ``ForkReleaseLeavesTheCache``: ``b`` also forks a request and releases the child at once.
   The pools stay equal but for the fork counter.
 - ``ResetIsAFreshPool``: pools with a host prefix cache of 0 to 4 blocks; at a drawn step
@@ -131,6 +132,8 @@ class PairMachine(RuleBasedStateMachine):
         self.prompts: set[tuple[int, ...]] = set()
         self.running: list[str] = []
         self.diverged = False
+        # The duplicates each pair's watched pool holds (``stops_at_a_duplicate_lost_by``).
+        self.duplicates: dict[int, dict[int, CacheKey]] = {}
 
     def make_pair(self, factory: Factory, shape: tuple[int, int], data: st.DataObject) -> Pair:
         """The two pools of one kind for a drawn ``shape`` (total blocks, block size)."""
@@ -146,15 +149,14 @@ class PairMachine(RuleBasedStateMachine):
         """The arguments pool ``side`` (0: ``a``, 1: ``b``) is called with."""
         return args
 
-    # Whether the relation stops at the first duplicate a pool loses (the module's
-    # docstring: the duplicate rule).
-    stops_at_a_lost_duplicate: ClassVar[bool] = False
+    # The side (0: ``a``, 1: ``b``) whose lost duplicates end the comparison, if any: the
+    # side the relation says hits more, which the duplicate rule can make hit less (the
+    # module's docstring); the other losing one only widens the gap the relation allows.
+    stops_at_a_duplicate_lost_by: ClassVar[int | None] = None
 
     def step(self, name: str, *args: object) -> None:
         """Apply ``name`` to every pool and judge each pair's answers, then do what the
         engine does next (``after``)."""
-        watched = [pool for pair in self.pairs for pool in pair if self.stops_at_a_lost_duplicate]
-        before = [duplicates(pool.to_spec()) for pool in watched]
         for a, b in self.pairs:
             answers = (
                 answer(a, name, *self.arguments(0, name, args)),
@@ -163,10 +165,12 @@ class PairMachine(RuleBasedStateMachine):
             if not self.diverged:
                 self.judge(f"{name}{args}", *answers)
         self.after(name)
-        if any(
-            loses_a_duplicate(d, pool.to_spec()) for d, pool in zip(before, watched, strict=True)
-        ):
-            self.diverged = True
+        side = self.stops_at_a_duplicate_lost_by
+        if side is not None:
+            for index, pair in enumerate(self.pairs):
+                known = self.duplicates.get(index, {})
+                self.duplicates[index], lost = track_duplicates(known, pair[side].to_spec())
+                self.diverged |= lost
 
     def judge(self, step: str, a: Answer, b: Answer) -> None:
         """The relation on one step's answers; by default the same answer."""
@@ -244,10 +248,10 @@ class HostTierAddsHits(PairMachine):
 
 
 class LargerPoolKeepsHits(PairMachine):
-    """``b`` has 1 to 4 blocks more: until the pools first answer differently or one loses
-    a duplicate, no hit is shorter in ``b``."""
+    """``b`` has 1 to 4 blocks more: until the pools first answer differently or ``b``
+    loses a duplicate, no hit is shorter in ``b``."""
 
-    stops_at_a_lost_duplicate = True
+    stops_at_a_duplicate_lost_by = 1  # the larger pool
 
     def make_pair(self, factory: Factory, shape: tuple[int, int], data: st.DataObject) -> Pair:
         total_blocks, block_size = shape
@@ -275,10 +279,10 @@ class LargerPoolKeepsHits(PairMachine):
 
 class SaltNeverRaisesHits(PairMachine):
     """``b`` admits each request under its id's salt (``SALT_OF``): until the pools first
-    answer differently or one loses a duplicate, no hit is longer in ``b``, and no prompt
+    answer differently or ``a`` loses a duplicate, no hit is longer in ``b``, and no prompt
     cached longer under any salt."""
 
-    stops_at_a_lost_duplicate = True
+    stops_at_a_duplicate_lost_by = 0  # the unsalted pool
 
     def arguments(self, side: int, name: str, args: tuple[object, ...]) -> tuple[object, ...]:
         if side == 1 and name == "allocate":
@@ -392,13 +396,11 @@ class ResetIsAFreshPool(PairMachine):
             )
 
 
-def duplicates(state: AllocatorState) -> dict[int, CacheKey]:
-    """The full blocks tables hold that their prefix is not cached under (duplicates of a
-    block cached when they were filled, whose cached copy may have gone since), with
-    their keys."""
+def full_blocks(state: AllocatorState) -> dict[int, CacheKey]:
+    """Every full block a table tracking token ids holds, with the key of its prefix."""
     block_size = state.block_size
     found: dict[int, CacheKey] = {}
-    for tables, cache in zip(state.group_tables, state.group_caches, strict=True):
+    for tables in state.group_tables:
         for request_id, table in tables.items():
             token_ids = state.token_ids.get(request_id)
             if token_ids is None:
@@ -406,23 +408,30 @@ def duplicates(state: AllocatorState) -> dict[int, CacheKey]:
             salt = state.cache_salts.get(request_id)
             for index, block_id in enumerate(table.block_ids, start=table.skipped_blocks):
                 end = (index + 1) * block_size
-                key = CacheKey(salt, token_ids[:end])
-                if end <= len(token_ids) and cache.get(key) != block_id:
-                    found[block_id] = key
+                if end <= len(token_ids):
+                    found[block_id] = CacheKey(salt, token_ids[:end])
     return found
 
 
-def loses_a_duplicate(before: dict[int, CacheKey], state: AllocatorState) -> bool:
-    """Whether ``state``, a step after a state whose tables held the duplicates ``before``,
-    lost one: no table holds it any more (freed uncached), or a table holds one whose
-    prefix is cached nowhere (its cached copy evicted). The cache then lacks a prefix whose
-    K/V it had, where a pool that cached that block would still hit it."""
-    held = {
-        b for tables in state.group_tables for table in tables.values() for b in table.block_ids
-    }
-    return bool(before.keys() - held) or any(
-        all(key not in cache for cache in state.group_caches) for key in duplicates(state).values()
+def track_duplicates(
+    known: dict[int, CacheKey], state: AllocatorState
+) -> tuple[dict[int, CacheKey], bool]:
+    """The duplicates the tables of ``state`` hold, a step after they held ``known``, and
+    whether the step lost one. A duplicate is a full block whose prefix another block
+    caches (so it is not cached itself); one stays known while a table holds it with that
+    prefix. Lost: no table holds it any more (freed uncached), or its prefix is cached
+    nowhere (the cached copy evicted). The cache then lacks K/V it had, where a pool that
+    cached that block would still hit it."""
+    held = full_blocks(state)
+    cached = {key: block_id for cache in state.group_caches for key, block_id in cache.items()}
+    lost = any(
+        block_id not in held or key not in cached
+        for block_id, key in known.items()
+        if held.get(block_id, key) == key
     )
+    now = {b: k for b, k in held.items() if cached.get(k, b) != b}
+    now.update({b: k for b, k in known.items() if held.get(b) == k and k in cached})
+    return now, lost
 
 
 def without_totals(usage: KVBlockUsage) -> KVBlockUsage:
