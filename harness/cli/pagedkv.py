@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from harness.cli.parsing import (
+from harness.parsing import (
     EXIT_BAD_INPUT,
     exit_on_interrupt,
     fail,
