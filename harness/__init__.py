@@ -49,12 +49,12 @@ def _exit_on_interrupt_while_starting() -> None:
     """Under ``python -m harness.X``, while Python imports its packages (it sets
     ``sys.argv[0]`` to ``"-m"`` until the module is found): Ctrl-C is one line and exit
     130 from here on, through the seconds of importing torch, until the command's own
-    handling takes over (``harness.cli.parsing.exit_on_interrupt``)."""
+    handling takes over (``harness.parsing.exit_on_interrupt``)."""
     if sys.argv[:1] != ["-m"] or "-m" not in sys.orig_argv[:-1]:
         return
     module = sys.orig_argv[sys.orig_argv.index("-m") + 1]
     if module.split(".")[0] == "harness":
-        from harness.cli.parsing import exit_on_interrupt  # noqa: PLC0415
+        from harness.parsing import exit_on_interrupt  # noqa: PLC0415
 
         exit_on_interrupt(f"python -m {module}")
 

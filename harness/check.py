@@ -17,7 +17,8 @@ from typing import Any, Unpack
 import torch
 from transformers import PreTrainedModel
 
-from harness.cli.limits import (
+from harness.kv_events import KVEventLog
+from harness.limits import (
     available_bytes,
     check_context,
     check_host_memory,
@@ -26,7 +27,6 @@ from harness.cli.limits import (
     model_context,
     model_vocab_size,
 )
-from harness.kv_events import KVEventLog
 from harness.models import LoadedModel, kv_layout
 from harness.oracle.equivalence import (
     EquivalenceReport,

@@ -6,7 +6,7 @@ The benchmark itself is ``harness.bench.fragmentation``; this name runs it uncha
 import sys
 
 from harness.bench.fragmentation import main
-from harness.cli.parsing import run_interruptible
+from harness.parsing import run_interruptible
 
 if __name__ == "__main__":
     sys.exit(run_interruptible("python -m harness.fragmentation", main))

@@ -7,7 +7,7 @@ from its keywords, the main command from its options (naming the flag instead: t
 starts with the keyword, which the command swaps for its flag), so a setting is refused
 the same way by both, before a model loads or a tensor is allocated. What depends on the
 model or the machine (its context, its vocabulary, memory) is checked later, with the
-model in hand, by ``harness.cli.limits``, raising the same error.
+model in hand, by ``harness.limits``, raising the same error.
 
 Not here: the model, the tokenizer and the prompts (``check_model`` checks them), and the
 collaborators a run reports to (an observer, an event log, a progress callback).

@@ -35,8 +35,8 @@ from transformers import (
     Qwen3NextForCausalLM,
 )
 
-from harness.cli.parsing import OneLineParser, fail, int_in, interrupts_raise, run_interruptible
 from harness.models import LoadedModel, dense_attention
+from harness.parsing import OneLineParser, fail, int_in, interrupts_raise, run_interruptible
 
 # The architectures the harness is tested on, as tiny seeded random-weight models: each
 # a config class, its model class and what it needs beyond the shared shape. Each brings

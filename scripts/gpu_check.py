@@ -63,9 +63,9 @@ from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
-from harness.cli.parsing import OneLineParser, UsageError, fail  # noqa: E402
-from harness.oracle.gpu_plan import FULL, SMOKE, Json, Plan  # noqa: E402
-from harness.oracle.gpu_stages import STAGES as STAGE_FUNCTIONS  # noqa: E402
+from harness.gpu_check.gpu_plan import FULL, SMOKE, Json, Plan  # noqa: E402
+from harness.gpu_check.gpu_stages import STAGES as STAGE_FUNCTIONS  # noqa: E402
+from harness.parsing import OneLineParser, UsageError, fail  # noqa: E402
 
 STAGES = tuple(STAGE_FUNCTIONS)
 

@@ -27,7 +27,7 @@ from harness.bench.prefix import (
 from harness.bench.replay import RunTimes, timed_runs
 from harness.bench.traces import TraceRequest, make_trace
 from harness.bench.window_table import print_window_table
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible
 from impl import KVBlockManager, KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS, blocks_for_tokens

@@ -21,9 +21,9 @@ from functools import partial
 
 import torch
 
-from harness.cli.dtypes import DTYPES
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
+from harness.dtypes import DTYPES
 from harness.kv_layout import KVLayout
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.paged_attention import paged_attention_forward

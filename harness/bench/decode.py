@@ -42,10 +42,10 @@ from harness.bench.decode_methods import (
     run_generate_batch,
     run_paged,
 )
-from harness.cli.dtypes import DTYPES
-from harness.cli.output import write_replacing
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
+from harness.dtypes import DTYPES
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
+from harness.output_files import write_replacing
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.attention_backends import (
     ATTENTION_BACKENDS,

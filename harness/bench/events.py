@@ -39,9 +39,9 @@ import zmq
 
 from harness.bench.host_prefix import shared_prefix_trace
 from harness.bench.prefix import replay_prompts
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
 from harness.kv_publisher import ZmqEventPublisher
 from harness.kv_wire import WireEncoder
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible
 from impl import AppendedSlots, KVCacheManager
 from impl.event_publisher import EventPublisher
 from spec.event_stream import EventBatch, KeyRemoved, KeyStored, StreamEvent

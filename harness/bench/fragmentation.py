@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible
 from impl import BlockAllocationError, KVCacheManager
 from impl.block_map import render_block_map, snapshot_pool
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS, blocks_for_tokens

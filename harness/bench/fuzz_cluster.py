@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.cli.parsing import OneLineParser, fail, run_interruptible
+from harness.parsing import OneLineParser, fail, run_interruptible
 
 PROG = "python -m harness.bench.fuzz_cluster"
 SOURCE_ROOT = Path(__file__).resolve().parents[2]

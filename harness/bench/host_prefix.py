@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from harness.bench.prefix import VOCABULARY, AdmissionStats, PromptRequest, replay_prompts
 from harness.bench.traces import make_trace
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible
 from impl import KVCacheManager
 from spec import MAX_TOTAL_BLOCKS, blocks_for_tokens
 

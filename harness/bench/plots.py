@@ -31,8 +31,8 @@ from harness.bench.kv_memory import (
 )
 from harness.bench.prefix import prefix_heavy_trace
 from harness.bench.traces import make_trace
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible
 from harness.figures import new_figure, save_figure
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible
 from spec import MAX_BLOCK_SIZE
 
 PROG = "python -m harness.bench.plots"

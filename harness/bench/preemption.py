@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.cli.limits import available_bytes, check_memory, check_options
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
+from harness.limits import available_bytes, check_memory, check_options
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.oracle.device_cases import staggered_requests
 from harness.oracle.equivalence import tight_total_blocks
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool, new_manager

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from harness.bench.decode import Rates
-from harness.cli.dtypes import DTYPES
-from harness.cli.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
+from harness.dtypes import DTYPES
 from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
+from harness.parsing import OneLineParser, fail, int_in, run_interruptible, thread_count
 from harness.prompts import BUILTIN_PROMPTS, Messages, render_prompt
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool

@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli.output import check_writable
-from harness.cli.parsing import UsageError
 from harness.kv_events import KVEventLog
 from harness.kv_publisher import CLOSE_TIMEOUT_S, KVEventStream, ZmqEventPublisher
 from harness.kv_wire import WIRE_FORMATS, WireEncoder, WireFormat
+from harness.output_files import check_writable
+from harness.parsing import UsageError
 from harness.runtime.events import PoolEvent, PoolObserver
 from impl import KVCacheManager
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli.parsing import (
+from harness.parsing import (
     EXIT_INTERRUPTED,
     OneLineParser,
     UsageError,

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from harness.cli.fuzz import FuzzTarget
-from harness.cli.parsing import EXIT_INTERRUPTED, fail
 from harness.cluster import ray_run
 from harness.cluster.replay import replay
 from harness.cluster.shared_database import (
@@ -25,6 +24,7 @@ from harness.cluster.shared_database import (
 )
 from harness.cluster.tally import Failure, RunTally, RunTotals, TallyLostError, recent_runs
 from harness.cluster.worker import FuzzJob, WorkerReport
+from harness.parsing import EXIT_INTERRUPTED, fail
 
 EXIT_FAILURE = 1
 PLAIN_EVERY_S = 60  # the tally line a minute when piped; on a terminal it redraws each second

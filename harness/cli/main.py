@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from harness.check import check_model
-from harness.cli.dtypes import DTYPES
 from harness.cli.events_target import (
     SUBSCRIBER_WAIT_S,
     ZmqTarget,
@@ -29,18 +28,9 @@ from harness.cli.events_target import (
     open_event_stream,
     with_event_publisher,
 )
-from harness.cli.output import DEFAULT_PLOT_NAME, plot_target, write_replacing
-from harness.cli.parsing import (
-    EXIT_INTERRUPTED,
-    OneLineParser,
-    UsageError,
-    fail,
-    int_in,
-    interrupts_raise,
-    thread_count,
-)
 from harness.cli.pool_map import PoolMapPrinter
 from harness.cli.report import as_json, print_table
+from harness.dtypes import DTYPES
 from harness.kv_events import KVEventLog, write_events
 from harness.kv_publisher import KVEventStream
 from harness.models import (
@@ -51,6 +41,16 @@ from harness.models import (
     load_model,
 )
 from harness.oracle.equivalence import EquivalenceReport
+from harness.output_files import DEFAULT_PLOT_NAME, plot_target, write_replacing
+from harness.parsing import (
+    EXIT_INTERRUPTED,
+    OneLineParser,
+    UsageError,
+    fail,
+    int_in,
+    interrupts_raise,
+    thread_count,
+)
 from harness.progress import Progress
 from harness.prompts import (
     BUILTIN_PROMPTS,

@@ -5,14 +5,16 @@ A dispatcher only: ``pagedkv check ...`` is ``python -m harness ...`` with the s
 and exit codes, ``pagedkv bench NAME ...`` is ``python -m harness.bench.NAME ...``,
 ``pagedkv fuzz`` runs ``harness.cli.fuzz`` (a source checkout's long fuzzing), and
 ``pagedkv conformance ...`` is ``python -m harness.conformance ...``.
-Importing it loads no torch; each command imports what it runs.
+Importing it loads no torch; each command imports what it runs, when it runs: a benchmark
+by its module's name in ``BENCHMARKS`` (the import graph's tests count each as an arrow
+from the CLI to ``harness.bench``).
 """
 
 import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from harness.cli.parsing import (
+from harness.parsing import (
     EXIT_BAD_INPUT,
     exit_on_interrupt,
     fail,

@@ -2,8 +2,8 @@
 
 import sys
 
-from harness.cli.parsing import interrupts_raise
 from harness.conformance.cli import main
+from harness.parsing import interrupts_raise
 
 interrupts_raise()  # Ctrl-C exited at once while importing (harness/__init__); now main's
 sys.exit(main())

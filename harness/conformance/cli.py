@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Sequence
 
-from harness.cli.parsing import EXIT_INTERRUPTED, OneLineParser, fail
 from harness.conformance.report import Report
 from harness.conformance.run import RunInterrupted, check_target
 from harness.conformance.targets import (
@@ -22,6 +21,7 @@ from harness.conformance.targets import (
     load_factory,
 )
 from harness.conformance.validate import AdapterError
+from harness.parsing import EXIT_INTERRUPTED, OneLineParser, fail
 
 PROG = "python -m harness.conformance"
 

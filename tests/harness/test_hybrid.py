@@ -21,9 +21,9 @@ import torch
 from transformers import NemotronHConfig, NemotronHForCausalLM
 
 from harness.check import check_model
-from harness.cli.limits import MEMORY_FRACTION, check_memory, kv_bytes
 from harness.cli.main import main
 from harness.kv_events import KVEventLog
+from harness.limits import MEMORY_FRACTION, check_memory, kv_bytes
 from harness.models import LoadedModel, UnsupportedModelError, check_supported, kv_layout
 from harness.oracle.checks import TokenTrace, check_batch, tie_rule
 from harness.oracle.dense import DenseOutput, generate_dense

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from harness.cli.limits import (
+from harness.kv_layout import KVLayout
+from harness.limits import (
     MEMORY_FRACTION,
     available_bytes,
     check_context,
     check_memory,
     kv_bytes,
 )
-from harness.kv_layout import KVLayout
 from harness.runtime.requests import Request
 from harness.settings import CheckSettingsError
 

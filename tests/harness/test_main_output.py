@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 import harness.figures
 import harness.oracle.equivalence
 from harness.cli.main import main
-from harness.cli.output import PLOT_FORMATS, write_replacing
+from harness.output_files import PLOT_FORMATS, write_replacing
 from tests.support.harness_cases import save_model_directory, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

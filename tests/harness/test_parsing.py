@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.parsing import (
+from harness.parsing import (
     EXIT_INTERRUPTED,
     exit_on_interrupt,
     int_in,

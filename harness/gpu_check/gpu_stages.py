@@ -4,7 +4,7 @@ bug (the driver records the error and goes on).
 
 ``FULL`` is the GPU run, ``SMOKE`` the CPU minute CI runs. Stages, most important first:
 the environment, the CUDA tests' cases (``harness.oracle.device_cases``), where a bf16
-engine run's time goes (``harness.oracle.gpu_profile``), the three checks,
+engine run's time goes (``harness.gpu_check.gpu_profile``), the three checks,
 the kernels against SDPA, the bf16 decode benchmark.
 """
 
@@ -24,8 +24,12 @@ import transformers
 
 from harness.bench import attention as bench_attention
 from harness.bench import decode as bench_decode
+from harness.gpu_check import gpu_plan
+from harness.gpu_check.gpu_plan import DTYPES, FULL, KERNEL_TOLERANCE, Json, Log, Plan
+from harness.gpu_check.gpu_profile import stage_engine_profile
+from harness.gpu_check.random_smollm2 import random_smollm2
+from harness.gpu_check.sdpa_probe import sdpa_backends, sdpa_new_shape_cost
 from harness.models import LoadedModel, ModelNotFoundError, load_model
-from harness.oracle import gpu_plan
 from harness.oracle.device_cases import (
     paged_cache_generate_failures,
     paged_equals_dense_failures,
@@ -36,10 +40,6 @@ from harness.oracle.equivalence import (
     run_equivalence,
     tight_total_blocks,
 )
-from harness.oracle.gpu_plan import DTYPES, FULL, KERNEL_TOLERANCE, Json, Log, Plan
-from harness.oracle.gpu_profile import stage_engine_profile
-from harness.oracle.random_smollm2 import random_smollm2
-from harness.oracle.sdpa_probe import sdpa_backends, sdpa_new_shape_cost
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool

@@ -1,5 +1,6 @@
-"""Command-line plumbing shared by pagedkv's scripts: bad input is one line, never a traceback,
-and Ctrl-C is one line and exit 130, from the first instant."""
+"""Command-line plumbing shared by pagedkv's scripts (the CLI, the benchmarks, the kit, the
+tiny-model script): bad input is one line, never a traceback, and Ctrl-C is one line and
+exit 130, from the first instant."""
 
 import argparse
 import os

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from harness.oracle.gpu_plan import ModelShape
+from harness.gpu_check.gpu_plan import ModelShape
 
 
 def random_smollm2(

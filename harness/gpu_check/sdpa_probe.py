@@ -12,7 +12,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.bench.attention import timed
-from harness.oracle.gpu_plan import DTYPES
+from harness.gpu_check.gpu_plan import DTYPES
 from harness.runtime.sdpa_order import HARNESS_ORDER, harness_sdpa_order
 
 # SmolLM2's attention: 9 query heads over 3 KV heads of 64.

@@ -1,6 +1,6 @@
-"""Output files of the commands: checked before the long work starts, written whole or not at
-all (a temporary file in the same directory, renamed into place), so Ctrl-C or a full disk
-never leaves half a file behind.
+"""Output files of the commands (the main command's, the decode benchmark's): checked before
+the long work starts, written whole or not at all (a temporary file in the same directory,
+renamed into place), so Ctrl-C or a full disk never leaves half a file behind.
 """
 
 import os
@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.cli.parsing import UsageError
+from harness.parsing import UsageError
 
 # What matplotlib's savefig writes (Figure().canvas.get_supported_filetypes(), fixed here so
 # checking a name does not import matplotlib).

@@ -16,9 +16,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from harness.bench.attention import synchronize
 from harness.bench.decode_methods import run_engine_holding_all
+from harness.gpu_check.gpu_plan import Json, Log, Plan
+from harness.gpu_check.random_smollm2 import random_smollm2
 from harness.models import LoadedModel
-from harness.oracle.gpu_plan import Json, Log, Plan
-from harness.oracle.random_smollm2 import random_smollm2
 from harness.runtime.requests import Request
 from harness.runtime.results import EngineResult
 from harness.runtime.sdpa_order import describe_order, harness_sdpa_order
