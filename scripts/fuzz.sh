@@ -20,7 +20,10 @@
 # example database .hypothesis/fuzz-db, so `pagedkv fuzz --replay` there replays them; paste
 # each one into tests/allocator/test_regressions.py, since saved cases do not survive a
 # Hypothesis upgrade.
-# Logs and tallies go to .hypothesis/fuzz-logs/. Exits 1 if any worker found a failure.
+# At the end, the saved cases are replayed: a failure found as the time ran out is still
+# being shrunk at the interrupt and reported by no worker, but it is saved.
+# Logs and tallies go to .hypothesis/fuzz-logs/. Exits 1 if any worker found a failure, or
+# a saved case fails on that replay.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -114,6 +117,20 @@ cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(dat
     { split($1, c, "="); split($2, s, "="); cases += c[2]; steps += s[2]; runs += 1 }
     END { printf "fuzz: %d worker(s), %d s, %d process(es), %d test cases, %d steps\n",
           workers, wall, runs, cases, steps }' | tee "$logs/summary.txt"
+if [ "$failed" -eq 0 ]; then
+    # A failure found shortly before the deadline is still being shrunk at the interrupt,
+    # and pytest reports nothing; Hypothesis has saved it in the database as it shrank.
+    # So replay what is saved (seconds: nothing is generated): it fails if such a case,
+    # or an older one that still fails, is there.
+    status=0
+    HYPOTHESIS_PROFILE=fuzz-replay timeout --foreground -s INT -k 10 120 \
+        python -m pytest -q -p no:cacheprovider "$fuzz_file" >"$logs/replay.log" 2>&1 || status=$?
+    if [ "$status" -eq 1 ]; then
+        grep '^FAILED ' "$logs/replay.log" >&2 || true
+        echo "fuzz: a saved case fails on replay (found as the time ran out, or before; see $logs/replay.log)" >&2
+        failed=1
+    fi
+fi
 if [ "$failed" -ne 0 ]; then
     echo "fuzz: a failure was found; replay it with: pagedkv fuzz --replay ${options[*]} (it is in .hypothesis/fuzz-db)" >&2
     exit 1

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from harness.cluster.failures import failed_tests, shrunk_steps
 from harness.cluster.shared_database import LOCAL_ENV, SHARED_ENV
-from harness.cluster.worker import PYTEST
+
+PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider")  # a worker's run adds "-x"
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,11 @@ def replay(
     environment: Mapping[str, str],
     database: str | None,
     local_database: str,
+    *,
+    timeout_s: float | None = None,
 ) -> Replay:
-    """Replay the failures saved for ``test_file`` (run from ``source_root``)."""
+    """Replay the failures saved for ``test_file`` (run from ``source_root``); a replay
+    still running after ``timeout_s`` is killed, and answers status 124 with no failure."""
     variables = {
         **os.environ,
         **environment,
@@ -46,13 +50,17 @@ def replay(
     variables.pop(SHARED_ENV, None)
     if database:
         variables[SHARED_ENV] = database
-    done = subprocess.run(
-        [sys.executable, *PYTEST, test_file],
-        cwd=source_root,
-        env=variables,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, *PYTEST, test_file],
+            cwd=source_root,
+            env=variables,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return Replay(124, [], [], f"the replay did not end within {timeout_s} s")
     output = done.stdout + done.stderr
     return Replay(done.returncode, failed_tests(output), shrunk_steps(output), output)

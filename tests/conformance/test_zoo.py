@@ -13,7 +13,7 @@ from tests.conformance.zoo import ZOO, Mutant
 # Seeded and small: each mutant is caught within this many steps (most in a few hundred),
 # its run shrunk for at most SHRINK_SECONDS to at most SHRUNK_STEPS steps.
 STEPS = 1500
-SHRINK_SECONDS = 10
+SHRINK_SECONDS = 30
 SHRUNK_STEPS = 40  # arrivals included; a test case runs up to 50
 
 
