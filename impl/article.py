@@ -11,8 +11,8 @@ mutable record, ``impl.records.RequestBlockTable``), ``release`` returning its b
 request it holds was allocated by count. It skips only their result records, which it has
 no use for (``allocate``'s and ``append``'s slots, built per token), by calling what they
 call: ``KVCacheManager._allocate_count`` and the growth path ``KVCacheGroups.grow``.
-``append_slot``'s in-block case is that path's first case (``Table.room``) inlined,
-because it is the article's hot path.
+``append_slot``'s in-block case (``Table.room``, which ``grow`` leaves to its callers) is
+inlined, as ``KVCacheManager.append``'s is, because it is the article's hot path.
 """
 
 from collections.abc import Mapping, Sequence

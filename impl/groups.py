@@ -5,9 +5,10 @@ sliding window (``SlidingWindowGroup``: it releases a table's leading blocks onc
 query reads them, the window rule of ``spec.growth``) or a recurrent state
 (``RecurrentStateGroup``: one block per table, checkpointed and copied on the rules of
 ``spec.kinds``). ``KVCacheGroups`` applies an
-operation to a request's table in every group, group 0 first: growing a table (one path,
-whose first case is the in-block one: ``Table.room``), forking, releasing, truncating. A prompt's
-prefix hit across the groups is ``impl.prefix_hits``'.
+operation to a request's table in every group, group 0 first: growing a table (``grow``:
+the in-block case, ``Table.room``, is its callers'; an early return for one group opening
+blocks; then the general path), forking, releasing, truncating. A prompt's prefix hit
+across the groups is ``impl.prefix_hits``'.
 
 It takes blocks from the ``BlockPool`` and gives them back through the host tier
 (``HostTier.keep_in_flight``: the blocks a pending copy still needs wait there), and never

@@ -1,2 +1,5 @@
-"""The command line: one-line errors for every script, and the main command's options and
-report. Importing it loads no torch (the allocator benchmarks use ``parsing``)."""
+"""The command line, the top floor: ``python -m harness`` (``main``), the ``pagedkv`` console
+script and its subcommands, and what only they print (the report, the block map, where
+``--events`` go). Nothing else in ``harness`` imports it; what the commands share (one-line
+errors, settings, limits, dtypes, output files) sits below it. Importing the package loads
+no torch."""
