@@ -4,11 +4,13 @@ The lifecycle of a request is the article's: tokenize (done by the caller) -> al
 blocks -> prefill -> sample -> append -> decode loop -> release. Per engine step:
 1. the scheduler (``harness.runtime.scheduler``) chooses every running request's tokens;
    each gets every group's table and its tokens' slots in one manager call, ``append``
-   (a decode token, a token and its drafts, or a chunk), preempting the most recently
-   admitted when the pool is dry (``harness.runtime.preemption``: by recompute, or by
-   swap to the host tier with ``preemption="swap"``), so no victim sits in the step's
-   forward; the transfers the appends ask for (copy-on-write copies) are made in the
-   store before any preemption, a victim's at its preemption;
+   (a decode token, a token and its drafts, or a chunk), made by ``Scheduler.grow``
+   called from the loop (a decode step reaches the block pool in 5 frames below
+   ``run``); when the pool is dry it hands back the most recently admitted and the engine
+   preempts it (``harness.runtime.preemption``: by recompute, or by swap to the host tier
+   with ``preemption="swap"``), so no victim sits in the step's forward; the transfers the
+   appends ask for (copy-on-write copies) are made in the store before any preemption, a
+   victim's at its preemption;
 2. waiting requests are admitted first-come-first-served while their prompt's blocks can
    be allocated (``allocate`` gives the slots of what the first forward feeds: a prefix
    hit's ``cached_tokens`` are not fed again), a swapped one by ``swap_in`` and its one
@@ -44,7 +46,7 @@ from harness.runtime.events import PoolEvent, PoolEventKind, PoolObserver, ignor
 from harness.runtime.host_tier import HostTierSteps
 from harness.runtime.kv_store import KVStore
 from harness.runtime.paged_attention import forward_step, using_paged_attention
-from harness.runtime.preemption import PreemptMode, append_or_preempt
+from harness.runtime.preemption import PreemptMode
 from harness.runtime.requests import (
     Request,
     RequestOutput,
@@ -136,7 +138,12 @@ class Engine:
                     if not running and waiting[0].request.arrival_step > step:
                         step = waiting[0].request.arrival_step  # nothing to do until then
                     self._step = step
-                    grown = self._grow_scheduled(running, waiting, scheduler.schedule(running))
+                    # Every scheduled request's slots, one append each; a dry pool's victims
+                    # preempted as they come (the scheduler picks them, the engine acts).
+                    grown: dict[str, AppendedSlots] = {}
+                    scheduled = scheduler.schedule(running)
+                    while (victim := scheduler.grow(running, scheduled, grown)) is not None:
+                        self._preempt(victim, waiting)
                     while waiting and waiting[0].request.arrival_step <= step:
                         budget = scheduler.budget_left(running, grown)
                         appended = self._admit(waiting[0], budget) if budget >= 1 else None
@@ -190,36 +197,6 @@ class Engine:
         )
 
     # -- the step ------------------------------------------------------------------------
-
-    def _grow_scheduled(
-        self,
-        running: list[RunningRequest],
-        waiting: deque[RunningRequest],
-        scheduled: list[RunningRequest],
-    ) -> dict[str, AppendedSlots]:
-        """Give every ``scheduled`` request the slots of its tokens (a decode's token and
-        drafts, a prefill's next chunk), one ``append`` each, preempting when the pool is
-        dry (``append_or_preempt``); victims go back to the head of ``waiting`` in
-        admission order.
-
-        NOTE: the transfers the appends ask for (copy-on-write copies) are made in the
-        store before any victim is preempted: a victim's release may free a copy's source
-        block, which a poisoned pool would fill with NaN before the copy.
-        """
-        grown: dict[str, AppendedSlots] = {}
-        scheduled_ids = {r.request.request_id for r in scheduled}
-
-        def grow(current: RunningRequest) -> None:
-            if current.request.request_id in scheduled_ids:
-                grown[current.request.request_id] = self.scheduler.append(current)
-
-        def preempt(victim: RunningRequest) -> None:
-            self._transfer()
-            self._preempt(victim)
-            waiting.appendleft(victim)
-
-        append_or_preempt(running, grow, preempt)
-        return grown
 
     def _forward_groups(self, running: list[RunningRequest]) -> list[list[RunningRequest]]:
         """Which running requests share a forward: all of them, packed in one."""
@@ -387,9 +364,18 @@ class Engine:
         self.store.release(request_id, list(released.freed_block_ids))
         self._notify("release", request_id)
 
-    def _preempt(self, running: RunningRequest) -> None:
-        swapped = self.host_tier.preempt(running)
-        self._notify("swap_out" if swapped else "preempt", running.request.request_id)
+    def _preempt(self, victim: RunningRequest, waiting: deque[RunningRequest]) -> None:
+        """Preempt ``victim`` (``Scheduler.grow``'s, when the pool is dry) and put it back
+        at the head of ``waiting``.
+
+        NOTE: the transfers the step's appends asked for (copy-on-write copies) are made in
+        the store first: the victim's release may free a copy's source block, which a
+        poisoned pool would fill with NaN before the copy.
+        """
+        self._transfer()
+        swapped = self.host_tier.preempt(victim)
+        self._notify("swap_out" if swapped else "preempt", victim.request.request_id)
+        waiting.appendleft(victim)
 
     def _notify(self, kind: PoolEventKind, *request_ids: str) -> None:
         self.observer(PoolEvent(kind, self._step, request_ids), self.manager)

@@ -1,9 +1,11 @@
 """Preemption: the one loop that grows every running request, making room by preempting
 the most recently admitted, and the one call that preempts a victim (by swap or recompute).
 
-The engine and both allocator benchmarks (``harness.bench.allocator``,
-``harness.bench.prefix``) run them; what "grow" means, and what a victim's copies move, is
-theirs. Torch-free.
+Both allocator benchmarks (``harness.bench.allocator``, ``harness.bench.prefix``) run the
+loop, what "grow" means theirs; the engine runs its rule without callbacks
+(``Scheduler.grow`` hands each victim back, the engine preempts it). The engine's host tier
+(``harness.runtime.host_tier``) and ``harness.bench.prefix`` preempt with the call; what a
+victim's copies move is theirs. Torch-free.
 """
 
 from collections.abc import Callable

@@ -154,6 +154,46 @@ class Scheduler:
         tokens = tuple(pending) if self.prefix_caching else len(pending)
         return self.manager.append(running.request.request_id, tokens)
 
+    def grow(
+        self,
+        running: list[RunningRequest],
+        scheduled: list[RunningRequest],
+        grown: dict[str, AppendedSlots],
+    ) -> RunningRequest | None:
+        """Give each of ``scheduled`` not in ``grown`` yet its pending tokens' slots, in order,
+        one ``append`` each (``append``'s call, inlined: a decode step's one frame between the
+        engine's loop and the manager), filed in ``grown``; ``None`` once all have them.
+
+        When the pool is dry (``BlockAllocationError``): the victim, the most recently
+        admitted, leaves ``running`` (and ``scheduled``) and is returned for the caller to
+        preempt; the caller then calls again, and the request whose append failed tries
+        again (``harness.runtime.preemption.append_or_preempt``'s rule). A victim has not
+        appended yet this step, or it is the request whose append failed; victims come last
+        admitted first, so a caller that puts each back at the head of its waiting queue
+        keeps them in admission order.
+
+        ``scheduled``: ``schedule``'s answer, in running order, so the requests left to grow
+        are its end and a scheduled victim is its last.
+        """
+        append = self.manager.append
+        prefix_caching = self.prefix_caching
+        index = len(grown)
+        while index < len(scheduled):
+            current = scheduled[index]
+            pending = current.pending_ids
+            request_id = current.request.request_id
+            try:
+                grown[request_id] = append(
+                    request_id, tuple(pending) if prefix_caching else len(pending)
+                )
+            except BlockAllocationError:
+                victim = running.pop()
+                if scheduled[-1] is victim:
+                    scheduled.pop()
+                return victim
+            index += 1
+        return None
+
     def schedule(self, running: list[RunningRequest]) -> list[RunningRequest]:
         """Choose every running request's tokens for this step (its ``pending_ids``);
         returns those that feed any, in running order.

@@ -6,6 +6,7 @@ prompt never wrote, or a block freed under it, ruins the logits.
 """
 
 import random
+from collections import deque
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -62,9 +63,9 @@ class PreemptRecorder(Engine):
 
     mid_prefill: ClassVar[list[bool]] = []
 
-    def _preempt(self, running: RunningRequest) -> None:
-        self.mid_prefill.append(running.prefill and running.computed > 0)
-        super()._preempt(running)
+    def _preempt(self, victim: RunningRequest, waiting: deque[RunningRequest]) -> None:
+        self.mid_prefill.append(victim.prefill and victim.computed > 0)
+        super()._preempt(victim, waiting)
 
 
 class BudgetRecorder(Engine):

@@ -27,6 +27,7 @@ from harness.runtime.requests import Request, RunningRequest
 from harness.runtime.scheduler import Scheduler
 from harness.tiny_models import tiny_model
 from impl import AppendedSlots, KVCacheManager
+from impl.block_pool import BlockPool
 
 BLOCK_SIZE = 4
 TOTAL_BLOCKS = 64
@@ -53,10 +54,14 @@ class CountingManager(KVCacheManager):
         return counted
 
 
-def run_logged(
-    architecture: str, engine_type: type[Engine] = Engine, *, prefix_caching: bool = True
-) -> list[tuple[str, object]]:
-    """Three requests of different lengths on a roomy pool; the manager's call log."""
+def run_tiny(
+    architecture: str,
+    manager_type: type[KVCacheManager],
+    engine_type: type[Engine] = Engine,
+    *,
+    prefix_caching: bool = True,
+) -> KVCacheManager:
+    """Three requests of different lengths on a roomy pool; the manager they ran on."""
     loaded = tiny_model(architecture, seed=0)
     layout = kv_layout(loaded)
     rng = random.Random(5)
@@ -64,16 +69,25 @@ def run_logged(
         Request(f"r{n}", tuple(rng.randrange(256) for _ in range(9 + 5 * n)), 4 + 3 * n)
         for n in range(3)
     ]
-    manager = CountingManager(TOTAL_BLOCKS, BLOCK_SIZE, group_windows=layout.group_windows)
+    manager = manager_type(TOTAL_BLOCKS, BLOCK_SIZE, group_windows=layout.group_windows)
 
     def mark_steps(event: PoolEvent, _: KVCacheManager) -> None:
-        if event.kind == "step":
+        if event.kind == "step" and isinstance(manager, CountingManager):
             manager.calls.append((STEP, event.step))
 
     pool = PagedKVPool(layout, TOTAL_BLOCKS, BLOCK_SIZE)
     engine_type(
         loaded.model, manager, pool, None, prefix_caching=prefix_caching, observer=mark_steps
     ).run(requests)
+    return manager
+
+
+def run_logged(
+    architecture: str, engine_type: type[Engine] = Engine, *, prefix_caching: bool = True
+) -> list[tuple[str, object]]:
+    """``run_tiny`` on a ``CountingManager``; its call log."""
+    manager = run_tiny(architecture, CountingManager, engine_type, prefix_caching=prefix_caching)
+    assert isinstance(manager, CountingManager)
     return manager.calls
 
 
@@ -188,9 +202,14 @@ def test_no_helper_calls_a_method_of_the_engine() -> None:
 class _CallsBackScheduler(Scheduler):
     engine: Engine
 
-    def append(self, running: RunningRequest) -> AppendedSlots:
+    def grow(
+        self,
+        running: list[RunningRequest],
+        scheduled: list[RunningRequest],
+        grown: dict[str, AppendedSlots],
+    ) -> RunningRequest | None:
         self.engine._notify("step")  # a helper reaching back into the engine
-        return super().append(running)
+        return super().grow(running, scheduled, grown)
 
 
 class CalledBackEngine(Engine):
@@ -206,3 +225,52 @@ class CalledBackEngine(Engine):
 
 def test_a_helper_that_calls_back_into_the_engine_is_caught() -> None:
     assert any("-> _notify" in call for call in engine_calls_from_helpers(CalledBackEngine))
+
+
+# -- a decode step's depth: the engine's loop to the block pool ----------------------------
+
+# vLLM v1: ``Scheduler.schedule -> KVCacheManager.allocate_slots -> coordinator ->
+# single-type manager -> BlockPool.get_new_blocks`` (5); nano-vllm: ``Scheduler.schedule ->
+# BlockManager.may_append -> _allocate_block`` (3).
+MAX_DECODE_FRAMES = 5
+
+
+def decode_take_chains(architecture: str, *, prefix_caching: bool) -> list[list[str]]:
+    """Run ``run_tiny``'s requests on a plain ``KVCacheManager`` (blocks of 4, so decodes
+    cross into new blocks); for each ``BlockPool.take`` an ``append`` reaches, the frames
+    from the engine's loop down.
+
+    Counted: every frame strictly below ``Engine.run`` (the frame of the step loop that a
+    caller's ``run`` enters once: each step's growth is called from it), down to and
+    including ``BlockPool.take`` (where a decode's new block leaves the pool); the first
+    is the frame ``Engine.run`` calls.
+    """
+    run_code = Engine.run.__code__
+    original_take = BlockPool.take
+    chains: list[list[str]] = []
+
+    def take(pool: BlockPool, count: int, group: int) -> list[int]:
+        chain = ["BlockPool.take"]
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_code is not run_code:
+            chain.append(frame.f_code.co_qualname)
+            frame = frame.f_back
+        if frame is not None and "KVCacheManager.append" in chain:
+            chains.append(chain[::-1])
+        return original_take(pool, count, group)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BlockPool, "take", take)
+        run_tiny(architecture, KVCacheManager, prefix_caching=prefix_caching)
+    return chains
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma2"])
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_a_decode_step_reaches_the_block_pool_in_at_most_five_frames(
+    architecture: str, prefix_caching: bool
+) -> None:
+    chains = decode_take_chains(architecture, prefix_caching=prefix_caching)
+    assert chains  # decodes crossed into new blocks
+    deepest = max(chains, key=len)
+    assert len(deepest) <= MAX_DECODE_FRAMES, " -> ".join(["Engine.run", *deepest])

@@ -224,6 +224,18 @@ class _EarlyReleaseScheduler(Scheduler):
         self.engine = engine
         self._stale: dict[str, RequestBlockTable] = {}
 
+    def grow(
+        self,
+        running: list[RunningRequest],
+        scheduled: list[RunningRequest],
+        grown: dict[str, AppendedSlots],
+    ) -> RunningRequest | None:
+        """Each scheduled request through this class's ``append``; no preemption (a pool
+        with no room raises): its runs have room for every request."""
+        for current in scheduled[len(grown) :]:
+            grown[current.request.request_id] = self.append(current)
+        return None
+
     def append(self, running: RunningRequest) -> AppendedSlots:
         request_id = running.request.request_id
         stale = self._stale.get(request_id)
