@@ -84,3 +84,23 @@ def test_under_salts_a_duplicate_of_an_evicted_block_stays_cached(
         pool.append("r1", (0, 0, 0, 0, 0))  # evicts r0's block of 2 and r1's old blocks
         cached.append(pool.cached_prefix_tokens((2, 2), salts["r1"]))
     assert cached == [0, 1]
+
+
+@pytest.mark.parametrize("make", [SpecBackedManager, KVCacheManager], ids=["spec", "impl"])
+def test_under_salts_a_rewrite_after_a_rollback_leaves_the_shared_prefix_cached(
+    make: type[KVCacheManager],
+) -> None:
+    # The other counterexample ``SaltNeverRaisesHits`` leaves out (shrunk from a run of it
+    # in a fresh-clone CI): unsalted, r0's prompt hits r1's cached block 222, r0 alone
+    # holds it, rolls back into it and writes there, which forgets its key; the one copy
+    # of that prefix is gone. Under salts, r0 got a block of its own, and r1's stays cached.
+    cached = []
+    for salts in ({"r0": None, "r1": None}, {"r0": "a", "r1": "b"}):
+        pool = make(3, 3)
+        pool.allocate("r1", (2, 2, 2, 2, 2), salts["r1"])
+        pool.release("r1")  # 222 cached free
+        pool.allocate("r0", (2, 2, 2, 2, 2), salts["r0"])
+        pool.truncate("r0", 2)
+        pool.append("r0", (0,))
+        cached.append(pool.cached_prefix_tokens((2, 2, 2, 2, 2), salts["r1"]))
+    assert cached == [0, 3]

@@ -27,7 +27,10 @@ when it is freed, or the cached copy is evicted first, the cache loses K/V it ha
 the other pool may have cached that block (the salted one keys it apart; the smaller one
 had evicted the first copy before the duplicate was filled). Each relation fails there
 otherwise (``docs/verification.md``: the counterexamples, and ``test_metamorphic.py``'s
-scenario).
+scenario). For the same reason they stop where that pool forgets the key of a block a
+table holds: a write after a rollback into a cached block the writer alone holds forgets
+its key, and the one copy of that prefix goes, where a salted pool had given the writer a
+copy of its own and keeps the shared one.
 - ``ForkReleaseLeavesTheCache``: ``b`` also forks a request and releases the child at once.
   The pools stay equal but for the fork counter.
 - ``ResetIsAFreshPool``: pools with a host prefix cache of 0 to 4 blocks; at a drawn step
@@ -157,6 +160,9 @@ class PairMachine(RuleBasedStateMachine):
     def step(self, name: str, *args: object) -> None:
         """Apply ``name`` to every pool and judge each pair's answers, then do what the
         engine does next (``after``)."""
+        side = self.stops_at_a_duplicate_lost_by
+        watched = [pair[side] for pair in self.pairs] if side is not None else []
+        before = [held_keys(pool.to_spec()) for pool in watched]
         for a, b in self.pairs:
             answers = (
                 answer(a, name, *self.arguments(0, name, args)),
@@ -165,12 +171,12 @@ class PairMachine(RuleBasedStateMachine):
             if not self.diverged:
                 self.judge(f"{name}{args}", *answers)
         self.after(name)
-        side = self.stops_at_a_duplicate_lost_by
         if side is not None:
             for index, pair in enumerate(self.pairs):
+                state = pair[side].to_spec()
                 known = self.duplicates.get(index, {})
-                self.duplicates[index], lost = track_duplicates(known, pair[side].to_spec())
-                self.diverged |= lost
+                self.duplicates[index], lost = track_duplicates(known, state)
+                self.diverged |= lost or forgets_a_held_key(before[index], state)
 
     def judge(self, step: str, a: Answer, b: Answer) -> None:
         """The relation on one step's answers; by default the same answer."""
@@ -432,6 +438,26 @@ def track_duplicates(
     now = {b: k for b, k in held.items() if cached.get(k, b) != b}
     now.update({b: k for b, k in known.items() if held.get(b) == k and k in cached})
     return now, lost
+
+
+def held_keys(state: AllocatorState) -> dict[int, CacheKey]:
+    """The cached blocks a table holds, with their keys."""
+    held = {b for tables in state.group_tables for t in tables.values() for b in t.block_ids}
+    return {
+        block_id: key
+        for cache in state.group_caches
+        for key, block_id in cache.items()
+        if block_id in held
+    }
+
+
+def forgets_a_held_key(before: dict[int, CacheKey], state: AllocatorState) -> bool:
+    """Whether a block a table held cached ``before`` a step is still held, its key gone:
+    a write into a block a rollback cut into forgot it. The cache lost K/V it had, where a
+    pool in which the writer held its own copy (a salted one) keeps the shared one."""
+    now = held_keys(state)
+    held = {b for tables in state.group_tables for t in tables.values() for b in t.block_ids}
+    return any(b in held and now.get(b) != key for b, key in before.items())
 
 
 def without_totals(usage: KVBlockUsage) -> KVBlockUsage:
