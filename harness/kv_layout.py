@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from spec import GroupKind, RecurrentState
+from spec.kinds import group_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +91,8 @@ class KVLayout:
         """The kind of each KV cache group (``impl.KVCacheManager``'s ``group_windows``):
         the attention groups' windows, then ``RecurrentState(checkpoint_interval)`` for a
         hybrid's state group."""
-        windows: tuple[GroupKind, ...] = tuple(window for window, _ in self._attention_groups())
+        groups = enumerate(self._attention_groups())
+        windows = tuple(group_kind(group, window) for group, (window, _) in groups)
         if self.state_layers:
             windows += (RecurrentState(self.checkpoint_interval),)
         return windows

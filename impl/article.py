@@ -22,14 +22,13 @@ from impl.manager import KVCacheManager
 from impl.records import RequestBlockTable
 from impl.tables import Blocks, RequestTables, Table
 from spec import (
-    GroupKind,
+    GroupEntry,
     KVBlock,
     KVBlockUsage,
     check_group,
     check_token_count,
     unknown_request,
 )
-from spec.kinds import blocks_for_group
 
 
 @dataclass(eq=False)
@@ -45,13 +44,12 @@ class KVBlockManager:
     total_blocks: int
     block_size: int = 16
     _: KW_ONLY
-    group_windows: tuple[GroupKind, ...] = (None,)
+    group_windows: Sequence[GroupEntry] = (None,)
 
     def __post_init__(self) -> None:
         self._manager = KVCacheManager(
             self.total_blocks, self.block_size, group_windows=self.group_windows
         )
-        self.group_windows = self._manager.group_windows
         self.blocks: Sequence[KVBlock] = Blocks(self.total_blocks, self.block_size)
         self._request_tables = RequestTables(self._manager._tables)
 
@@ -145,7 +143,8 @@ class KVBlockManager:
     def can_allocate(self, token_count: int) -> bool:
         """Whether ``allocate`` of ``token_count`` tokens would find enough blocks now (a
         table's worth in every group)."""
-        needed = sum(blocks_for_group(self.block_size, token_count, k) for k in self.group_windows)
+        kinds = self._manager.group_windows
+        needed = sum(kind.table_blocks(self.block_size, token_count) for kind in kinds)
         return needed <= self.free_blocks
 
     def _table(self, request_id: str) -> Table:

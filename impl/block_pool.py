@@ -196,27 +196,12 @@ class BlockPool:
             self.pending_skipped[block_id] = None
 
     def copy_last_block(self, block_ids: list[int], destination: int) -> None:
-        """Copy-on-write: ``destination`` replaces the shared last block of ``block_ids``,
-        the pair waits for ``take_copies``."""
-        source = block_ids[-1]
+        """The write rule's copy: ``destination`` replaces the last block of ``block_ids``
+        (shared, or cached and kept by its kind) and the pair waits for ``take_copies``; the
+        caller drops the table's reference to the source (``KVCacheGroups.give_back``)."""
+        self.pending_copies.append((block_ids[-1], destination))
         block_ids[-1] = destination
-        self.ref_counts[source] -= 1
-        if self.ref_counts[source] == 1:
-            self.shared_blocks -= 1
-        self.pending_copies.append((source, destination))
         self.cow_copies += 1
-
-    def copy_state(self, block_ids: list[int], destination: int, group: int) -> None:
-        """A state group's write rule (``spec.kinds``): ``destination`` replaces the one block
-        of ``block_ids`` (a checkpoint or a fork's), the pair waits for ``take_copies``, and
-        the old block loses the table's reference; left with none, it joins its queue (the
-        cached free queue's tail, for a checkpoint). No host tier sits beside a state group,
-        so nothing stays in flight."""
-        source = block_ids[0]
-        block_ids[0] = destination
-        self.pending_copies.append((source, destination))
-        self.cow_copies += 1
-        self.queue(self.drop([source], group), group)
 
     def reset_caches(self) -> int:
         """Forget every cached prefix in every group: the cached free blocks join the tail

@@ -1,38 +1,29 @@
-"""The KV cache groups of a pool: their three kinds, and every table operation across them.
+"""Every table operation across the KV cache groups of a pool.
 
-A group is full attention (``FullAttentionGroup``: it keeps every block of a table), a
-sliding window (``SlidingWindowGroup``: it releases a table's leading blocks once no
-query reads them, the window rule of ``spec.growth``) or a recurrent state
-(``RecurrentStateGroup``: one block per table, checkpointed and copied on the rules of
-``spec.kinds``). ``KVCacheGroups`` applies an
-operation to a request's table in every group, group 0 first: growing a table (``grow``:
-the in-block case, ``Table.room``, is its callers'; an early return for one group opening
-blocks; then the general path), forking, releasing, truncating. A prompt's prefix hit
-across the groups is ``impl.prefix_hits``'.
+``KVCacheGroups`` applies an operation to a request's table in every group, group 0
+first, asking each group's kind (``impl.group_kinds``) where the kinds' rules differ:
+growing a table (``grow``: the in-block case, ``Table.room``, is its callers'; an early
+return for one group opening blocks; then the general path), forking, releasing,
+truncating. A prompt's prefix hit across the groups is ``impl.prefix_hits``'.
 
 It takes blocks from the ``BlockPool`` and gives them back through the host tier
 (``HostTier.keep_in_flight``: the blocks a pending copy still needs wait there), and never
 checks arguments: the front (``impl.manager``) has done that before it calls in.
 """
 
+from collections.abc import Mapping
 from itertools import islice
 from typing import ClassVar
 
 from impl.block_pool import BlockPool
-from impl.group_kinds import (
-    FullAttentionGroup,
-    RecurrentStateGroup,
-    SlidingWindowGroup,
-    group_kind,
-)
+from impl.group_kinds import IMPL_KINDS, FullAttentionGroup, impl_kinds
 from impl.host_tier import GroupBlock, HostTier, SwappedRequest
-from impl.prefix_cache import BlockHash
+from impl.prefix_cache import BlockHash, BlockKey
 from impl.tables import Table
 from spec import (
     BlockAllocationError,
     GroupKind,
     ReleasedBlocks,
-    blocks_for_tokens,
     errors,
     slot_index,
 )
@@ -41,25 +32,23 @@ from spec import (
 class KVCacheGroups:
     """The pool's groups, in order, and the operations that touch a table in each.
 
-    ``group_windows[g]`` names group g's kind (``None``: full attention) and
-    ``pool.caches[g]`` is its prefix cache; ``host`` keeps the blocks a copy between the
-    tiers still needs.
+    ``groups[g]`` is group g's kind (of ``group_windows[g]``) and ``pool.caches[g]`` its
+    prefix cache; ``host`` keeps the blocks a copy between the tiers still needs.
     """
 
     __slots__ = (
         "block_hash",
         "block_size",
+        "fast_open",
         "groups",
         "host",
         "pool",
-        "state_groups",
+        "slotless_groups",
         "windowed",
     )
 
-    # The kinds a subclass may swap for its own (the planted bugs of the tests do).
-    full_attention_group: ClassVar[type[FullAttentionGroup]] = FullAttentionGroup
-    sliding_window_group: ClassVar[type[SlidingWindowGroup]] = SlidingWindowGroup
-    recurrent_state_group: ClassVar[type[RecurrentStateGroup]] = RecurrentStateGroup
+    # The impl class of each kind; a subclass may swap one (the planted bugs of the tests do).
+    kind_classes: ClassVar[Mapping[type, type[FullAttentionGroup]]] = IMPL_KINDS
 
     def __init__(
         self,
@@ -70,36 +59,32 @@ class KVCacheGroups:
         block_hash: BlockHash,
     ) -> None:
         self.block_size = block_size
-        self.groups = [
-            group_kind(
-                window,
-                self.full_attention_group,
-                self.sliding_window_group,
-                self.recurrent_state_group,
-            )
-            for window in group_windows
-        ]
-        self.windowed = any(type(window) is int for window in group_windows)
-        # The state groups' indices: a table's ``state_groups`` (no slots there).
-        self.state_groups = tuple(g for g, kind in enumerate(self.groups) if kind.interval)
+        self.groups = impl_kinds(group_windows, self.kind_classes)
+        # Whether some group ever skips a block (else a table's skips stay 0, its next skip
+        # NEVER: ``Table``'s defaults).
+        self.windowed = any(kind.next_skip_at(block_size, 0) is not None for kind in group_windows)
+        # The groups whose blocks hold no per-token slot: a table's ``slotless_groups``.
+        self.slotless_groups = tuple(g for g, kind in enumerate(self.groups) if not kind.has_slots)
+        # Whether ``grow`` may take its block-opening case: one group, growing by token.
+        self.fast_open = len(self.groups) == 1 and self.groups[0].grows_by_token
         self.pool = pool
         self.host = host
         self.block_hash = block_hash
 
     # -- a table's state ------------------------------------------------------------------
 
-    def new_table(self, request_id: str, token_count: int, blocks: int) -> Table:
-        """A new table of ``token_count`` tokens allocated by count: ``blocks`` blocks in
-        each attention group, one in each state group (group 0's first). Refused
-        (``BlockAllocationError``) when the pool holds fewer than that."""
-        state_groups = self.state_groups
-        per_group = [1 if g in state_groups else blocks for g in range(len(self.groups))]
+    def new_table(self, request_id: str, token_count: int) -> Table:
+        """A new table of ``token_count`` tokens allocated by count: each group's kind's
+        ``table_blocks`` (group 0's first). Refused (``BlockAllocationError``) when the pool
+        holds fewer than that."""
+        block_size = self.block_size
+        per_group = [kind.table_blocks(block_size, token_count) for kind in self.groups]
         needed = sum(per_group)
         available = self.pool.free_blocks
         if needed > available:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
         held = [self.pool.take(count, group) for group, count in enumerate(per_group)]
-        table = Table(held, token_count, state_groups=state_groups)
+        table = Table(held, token_count, slotless_groups=self.slotless_groups)
         self.set_skipped(table, 0)
         return table
 
@@ -136,14 +121,15 @@ class KVCacheGroups:
         if room > 0 and not own_last_blocks:
             ref_counts = self.pool.ref_counts
             caches = self.pool.caches
-            state_groups = self.state_groups
             for group, held in enumerate(table.group_block_ids):
                 last = held[-1]
                 if ref_counts[last] != 1:
                     room = 0  # shared: the next append copies it first
                     break
-                if group not in state_groups and caches[group].block_keys[last] is not None:
-                    room = 0  # a rollback kept its key: the next append forgets it first
+                if caches[group].block_keys[last] is not None:
+                    # Cached: the next append forgets its key (a rollback kept it) or, by
+                    # its kind's write rule, copies it first.
+                    room = 0
                     break
         table.room = max(room, 0)
 
@@ -169,9 +155,8 @@ class KVCacheGroups:
         if (
             position % block_size == 0
             and position < table.next_skip_at
-            and len(group_block_ids) == 1
+            and self.fast_open
             and token_count
-            and not self.state_groups
         ):
             # NOTE: the block-opening case of a single group: the tokens start a block and
             # no window slides, so the table only takes its missing blocks (a decode
@@ -188,7 +173,6 @@ class KVCacheGroups:
             room = -end % block_size - (table.token_ids is not None)
             table.room = max(min(room, table.next_skip_at - end), 0)
             return
-        writes_into_last = token_count > 0 and position % block_size != 0
         drops: list[int] | None = None
         freed_by_skips = 0
         if position >= table.next_skip_at:
@@ -206,25 +190,28 @@ class KVCacheGroups:
                 )
                 drops.append(drop)
         needed: list[int] = []
-        copies: list[int] = []  # the groups whose shared, partly filled last block is copied
-        checkpoints = {
-            group: key
-            for group in self.state_groups
-            if (key := self.groups[group].checkpoint_key(table, token_count, pool.caches[group]))
-        }
-        for group, held in enumerate(table.group_block_ids):
-            if group in self.state_groups:
-                copy_state = token_count > 0 and (
-                    group in checkpoints
-                    or ref_counts[held[0]] > 1
-                    or pool.caches[group].block_keys[held[0]] is not None
-                )
-                needed.append(int(copy_state))
-                continue
-            count = blocks - table.skipped_blocks[group] - len(held)
-            if writes_into_last and ref_counts[held[-1]] > 1:
-                copies.append(group)
-                count += 1
+        copies: list[int] = []  # the groups whose last block is copied before the write
+        forgets: list[int] = []  # ... and those whose cached last block forgets its key
+        checkpoints: dict[int, BlockKey] = {}
+        caches = pool.caches
+        for group, (kind, held) in enumerate(zip(self.groups, group_block_ids, strict=True)):
+            spec_kind = kind.spec
+            key = kind.checkpoint_key(table, token_count, caches[group])
+            if key is not None:
+                checkpoints[group] = key
+            count = (
+                kind.table_blocks(block_size, position + token_count)
+                - table.skipped_blocks[group]
+                - len(held)
+            )
+            if token_count and spec_kind.rewrites_last_block(block_size, position):
+                last = held[-1]
+                cached = key is not None or caches[group].block_keys[last] is not None
+                if spec_kind.copies_before_write(ref_counts[last] > 1, cached):
+                    copies.append(group)
+                    count += 1
+                elif cached:
+                    forgets.append(group)  # a rollback kept its key: this write changes it
             needed.append(count)
         total = sum(needed)
         available = pool.free_blocks + freed_by_skips
@@ -234,28 +221,30 @@ class KVCacheGroups:
             for group, drop in enumerate(drops):
                 if drop:
                     self.skip(table, group, drop)
-        for group, held in enumerate(table.group_block_ids):
+        for group, held in enumerate(group_block_ids):
             count = needed[group]
-            if group in checkpoints:
-                pool.caches[group].insert(checkpoints[group], held[0])
-            if count and group in self.state_groups:
-                pool.copy_state(held, pool.take(1, group)[0], group)
-                table.changed()
-            elif count:
+            if checkpoints and group in checkpoints:
+                caches[group].insert(checkpoints[group], held[-1])
+            if count:
                 taken = pool.take(count, group)
                 if copies and group in copies:
-                    pool.copy_last_block(held, taken.pop(0))
+                    self.copy_before_write(held, taken.pop(0), group)
                 held.extend(taken)
                 table.changed()
-            if writes_into_last and group not in copies and group not in self.state_groups:
-                cache = pool.caches[group]
-                written = held[-1 - count]  # the last block before the new ones
-                if cache.block_keys[written] is not None:
-                    cache.evict(written)  # a rollback kept its key: this write changes it
+            if forgets and group in forgets:
+                caches[group].evict(held[-1 - count])
         table.token_count = position + token_count
         # Tokens added land in each group's own last block: one just taken, a copy of a
         # shared one, or one it held alone.
         self.set_room(table, own_last_blocks=token_count > 0)
+
+    def copy_before_write(self, held: list[int], destination: int, group: int) -> None:
+        """The write rule: ``destination`` replaces the last block of ``held``, the copy
+        waits for ``take_copies``, and the table's reference to the old block goes as
+        ``release`` drops one."""
+        source = held[-1]
+        self.pool.copy_last_block(held, destination)
+        self.give_back([source], group)
 
     def fork(self, parent: Table) -> Table:
         """A table sharing every block of ``parent``, one more reference each (for the
@@ -381,16 +370,13 @@ class KVCacheGroups:
         dropped blocks as ``release`` reports a table's, and the stale slots of each
         group's kept last block."""
         block_size = self.block_size
-        keep = blocks_for_tokens(block_size, token_count)
         held_before = table.token_count
         dropped: list[int] = []
         freed: list[int] = []
         cached: list[int] = []
         stale: list[tuple[int, ...]] = []
         for group, held in enumerate(table.group_block_ids):
-            if group in self.state_groups:
-                stale.append(())  # truncated to its own length: shorter was refused
-                continue
+            keep = self.groups[group].table_blocks(block_size, token_count)
             skipped = table.skipped_blocks[group]
             kept = keep - skipped
             group_dropped = held[kept:]

@@ -41,24 +41,22 @@ from spec import (
     AllocatorState,
     BlockAllocationError,
     CachedBlock,
-    GroupKind,
     KVBlockUsage,
     ReleasedBlocks,
     RequestBlockTable,
     Transfers,
-    blocks_for_tokens,
     errors,
-    first_window_token,
 )
-from spec.kinds import attention_window
+from spec.kinds import GroupEntry, group_kinds
 
 
 class KVCacheManager:
     """A pool of ``total_blocks`` blocks of ``block_size`` tokens, lent to requests.
 
-    Keyword-only: ``group_windows`` lists the KV cache groups that share the pool
-    (``None``: full attention; W: a sliding window of W tokens; ``RecurrentState(C)``: a
-    state group checkpointed every C tokens; the default is one full-attention group);
+    Keyword-only: ``group_windows`` lists the KV cache groups that share the pool, by
+    their kinds (``spec.kinds``: ``None`` or ``FullAttention()``; W or ``SlidingWindow(W)``,
+    a window of W tokens; ``RecurrentState(C)``, a state group checkpointed every C
+    tokens; the default is one full-attention group), held as kinds;
     ``block_hash`` is the prefix cache's hash of a parent hash and a
     block's token ids; ``event_sink`` (e.g. a list's ``append``) is called with every KV
     cache event (``spec.events``) once its call is done, and with ``None`` no event is built;
@@ -79,7 +77,7 @@ class KVCacheManager:
         total_blocks: int,
         block_size: int = 16,
         *,
-        group_windows: Sequence[GroupKind] = (None,),
+        group_windows: Sequence[GroupEntry] = (None,),
         block_hash: BlockHash = default_block_hash,
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
@@ -88,9 +86,8 @@ class KVCacheManager:
     ) -> None:
         errors.check_pool_shape(total_blocks, block_size)
         check_hooks(block_hash, event_sink, host_event_sink)
-        windows = errors.check_group_windows(group_windows)
         errors.check_host_tier(host_blocks, host_prefix_cache)
-        errors.check_state_groups(windows, block_size, host_blocks)
+        windows = group_kinds(group_windows, block_size, host_blocks)
         self.total_blocks = total_blocks
         self.block_size = block_size
         self.group_windows = windows
@@ -114,9 +111,7 @@ class KVCacheManager:
         moot = self._host.drop_moot_demotion if host_prefix_cache else None
         self._pool = self.block_pool_class(total_blocks, caches, emit, moot)
         self._groups = self.groups_class(block_size, windows, self._pool, self._host, block_hash)
-        self._hits = self.prefix_hits_class(
-            block_size, self._groups.groups, self._pool, self._host, block_hash
-        )
+        self._hits = self.prefix_hits_class(self._groups, block_hash)
         self._tables: dict[str, Table] = {}
         self._prefix_hit_tokens = 0
         self._preemptions = 0
@@ -149,15 +144,14 @@ class KVCacheManager:
             errors.check_cache_salt(cache_salt)
             errors.counted_with_salt(request_id)
         assert isinstance(tokens, int)  # narrowed by check_token_count
-        table = self._groups.new_table(request_id, tokens, self._blocks_for(tokens))
+        table = self._groups.new_table(request_id, tokens)
         self._tables[request_id] = table
         return table
 
     def _allocate_token_ids(
         self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None
     ) -> AppendedSlots:
-        blocks = self._blocks_for(len(token_ids))
-        table, cached_tokens = self._hits.allocate(request_id, token_ids, cache_salt, blocks)
+        table, cached_tokens = self._hits.allocate(request_id, token_ids, cache_salt)
         self._groups.set_skipped(table, cached_tokens)
         self._hits.cache_full_blocks(table, cached_tokens // self.block_size)
         self._tables[request_id] = table
@@ -256,10 +250,6 @@ class KVCacheManager:
             block_size=self.block_size,
             group_windows=self.group_windows,
             skipped_blocks=table.skipped_blocks,
-            first_reads=[
-                first_window_token(token_count, attention_window(kind))
-                for kind in self.group_windows
-            ],
         )
         return self._events.delivered(self._groups.truncate(table, token_count))
 
@@ -400,9 +390,6 @@ class KVCacheManager:
         """Raise ``AssertionError`` naming every spec invariant or counter this pool breaks,
         or a prefix cache whose hash index disagrees with its cached blocks."""
         checking.check_invariants(self.to_spec(), self.usage(), self._pool.caches)
-
-    def _blocks_for(self, token_count: int) -> int:
-        return blocks_for_tokens(self.block_size, token_count)
 
     def _check_new(self, request_id: str) -> None:
         """Refuse ``request_id`` for a new request: not a request id, or one in use."""

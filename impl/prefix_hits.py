@@ -4,58 +4,66 @@ the host's back, and caching the blocks a prompt fills.
 ``PrefixHits.match`` applies the hit rule of ``spec.caching`` to every group's prefix cache
 (``impl.prefix_cache``, one per group in the ``BlockPool``) and, with the host prefix
 cache, to the host tier's: the longest hit every group allows, a sliding-window group
-needing only the blocks its window reads, a state group a checkpoint at exactly the hit.
-The admission (``KVCacheManager.allocate``) checks
-the blocks it needs, then holds the device hits (``hold_hits``), takes a device block for
-each host hit with its copy in (``held_with_host_hits``) and caches what the prompt fills
-(``cache_full_blocks``). It never checks arguments: the front has done that.
+each group's kind saying which part of its cached blocks a hit holds (``hit_part``). The
+admission (``KVCacheManager.allocate``) checks the blocks it needs, then holds the device
+hits (``hold_hits``), takes a device block for each host hit with its copy in
+(``held_blocks``), copies a hit's last block where its kind's write rule says so
+(a state group's checkpoint) and caches what the prompt fills (``cache_full_blocks``). It
+never checks arguments: the front has done that.
 """
 
-from impl.block_pool import BlockPool
-from impl.group_kinds import FullAttentionGroup
-from impl.host_tier import HostTier
+from impl.groups import KVCacheGroups
 from impl.prefix_cache import BlockHash, BlockKey, default_block_hash
 from impl.tables import Table
 from spec import BlockAllocationError
 
 
 class PrefixHits:
-    """The prefix-cache operations of a prompt over the groups ``kinds`` (their windows),
-    the pool's caches and the host tier's."""
+    """The prefix-cache operations of a prompt over a pool's groups (``tables``: their
+    kinds, the pool's caches and the host tier's)."""
 
-    __slots__ = ("block_hash", "block_size", "groups", "host", "pool", "state_groups")
+    __slots__ = ("block_hash", "block_size", "groups", "host", "pool", "tables")
 
-    def __init__(
-        self,
-        block_size: int,
-        groups: list[FullAttentionGroup],
-        pool: BlockPool,
-        host: HostTier,
-        block_hash: BlockHash,
-    ) -> None:
-        self.block_size = block_size
-        self.groups = groups
-        self.state_groups = tuple(g for g, kind in enumerate(groups) if kind.interval)
-        self.pool = pool
-        self.host = host
+    def __init__(self, tables: KVCacheGroups, block_hash: BlockHash) -> None:
+        self.tables = tables
+        self.block_size = tables.block_size
+        self.groups = tables.groups
+        self.pool = tables.pool
+        self.host = tables.host
         self.block_hash = block_hash
 
     def allocate(
-        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None, blocks: int
+        self, request_id: str, token_ids: tuple[int, ...], cache_salt: str | None
     ) -> tuple[Table, int]:
-        """A new table of ``token_ids`` (``blocks`` per group) holding the longest prefix
-        cached under ``cache_salt`` and fresh blocks past it, and how many tokens hit; its
-        skips and its cached blocks are the caller's. Refused (``BlockAllocationError``)
-        when the queues, less the cached free blocks the hit holds again, hold fewer blocks
-        than the blocks past the hit and the host hits need; every block is hashed before
-        anything changes, so a hash that raises changes nothing either."""
+        """A new table of ``token_ids`` holding the longest prefix cached under
+        ``cache_salt`` and fresh blocks past it, and how many tokens hit; its skips and its
+        cached blocks are the caller's. Refused (``BlockAllocationError``) when the queues,
+        less the cached free blocks the hit holds again, hold fewer blocks than the blocks
+        past the hit, the host hits and the copies of the write rule need; every block is
+        hashed before anything changes, so a hash that raises changes nothing either."""
         block_size = self.block_size
         pool = self.pool
         cached_tokens, group_hits, group_host_hits, keys = self.match(token_ids, cache_salt)
-        per_group = blocks - cached_tokens // block_size
-        state_groups = self.state_groups
-        needed = per_group * (len(self.groups) - len(state_groups)) + len(state_groups)
-        needed += sum(map(len, group_host_hits))
+        tokens = len(token_ids)
+        per_group: list[int] = []  # each group's blocks past the hit, and its copy's
+        copies: list[int] = []  # the groups whose hit's last block is copied (``spec.growth``)
+        for group, kind in enumerate(self.groups):
+            spec_kind = kind.spec
+            hit = len(group_hits[group]) + len(group_host_hits[group])
+            count = (
+                kind.table_blocks(block_size, tokens)
+                - spec_kind.skipped_blocks_at(block_size, cached_tokens)
+                - hit
+            )
+            if (
+                hit
+                and spec_kind.rewrites_last_block(block_size, cached_tokens)
+                and spec_kind.copies_before_write(shared=False, cached=True)
+            ):
+                copies.append(group)
+                count += 1
+            per_group.append(count)
+        needed = sum(per_group) + sum(map(len, group_host_hits))
         cached_free = pool.cached_free  # an in-flight hit is unreferenced but not free
         held_again = sum(1 for hits in group_hits for b in hits if b in cached_free)
         available = pool.free_blocks - held_again
@@ -63,16 +71,13 @@ class PrefixHits:
             raise BlockAllocationError.out_of_blocks(request_id, needed, available)
         pool.caches[0].extend_keys(token_ids, keys, block_size, cache_salt)
         self.hold_hits(group_hits)
-        if any(group_host_hits):
-            held = self.held_with_host_hits(
-                cached_tokens, group_hits, group_host_hits, keys, per_group
+        if any(group_host_hits) or copies:
+            held = self.held_blocks(
+                cached_tokens, group_hits, group_host_hits, keys, per_group, copies=copies
             )
         else:
             held = [
-                self.take_state(hits, group)
-                if group in state_groups
-                else hits + pool.take(per_group, group)
-                for group, hits in enumerate(group_hits)
+                hits + pool.take(per_group[group], group) for group, hits in enumerate(group_hits)
             ]
         table = Table(
             held,
@@ -80,19 +85,9 @@ class PrefixHits:
             list(token_ids),
             keys,
             cache_salt=cache_salt,
-            state_groups=state_groups,
+            slotless_groups=self.tables.slotless_groups,
         )
         return table, cached_tokens
-
-    def take_state(self, hits: list[int], group: int) -> list[int]:
-        """A new table's one block in state group ``group``: a fresh block, into which the
-        write rule copies the checkpoint of the hit (``hits``, held already), if any."""
-        held = self.pool.take(1, group)
-        if hits:
-            fresh = held[0]
-            held[0] = hits[0]
-            self.pool.copy_state(held, fresh, group)
-        return held
 
     def hold_hits(self, group_hits: list[list[int]]) -> None:
         """Each group's device hits gain a reference (a cached free block leaves its queue,
@@ -113,29 +108,36 @@ class PrefixHits:
         self.host.copy_hits_in([host_id for _, host_id in host_hits], device_ids)
         return device_ids
 
-    def held_with_host_hits(
+    def held_blocks(
         self,
         cached_tokens: int,
         group_hits: list[list[int]],
         group_host_hits: list[list[tuple[int, int]]],
         keys: list[BlockKey],
-        per_group: int,
+        per_group: list[int],
+        *,
+        copies: list[int],
     ) -> list[list[int]]:
-        """Each group's blocks of a prompt whose hit is partly on the host only, group by
-        group: the host hits take their device blocks (``take_host_hits``), then the blocks
-        past the hit are taken; held in block index order with the device hits (held
-        already)."""
+        """Each group's blocks of a prompt whose hit is partly on the host only or copied
+        by its kind's write rule, group by group: the host hits take their device blocks
+        (``take_host_hits``), then the blocks past the hit are taken, held in block index
+        order with the device hits (held already); then, in ``copies``, the hit's last
+        block is copied into the first of them (``KVCacheGroups.copy_before_write``)."""
         held: list[list[int]] = []
+        block_size = self.block_size
         for group, (hits, host_hits) in enumerate(zip(group_hits, group_host_hits, strict=True)):
-            copied_in = self.take_host_hits(group, host_hits, keys)
+            copied_in = self.take_host_hits(group, host_hits, keys) if host_hits else []
             by_index = dict(zip((index for index, _ in host_hits), copied_in, strict=True))
-            first = self.groups[group].skip_target(self.block_size, cached_tokens)
+            first = cached_tokens // block_size - len(hits) - len(host_hits)
             device_hits = iter(hits)
             row = [
                 by_index[index] if index in by_index else next(device_hits)
-                for index in range(first, cached_tokens // self.block_size)
+                for index in range(first, first + len(hits) + len(host_hits))
             ]
-            held.append(row + self.pool.take(per_group, group))
+            taken = self.pool.take(per_group[group], group)
+            if group in copies:
+                self.tables.copy_before_write(row, taken.pop(0), group)
+            held.append(row + taken)
         return held
 
     def match(
@@ -166,8 +168,8 @@ class PrefixHits:
         parent: BlockKey | None = None
         parent_hash = caches[0].root_hash(cache_salt)
         longest = hit_limit
-        # A miss in a full-attention group ends the search; a window's or a state's does not.
-        reads_all = [group.window is None and not group.interval for group in groups]
+        # A miss in a group whose hit needs every block ends the search (full attention).
+        reads_all = [group.needs_every_block for group in groups]
         for index in range(hit_limit):
             chunk = token_ids[index * block_size : (index + 1) * block_size]
             if inline_hash:
@@ -200,41 +202,21 @@ class PrefixHits:
             _hit_runs([b if b is not None else on_host.get(i) for i, b in enumerate(group_found)])
             for group_found, on_host in zip(found, host_found, strict=True)
         ]
-        state_groups = self.state_groups
         for hit_blocks in range(longest, 0, -1):
-            firsts = [group.skip_target(block_size, hit_blocks * block_size) for group in groups]
-            state_hits = {g: self.state_hit(found[g], hit_blocks) for g in state_groups}
-            if None not in state_hits.values() and all(
-                run[hit_blocks - 1] >= hit_blocks - first
-                for group, (run, first) in enumerate(zip(runs, firsts, strict=True))
-                if group not in state_hits
-            ):
-                # The run check made every one of these a hit: the filter only narrows type.
-                hits = [
-                    state_hit
-                    if (state_hit := state_hits.get(group)) is not None
-                    else [b for b in group_found[first:hit_blocks] if b is not None]
-                    for group, (group_found, first) in enumerate(zip(found, firsts, strict=True))
-                ]
-                host_hits = [
-                    []
-                    if group in state_hits
-                    else [
-                        (i, on_host[i]) for i in range(first, hit_blocks) if group_found[i] is None
-                    ]
-                    for group, (group_found, on_host, first) in enumerate(
-                        zip(found, host_found, firsts, strict=True)
-                    )
-                ]
-                return hit_blocks * block_size, hits, host_hits, keys
+            parts = [
+                group.hit_part(block_size, group_found, on_host, run, hit_blocks)
+                for group, group_found, on_host, run in zip(
+                    groups, found, host_found, runs, strict=True
+                )
+            ]
+            if None not in parts:
+                return (
+                    hit_blocks * block_size,
+                    [part[0] for part in parts if part is not None],
+                    [part[1] for part in parts if part is not None],
+                    keys,
+                )
         return 0, [[] for _ in caches], [[] for _ in caches], keys
-
-    def state_hit(self, found: list[int | None], hit_blocks: int) -> list[int] | None:
-        """A state group's part of a hit of ``hit_blocks`` blocks (``found[i]``: its
-        checkpoint after block index i, or None): the checkpoint at exactly the hit, or
-        None when it has none there (the hit is not allowed)."""
-        block_id = found[hit_blocks - 1]
-        return None if block_id is None else [block_id]
 
     def cache_full_blocks(self, table: Table, first_index: int) -> None:
         """Cache every full block from ``first_index`` on, in every group, unless that
@@ -244,12 +226,15 @@ class PrefixHits:
         keys = table.keys
         full_blocks = len(table.token_ids) // self.block_size
         assert len(keys) >= full_blocks, "every full block is keyed before it is cached"
-        for group, (cache, held, skipped) in enumerate(
-            zip(self.pool.caches, table.group_block_ids, table.skipped_blocks, strict=True)
+        block_size = self.block_size
+        token_count = len(table.token_ids)
+        for kind, cache, held, skipped in zip(
+            self.groups, self.pool.caches, table.group_block_ids, table.skipped_blocks, strict=True
         ):
-            if group in self.state_groups:
-                continue  # a state group caches checkpoints only (``KVCacheGroups.grow``)
-            for index in range(max(first_index, skipped), full_blocks):
+            # An attention group's full blocks; none in a state group (it caches checkpoints).
+            for index in kind.spec.keyed_block_indices(
+                block_size, first_index, skipped, token_count
+            ):
                 cache.insert(keys[index], held[index - skipped])
 
 

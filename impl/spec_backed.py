@@ -11,7 +11,7 @@ and the spec-side benchmark times exactly what the specification does. Slow on p
 O(pool) per call.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -19,7 +19,7 @@ import spec
 from impl.events import deliver_events
 from impl.prefix_cache import EventSink
 from impl.records import AppendedSlots
-from spec import AllocatorState, GroupKind, take_events
+from spec import AllocatorState, GroupEntry, GroupKind, take_events
 from spec.api import OPERATIONS
 
 
@@ -47,7 +47,7 @@ class SpecBackedManager:
         total_blocks: int,
         block_size: int = 16,
         *,
-        group_windows: tuple[GroupKind, ...] = (None,),
+        group_windows: Sequence[GroupEntry] = (None,),
         event_sink: EventSink | None = None,
         host_blocks: int = 0,
         host_prefix_cache: bool = False,

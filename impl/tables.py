@@ -45,7 +45,7 @@ class Table:
         "next_skip_at",
         "room",
         "skipped_blocks",
-        "state_groups",
+        "slotless_groups",
         "token_count",
         "token_ids",
     )
@@ -58,11 +58,11 @@ class Table:
         keys: list[BlockKey] | None = None,
         *,
         cache_salt: str | None = None,
-        state_groups: tuple[int, ...] = (),
+        slotless_groups: tuple[int, ...] = (),
     ) -> None:
         self.group_block_ids = group_block_ids
-        # The state groups (``spec.kinds``): their one block has no per-token slot.
-        self.state_groups = state_groups
+        # The groups whose blocks hold no per-token slot (a state group's: ``spec.kinds``).
+        self.slotless_groups = slotless_groups
         self.skipped_blocks = [0] * len(group_block_ids)
         # With a windowed group, set by ``KVCacheGroups.set_next_skip``; else it stays NEVER.
         self.next_skip_at = NEVER
@@ -105,11 +105,11 @@ class Table:
             # NOTE: a list, not a generator, and no ``__new__`` of the named tuple: this is
             # the decode append's whole cost (measured: 2.4 -> 1.6 us a call).
             offset = (end - 1) % block_size
-            state_groups = self.state_groups
-            if state_groups:
+            slotless_groups = self.slotless_groups
+            if slotless_groups:
                 slots = tuple(
                     [
-                        () if group in state_groups else (held[-1] * block_size + offset,)
+                        () if group in slotless_groups else (held[-1] * block_size + offset,)
                         for group, held in enumerate(block_ids)
                     ]
                 )
@@ -119,10 +119,10 @@ class Table:
                 AppendedSlots,
                 (request_id, end, block_ids, skipped_blocks, slots, cached_tokens),
             )
-        state_groups = self.state_groups
+        slotless_groups = self.slotless_groups
         slots = tuple(
             ()
-            if group in state_groups
+            if group in slotless_groups
             else tuple(
                 held[p // block_size - skipped] * block_size + p % block_size
                 for p in range(end - new_tokens, end)
@@ -139,7 +139,7 @@ class Table:
             None if self.token_ids is None else list(self.token_ids),
             None if self.keys is None else list(self.keys),
             cache_salt=self.cache_salt,
-            state_groups=self.state_groups,
+            slotless_groups=self.slotless_groups,
         )
         child.skipped_blocks = list(self.skipped_blocks)
         child.next_skip_at = self.next_skip_at

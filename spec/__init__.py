@@ -24,11 +24,9 @@ from spec.errors import (
     check_block_id,
     check_cache_salt,
     check_group,
-    check_group_windows,
     check_host_tier,
     check_pool_shape,
     check_request_id,
-    check_state_groups,
     check_token_count,
     check_token_ids,
     check_truncate,
@@ -52,7 +50,14 @@ from spec.frozen_map import FrozenMap
 from spec.growth import allocate, append
 from spec.host_tier import HostCounters, HostTier, SwappedRequest
 from spec.invariants import INVARIANTS, is_usage_consistent, violated_invariants
-from spec.kinds import GroupKind, RecurrentState
+from spec.kinds import (
+    FullAttention,
+    GroupEntry,
+    GroupKind,
+    RecurrentState,
+    SlidingWindow,
+    group_kinds,
+)
 from spec.records import (
     AppendedSlots,
     CacheKey,
@@ -99,6 +104,8 @@ __all__ = [
     "CachedBlock",
     "EventReplayError",
     "FrozenMap",
+    "FullAttention",
+    "GroupEntry",
     "GroupKind",
     "HostBlockAllocationError",
     "HostCounters",
@@ -110,6 +117,7 @@ __all__ = [
     "ReleasedBlocks",
     "RequestBlockTable",
     "SharingCounters",
+    "SlidingWindow",
     "SwappedRequest",
     "Transfers",
     "allocate",
@@ -123,11 +131,9 @@ __all__ = [
     "check_block_id",
     "check_cache_salt",
     "check_group",
-    "check_group_windows",
     "check_host_tier",
     "check_pool_shape",
     "check_request_id",
-    "check_state_groups",
     "check_token_count",
     "check_token_ids",
     "check_truncate",
@@ -140,6 +146,7 @@ __all__ = [
     "get_cached_blocks",
     "get_tables",
     "get_transfers",
+    "group_kinds",
     "init",
     "is_swapped",
     "is_token_ids",

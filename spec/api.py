@@ -30,7 +30,6 @@ from typing import Any
 from spec import blocks, caching, growth, releasing, sharing, swap
 from spec.errors import check_cache_salt, check_prompt, is_token_ids
 from spec.events import CachedBlock
-from spec.kinds import is_state_group
 from spec.records import (
     AppendedSlots,
     KVBlockUsage,
@@ -264,12 +263,7 @@ def _appended_slots(
         tuple(t.block_ids for t in held),
         tuple(t.skipped_blocks for t in held),
         tuple(
-            ()
-            if is_state_group(kind)
-            else tuple(
-                slot_index(state.block_size, t.block_ids, p, t.skipped_blocks)
-                for p in range(token_count - new_tokens, token_count)
-            )
+            kind.slots(state.block_size, t, range(token_count - new_tokens, token_count))
             for kind, t in zip(state.group_windows, held, strict=True)
         ),
         cached_tokens,

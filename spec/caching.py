@@ -43,12 +43,10 @@ from spec.blocks import with_host
 from spec.events import AllBlocksCleared, BlockStored, CachedBlock
 from spec.frozen_map import FrozenMap
 from spec.host_tier import release_host_blocks
-from spec.kinds import is_state_group
 from spec.records import CacheKey
 from spec.state import (
     AllocatorState,
     TokenIds,
-    compute_skipped_blocks,
     emit,
     get_cache_salt,
     set_cache,
@@ -62,19 +60,14 @@ def is_hit_cached(
     hit_tokens: int,
     cache_salt: str | None = None,
 ) -> bool:
-    """Whether ``group`` caches, under ``cache_salt``, every block a hit of ``hit_tokens``
-    tokens needs there (on the device or the host: ``is_key_cached``): the blocks from
-    ``compute_skipped_blocks(hit_tokens)`` up to ``hit_tokens``; in a state group, the
-    checkpoint of exactly ``hit_tokens`` on the device (``spec.kinds``)."""
-    if is_state_group(state.group_windows[group]):
-        key = CacheKey(cache_salt, token_ids[:hit_tokens])
-        return hit_tokens == 0 or key in state.group_caches[group]
-    block_size = state.block_size
-    first = compute_skipped_blocks(state, group, hit_tokens)
-    return all(
-        is_key_cached(state, group, CacheKey(cache_salt, token_ids[: (index + 1) * block_size]))
-        for index in range(first, hit_tokens // block_size)
-    )
+    """Whether ``group`` caches, under ``cache_salt``, every key a hit of ``hit_tokens``
+    tokens needs there (on the device or the host: ``is_key_cached``): its kind's
+    ``hit_keys``, an attention group's full blocks from the first a query past the hit
+    reads, a state group's checkpoint of exactly ``hit_tokens`` (never on the host: a
+    state group has no host tier)."""
+    kind = state.group_windows[group]
+    keys = kind.hit_keys(state.block_size, token_ids, hit_tokens, cache_salt)
+    return all(is_key_cached(state, group, key) for key in keys)
 
 
 def is_key_cached(state: AllocatorState, group: int, key: CacheKey) -> bool:
@@ -106,14 +99,8 @@ def hit_keys(
     """The keys of the blocks a hit needs in ``group``, in index order (those not born
     skipped); in a state group, its checkpoint's (none for no hit)."""
     hit_tokens = cached_prefix_tokens(state, token_ids, cache_salt)
-    if is_state_group(state.group_windows[group]):
-        return [CacheKey(cache_salt, token_ids[:hit_tokens])] if hit_tokens else []
-    block_size = state.block_size
-    first = compute_skipped_blocks(state, group, hit_tokens)
-    return [
-        CacheKey(cache_salt, token_ids[: (index + 1) * block_size])
-        for index in range(first, hit_tokens // block_size)
-    ]
+    kind = state.group_windows[group]
+    return list(kind.hit_keys(state.block_size, token_ids, hit_tokens, cache_salt))
 
 
 def cached_prefix_blocks(
@@ -154,20 +141,21 @@ def get_cached_blocks(state: AllocatorState) -> frozenset[CachedBlock]:
 
 
 def cache_full_blocks(state: AllocatorState, request_id: str, first_index: int) -> AllocatorState:
-    """In each attention group, cache every full block the table holds from
-    ``first_index`` on under the request's salt, unless that group caches that key
-    already; each one cached emits ``BlockStored`` (its parent: the block the group caches
+    """In each group, cache each block its kind keys from ``first_index`` on (an
+    attention group's full blocks) under the request's salt, unless that group caches
+    that key already; each one cached emits ``BlockStored`` (its parent: the block the group caches
     the prefix before it in)."""
     token_ids = state.token_ids[request_id]
     cache_salt = get_cache_salt(state, request_id)
     block_size = state.block_size
     for group, tables in enumerate(state.group_tables):
-        if is_state_group(state.group_windows[group]):
-            continue
         table = tables[request_id]
         cache = state.group_caches[group]
-        start = max(first_index, table.skipped_blocks)
-        for index in range(start, len(token_ids) // block_size):
+        kind = state.group_windows[group]
+        indices = kind.keyed_block_indices(
+            block_size, first_index, table.skipped_blocks, len(token_ids)
+        )
+        for index in indices:
             prefix = CacheKey(cache_salt, token_ids[: (index + 1) * block_size])
             if prefix in cache:
                 continue

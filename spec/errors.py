@@ -14,9 +14,11 @@ and pagedkv's numbers follow, so code matching the article's messages keeps matc
 """
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import ClassVar, NoReturn, TypeGuard
+from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeGuard
 
-from spec.kinds import GroupKind, RecurrentState, is_state_group
+if TYPE_CHECKING:  # spec.kinds imports this module (through spec.rules)
+    from spec.kinds import GroupKind
+
 
 # The largest pool and block a manager accepts. NOTE: impl keeps a few words per block
 # (free queue, ref counts, cache keys), so 2**24 blocks cost ~0.5 GiB and ~3 s to set up;
@@ -123,61 +125,6 @@ def _check_index(name: str, value: object, count: int, things: str) -> int:
             f"{name} must be in [0, {count}) (the pool has {count} {things}), got {value}"
         )
     return value
-
-
-def check_group_windows(group_windows: object) -> tuple[GroupKind, ...]:
-    """Refuse KV cache groups that cannot be served; return them as a tuple.
-
-    One entry per group: ``None`` for full attention, an ``int`` W >= 1 for a sliding
-    window of W tokens, a ``RecurrentState`` for a state group (its interval is checked
-    against the block size by ``check_state_groups``). A tuple or list (TypeError), not
-    empty (ValueError), each entry ``None``, a ``RecurrentState`` or an ``int`` (TypeError,
-    ``bool`` refused) of at least 1 (ValueError).
-    """
-    if not isinstance(group_windows, tuple | list):
-        raise TypeError(
-            f"group_windows must be a tuple, got {type(group_windows).__name__} {group_windows!r}"
-        )
-    if not group_windows:
-        raise ValueError("group_windows must name at least 1 KV cache group, got 0")
-    for group, window in enumerate(group_windows):
-        if window is None or type(window) is RecurrentState:
-            continue
-        if type(window) is not int:
-            raise TypeError(
-                f"window of group {group} must be None, an int or a RecurrentState, "
-                f"got {type(window).__name__} {window!r}"
-            )
-        if window < 1:
-            raise ValueError(f"window of group {group} must be at least 1 token, got {window}")
-    return tuple(group_windows)
-
-
-def check_state_groups(
-    group_windows: Sequence[GroupKind], block_size: int, host_blocks: int
-) -> None:
-    """Refuse a state group whose interval is not an ``int`` (TypeError) that is a positive
-    multiple of ``block_size`` (ValueError: a checkpoint ends on a block boundary), and a
-    host tier beside a state group (ValueError: not specified yet, ``spec.kinds``)."""
-    for group, kind in enumerate(group_windows):
-        if not isinstance(kind, RecurrentState):
-            continue
-        interval = kind.interval
-        if type(interval) is not int:
-            raise TypeError(
-                f"interval of state group {group} must be an int, "
-                f"got {type(interval).__name__} {interval!r}"
-            )
-        if interval < 1 or interval % block_size:
-            raise ValueError(
-                f"interval of state group {group} must be a positive multiple of the block "
-                f"size {block_size}, got {interval}"
-            )
-        if host_blocks:
-            raise ValueError(
-                f"state group {group} cannot share a pool with a host tier yet: "
-                f"host_blocks must be 0, got {host_blocks}"
-            )
 
 
 def check_token_count(token_count: object) -> None:
@@ -304,35 +251,27 @@ def check_truncate(
     held_tokens: int,
     *,
     block_size: int,
-    group_windows: Sequence[GroupKind],
+    group_windows: "Sequence[GroupKind]",
     skipped_blocks: Sequence[int],
-    first_reads: Sequence[int],
 ) -> None:
     """Refuse (ValueError) to truncate a request holding ``held_tokens`` to more tokens, to
-    fewer in a pool with a state group (a recurrent state cannot be rewound), or to a
-    length whose next token would read, in some group, from a block its window released:
-    ``skipped_blocks[g] * block_size > first_reads[g]``, where ``first_reads[g]`` is
-    ``spec.rules.first_window_token(token_count, group_windows[g])``."""
+    fewer where a group's kind cannot be rewound (``GroupKind.check_truncate``: a
+    recurrent state), or to a length whose next token would read, in some group, from a
+    block its window released: ``skipped_blocks[g] * block_size`` past the kind's
+    ``first_read(token_count)``."""
     if token_count > held_tokens:
         raise ValueError(
             f"cannot truncate request {request_id!r} to {token_count} tokens: "
             f"it holds {held_tokens}"
         )
-    if token_count < held_tokens:
-        for group, kind in enumerate(group_windows):
-            if is_state_group(kind):
-                raise ValueError(
-                    f"cannot truncate request {request_id!r} from {held_tokens} to "
-                    f"{token_count} tokens: state group {group} holds a recurrent state, "
-                    "which cannot be rewound"
-                )
-    for group, (window, skipped, first_read) in enumerate(
-        zip(group_windows, skipped_blocks, first_reads, strict=True)
-    ):
+    for group, kind in enumerate(group_windows):
+        kind.check_truncate(group, request_id, held_tokens, token_count)
+    for group, (kind, skipped) in enumerate(zip(group_windows, skipped_blocks, strict=True)):
+        first_read = kind.first_read(token_count)
         if skipped * block_size > first_read:
             raise ValueError(
                 f"cannot truncate request {request_id!r} to {token_count} tokens: group "
-                f"{group} (window {window}) released its first {skipped} blocks "
+                f"{group} ({kind.name}) released its first {skipped} blocks "
                 f"({skipped * block_size} tokens), and the next token would read "
                 f"from token {first_read}"
             )

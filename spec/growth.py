@@ -53,9 +53,7 @@ from spec.errors import (
 )
 from spec.events import BlockRemoved
 from spec.frozen_map import FrozenMap
-from spec.kinds import RecurrentState, blocks_for_group, is_checkpoint_at, is_state_group
 from spec.records import RequestBlockTable
-from spec.rules import blocks_for_tokens
 from spec.state import (
     AllocatorState,
     TokenIds,
@@ -86,7 +84,7 @@ def allocate(
     )
     if isinstance(tokens, tuple):
         return _allocate_token_ids(state, request_id, tokens, cache_salt)
-    per_group = [blocks_for_group(state.block_size, tokens, k) for k in state.group_windows]
+    per_group = [kind.table_blocks(state.block_size, tokens) for kind in state.group_windows]
     needed = sum(per_group)
     if needed > free_blocks(state):
         raise BlockAllocationError.out_of_blocks(request_id, needed, free_blocks(state))
@@ -111,12 +109,26 @@ def _allocate_token_ids(
     the blocks past the hit and the host hits need. In a state group the hit is the
     checkpoint, held and then copied into the group's one fresh block (``spec.kinds``)."""
     groups = range(len(state.group_windows))
+    block_size = state.block_size
     hit_tokens = cached_prefix_tokens(state, token_ids, cache_salt)
     hits = [cached_prefix_blocks(state, token_ids, group, cache_salt) for group in groups]
     host_hits = [host_prefix_hits(state, token_ids, group, cache_salt) for group in groups]
     keys = [hit_keys(state, token_ids, group, cache_salt) for group in groups]
-    past_hit = blocks_for_tokens(state.block_size, len(token_ids)) - hit_tokens // state.block_size
-    per_group = [1 if is_state_group(k) else past_hit for k in state.group_windows]
+    # The hit's last block is cached; where the prompt's tokens past it write into it (a
+    # state group's checkpoint), the kind's write rule may copy it into a fresh block.
+    copies = [
+        bool(keys[group])
+        and kind.rewrites_last_block(block_size, hit_tokens)
+        and kind.copies_before_write(shared=False, cached=True)
+        for group, kind in enumerate(state.group_windows)
+    ]
+    per_group = [
+        kind.table_blocks(block_size, len(token_ids))
+        - kind.skipped_blocks_at(block_size, hit_tokens)
+        - len(keys[group])
+        + copies[group]
+        for group, kind in enumerate(state.group_windows)
+    ]
     needed = sum(per_group) + sum(len(group_hits) for group_hits in host_hits)
     held_again = [b for group_hits in hits for b in group_hits if b in state.cached_free_block_ids]
     available = free_blocks(state) - len(held_again)
@@ -134,12 +146,6 @@ def _allocate_token_ids(
         host=hold_in_flight(state.host, {b for h in hits for b in h}),
     )
     for group in groups:
-        if is_state_group(state.group_windows[group]):
-            state, taken = take_blocks(state, 1)
-            if hits[group]:
-                state = _copy_state(state, hits[group][0], taken[0])
-            state = set_table(state, group, RequestBlockTable(request_id, taken, len(token_ids)))
-            continue
         state, from_host = take_blocks(state, len(host_hits[group]))
         state = copy_in_from_host(state, group, host_hits[group], from_host, keys[group])
         state, taken = take_blocks(state, per_group[group])
@@ -149,6 +155,9 @@ def _allocate_token_ids(
             copied_in[index] if index in copied_in else next(device_hits)
             for index in range(len(keys[group]))
         )
+        if copies[group]:
+            state = _copy_before_write(state, held[-1], taken[0])
+            held, taken = (*held[:-1], taken[0]), taken[1:]
         skipped = compute_skipped_blocks(state, group, hit_tokens)
         table = RequestBlockTable(request_id, held + taken, len(token_ids), skipped)
         state = set_table(state, group, table)
@@ -223,67 +232,45 @@ def _grow(state: AllocatorState, request_id: str, token_count: int) -> Allocator
     state = _skip_out_of_window(state, request_id, computed_tokens)
     block_size = state.block_size
     new_token_count = computed_tokens + token_count
-    copies: list[bool] = []
-    needed: list[int] = []
+    tracked = request_id in state.token_ids
+    writes: list[bool] = []  # the groups whose last block the new tokens write into
+    copies: list[bool] = []  # ... and whose write copies it first
     checkpoints: list[bool] = []
+    needed: list[int] = []
     for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
         kind = state.group_windows[group]
+        cache = state.group_caches[group]
         checkpoints.append(
             token_count > 0
-            and request_id in state.token_ids
-            and isinstance(kind, RecurrentState)
-            and is_checkpoint_at(kind.interval, computed_tokens)
-            and checkpoint_key(state, request_id, computed_tokens) not in state.group_caches[group]
+            and tracked
+            and kind.is_checkpoint_at(computed_tokens)
+            and checkpoint_key(state, request_id, computed_tokens) not in cache
         )
-        if is_state_group(kind):
-            running = table.block_ids[0]
-            copy_state = token_count > 0 and (
-                checkpoints[group]
-                or running in state.group_caches[group].values()
-                or state.ref_counts[running] > 1
+        writes.append(token_count > 0 and kind.rewrites_last_block(block_size, computed_tokens))
+        last = table.block_ids[-1] if writes[group] else -1
+        copies.append(
+            writes[group]
+            and kind.copies_before_write(
+                shared=state.ref_counts[last] > 1,
+                cached=checkpoints[group] or last in cache.values(),
             )
-            copies.append(copy_state)
-            needed.append(int(copy_state))
-            continue
-        copy_on_write = (
-            token_count > 0
-            and computed_tokens % block_size != 0
-            and state.ref_counts[table.block_ids[-1]] > 1
         )
-        copies.append(copy_on_write)
         held = table.skipped_blocks + len(table.block_ids)
-        needed.append(blocks_for_tokens(block_size, new_token_count) - held + copy_on_write)
+        needed.append(kind.table_blocks(block_size, new_token_count) - held + copies[group])
     if sum(needed) > free_blocks(state):
         raise BlockAllocationError.out_of_blocks(request_id, sum(needed), free_blocks(state))
     for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
-        if is_state_group(state.group_windows[group]):
-            if checkpoints[group]:
-                state = cache_checkpoint(state, group, request_id, computed_tokens)
-            state, taken = take_blocks(state, needed[group])
-            if taken:
-                state = _copy_state(state, table.block_ids[0], taken[0])
-            state = set_table(
-                state,
-                group,
-                replace(table, block_ids=taken or table.block_ids, token_count=new_token_count),
-            )
-            continue
+        if checkpoints[group]:
+            state = cache_checkpoint(state, group, request_id, computed_tokens)
         state, taken = take_blocks(state, needed[group])
         block_ids = table.block_ids
-        writes_into_last = token_count > 0 and computed_tokens % block_size != 0
-        if writes_into_last and not copies[group]:
+        if writes[group] and not copies[group]:
             state = _forget_key(state, group, block_ids[-1])
         if copies[group]:
-            source, destination, taken = block_ids[-1], taken[0], taken[1:]
-            block_ids = (*block_ids[:-1], destination)
-            state = replace(
-                state,
-                ref_counts=state.ref_counts.set(source, state.ref_counts[source] - 1),
-                pending_copies=(*state.pending_copies, (source, destination)),
-                counters=replace(state.counters, cow_copies=state.counters.cow_copies + 1),
-            )
+            state = _copy_before_write(state, block_ids[-1], taken[0])
+            block_ids, taken = (*block_ids[:-1], taken[0]), taken[1:]
         grown = replace(table, block_ids=block_ids + taken, token_count=new_token_count)
         state = set_table(state, group, grown)
     return state
@@ -299,10 +286,10 @@ def _forget_key(state: AllocatorState, group: int, block_id: int) -> AllocatorSt
     return set_cache(emit(state, BlockRemoved(block_id, group)), group, cache)
 
 
-def _copy_state(state: AllocatorState, source: int, destination: int) -> AllocatorState:
-    """The write rule of a state group: queue the (``source``, ``destination``) copy and drop
-    the request's reference to ``source`` (held, a checkpoint or a fork's), which goes
-    where ``release`` sends a block once no table holds it."""
+def _copy_before_write(state: AllocatorState, source: int, destination: int) -> AllocatorState:
+    """The write rule: queue the (``source``, ``destination``) copy and drop the writer's
+    reference to ``source`` (held by another table, or cached), which goes where
+    ``release`` sends a block once no table holds it."""
     state = replace(
         state,
         pending_copies=(*state.pending_copies, (source, destination)),

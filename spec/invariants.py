@@ -12,13 +12,12 @@ next query may read.
 """
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from itertools import combinations
+from collections.abc import Callable, Iterator
 
 from spec.host_tier import copying_in_host_block_ids, demoting_block_ids, pinned_block_ids
-from spec.kinds import RecurrentState, attention_window, is_state_group
-from spec.records import CacheKey, KVBlockUsage, RequestBlockTable
-from spec.rules import blocks_for_tokens, first_window_token
+from spec.kinds import KIND_EXAMPLES
+from spec.records import GroupView, KVBlockUsage, RequestBlockTable
+from spec.rules import blocks_for_tokens
 from spec.state import AllocatorState, compute_skipped_blocks, usage
 
 
@@ -65,21 +64,14 @@ def is_ref_counted(state: AllocatorState) -> bool:
     return dict(holders) == dict(state.ref_counts)
 
 
-def _attention_tables(state: AllocatorState) -> Iterator[RequestBlockTable]:
-    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
-        if not is_state_group(kind):
-            yield from tables.values()
-
-
 def is_tightly_sized(state: AllocatorState) -> bool:
-    """Every table of an attention group holds exactly ceil(token_count / block_size) -
-    skipped_blocks blocks (a state group's: ``is_state_table_single``)."""
+    """Every table holds the blocks its group's kind sizes it to (``is_table_sized``): an
+    attention group's ceil(token_count / block_size) - skipped_blocks, a state group's
+    one running block."""
     return all(
-        table.token_count >= 0
-        and table.skipped_blocks >= 0
-        and table.skipped_blocks + len(table.block_ids)
-        == blocks_for_tokens(state.block_size, table.token_count)
-        for table in _attention_tables(state)
+        kind.is_table_sized(state.block_size, table)
+        for kind, tables in zip(state.group_windows, state.group_tables, strict=True)
+        for table in tables.values()
     )
 
 
@@ -92,16 +84,13 @@ def is_keyed_by_request_id(state: AllocatorState) -> bool:
 
 def is_grouped_consistently(state: AllocatorState) -> bool:
     """One table and one cache per group; every group has a table for the same requests,
-    with the same token count; a full-attention or state group never skips; a block sits in one
-    group's tables and cache at most."""
+    with the same token count; a block sits in one group's tables and cache at most. (What
+    a group may skip is ``is_window_readable``'s.)"""
     if not _has_one_entry_per_group(state):
         return False
     counts = {request_id: t.token_count for request_id, t in state.tables.items()}
-    for group, tables in enumerate(state.group_tables):
+    for tables in state.group_tables:
         if {request_id: t.token_count for request_id, t in tables.items()} != counts:
-            return False
-        window = attention_window(state.group_windows[group])
-        if window is None and any(t.skipped_blocks for t in tables.values()):
             return False
     owners = [
         {b for t in tables.values() for b in t.block_ids} | set(state.group_caches[group].values())
@@ -118,19 +107,15 @@ def _has_one_entry_per_group(state: AllocatorState) -> bool:
 
 
 def is_window_readable(state: AllocatorState) -> bool:
-    """No hole is read: a table in a group with window W skipped only blocks the next query
-    (at position token_count) cannot read, skipped_blocks * block_size <= max(0,
-    token_count - W + 1)."""
-    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
-        window = attention_window(kind)
-        if window is None:
-            continue
-        for table in tables.values():
-            if table.skipped_blocks * state.block_size > first_window_token(
-                table.token_count, window
-            ):
-                return False
-    return True
+    """No hole is read: a table skipped only blocks the next query (at position
+    token_count) cannot read, skipped_blocks * block_size <= its kind's
+    ``first_read(token_count)`` (max(0, token_count - W + 1) with a window of W; 0, so
+    nothing skipped, in a full-attention or state group)."""
+    return all(
+        table.skipped_blocks * state.block_size <= kind.first_read(table.token_count)
+        for kind, tables in zip(state.group_windows, state.group_tables, strict=True)
+        for table in tables.values()
+    )
 
 
 def is_window_tight(state: AllocatorState, request_id: str, computed_tokens: int) -> bool:
@@ -175,29 +160,6 @@ def is_cache_sound(state: AllocatorState) -> bool:
     )
 
 
-def is_cached_content_exact(state: AllocatorState) -> bool:
-    """A cached block in an attention group's table sits where its key ends, and the table's
-    tokens equal the key, or begin it where the table ends in that block (a rollback kept
-    the key: ``spec.releasing.truncate``) (a state group's: ``is_checkpoint_unwritten``)."""
-    for kind, tables, cache in zip(
-        state.group_windows, state.group_tables, state.group_caches, strict=True
-    ):
-        if is_state_group(kind):
-            continue
-        prefix_of = {block_id: key for key, block_id in cache.items()}
-        for request_id, table in tables.items():
-            ids = state.token_ids.get(request_id)
-            for index, block_id in enumerate(table.block_ids, start=table.skipped_blocks):
-                key = prefix_of.get(block_id)
-                if key is None:
-                    continue
-                if ids is None or len(key.token_ids) != (index + 1) * state.block_size:
-                    return False
-                if ids != key.token_ids[: len(ids)] and ids[: len(key.token_ids)] != key.token_ids:
-                    return False
-    return True
-
-
 def is_salt_isolated(state: AllocatorState) -> bool:
     """A table holds a cached block only if it is cached under the table's own salt: a hit
     never crosses salts, and a fork keeps its parent's salt."""
@@ -208,49 +170,6 @@ def is_salt_isolated(state: AllocatorState) -> bool:
             if any(salt_of.get(b, salt) != salt for b in table.block_ids):
                 return False
     return set(state.cache_salts) <= set(state.token_ids)
-
-
-def is_shared_only_over_a_common_prefix(state: AllocatorState) -> bool:
-    """Two tables share a block only at the same index, over the same content before it.
-
-    The same content is the same tokens where both tables track them: two requests may
-    reach a shared block through different blocks holding equal tokens (a prefix hit
-    after one of them computed a duplicate of a cached block). Where either is tracked by
-    count, the only way to share is a fork, so the blocks before must be the very same
-    (where both still hold them). Indices are block indices: a table's ``block_ids[i]`` is index
-    ``skipped_blocks + i``. A state group's sharing is ``is_state_shared_only_by_forks``'.
-    """
-    for kind, tables in zip(state.group_windows, state.group_tables, strict=True):
-        if is_state_group(kind):
-            continue
-        for first, second in combinations(tables.values(), 2):
-            if not _is_shared_soundly(state, first, second):
-                return False
-    return True
-
-
-def _is_shared_soundly(
-    state: AllocatorState, first: RequestBlockTable, second: RequestBlockTable
-) -> bool:
-    common = set(first.block_ids) & set(second.block_ids)
-    if not common:
-        return True
-    first_index = {b: first.skipped_blocks + i for i, b in enumerate(first.block_ids)}
-    second_index = {b: second.skipped_blocks + i for i, b in enumerate(second.block_ids)}
-    if any(first_index[b] != second_index[b] for b in common):
-        return False
-    depth = max(first_index[b] for b in common) + 1
-    first_ids = state.token_ids.get(first.request_id)
-    second_ids = state.token_ids.get(second.request_id)
-    if first_ids is None or second_ids is None:
-        # Both hold the blocks from the later of their skipped_blocks on.
-        start = max(first.skipped_blocks, second.skipped_blocks)
-        return (
-            first.block_ids[start - first.skipped_blocks : depth - first.skipped_blocks]
-            == second.block_ids[start - second.skipped_blocks : depth - second.skipped_blocks]
-        )
-    end = min(depth * state.block_size, len(first_ids), len(second_ids))
-    return first_ids[:end] == second_ids[:end]
 
 
 def is_copy_destination_held(state: AllocatorState) -> bool:
@@ -342,90 +261,69 @@ def is_copy_source_in_flight(state: AllocatorState) -> bool:
     )
 
 
-def _state_groups(
-    state: AllocatorState,
-) -> Iterator[tuple[RecurrentState, Mapping[str, RequestBlockTable], Mapping[CacheKey, int]]]:
-    for kind, tables, cache in zip(
-        state.group_windows, state.group_tables, state.group_caches, strict=True
-    ):
-        if isinstance(kind, RecurrentState):
-            yield kind, tables, cache
-
-
-def is_state_table_single(state: AllocatorState) -> bool:
-    """Every table of a state group holds exactly one block, its running state, and skips
-    none, whatever its length (``spec.kinds``)."""
-    return all(
-        len(table.block_ids) == 1 and table.skipped_blocks == 0
-        for _, tables, _ in _state_groups(state)
-        for table in tables.values()
-    )
-
-
-def is_checkpoint_unwritten(state: AllocatorState) -> bool:
-    """A state group's cached block (a checkpoint) is held only by tables whose token ids
-    and salt are exactly its key's: the write rule copies it before any table adds to it,
-    so a cached state is never written again."""
-    for _, tables, cache in _state_groups(state):
-        key_of = {block_id: key for key, block_id in cache.items()}
-        for table in tables.values():
-            key = key_of.get(table.block_ids[0]) if table.block_ids else None
-            if key is None:
-                continue
-            ids = state.token_ids.get(table.request_id)
-            if ids != key.token_ids or state.cache_salts.get(table.request_id) != key.cache_salt:
-                return False
-    return True
-
-
-def is_checkpoint_on_grid(state: AllocatorState) -> bool:
-    """Every checkpoint a state group caches is keyed by a prefix whose length is a
-    positive multiple of the group's interval: the tokens its state is after."""
-    return all(
-        len(key.token_ids) > 0 and len(key.token_ids) % kind.interval == 0
-        for kind, _, cache in _state_groups(state)
-        for key in cache
-    )
-
-
-def is_state_shared_only_by_forks(state: AllocatorState) -> bool:
-    """Two tables of a state group share their block only at the same length, over the
-    same token ids where both track them: a fork neither side has added to since."""
-    for _, tables, _ in _state_groups(state):
-        for first, second in combinations(tables.values(), 2):
-            if first.block_ids != second.block_ids:
-                continue
-            if first.token_count != second.token_count:
-                return False
-            first_ids = state.token_ids.get(first.request_id)
-            second_ids = state.token_ids.get(second.request_id)
-            if first_ids is not None and second_ids is not None and first_ids != second_ids:
-                return False
-    return True
-
-
 def is_state_hit_exact(
     before: AllocatorState, after: AllocatorState, request_id: str, cached_tokens: int
 ) -> bool:
-    """The hit rule in a state group, for one admission: after ``allocate`` gave
-    ``request_id`` a hit of ``cached_tokens`` (h), its block in each state group is fresh
-    when h is 0, and otherwise the destination of a copy whose source ``before`` cached
-    under exactly its salt and first h token ids (never an earlier checkpoint). An
-    operation property, as ``is_window_tight``: the state records no admission."""
+    """The hit rule where a kind's write rule copies the hit (a state group), for one
+    admission: after ``allocate`` gave ``request_id`` a hit of ``cached_tokens`` (h), no
+    block of a group's new table is a copy's destination when its kind's hit needs no key
+    (h = 0), and where the tokens past the hit write into its last block and the kind
+    copies that cached block first, the table holds there the destination of a copy whose
+    source ``before`` cached under exactly that key (a state group: its salt and first h
+    token ids, never an earlier checkpoint). An operation property, as
+    ``is_window_tight``: the state records no admission."""
     copies = dict((d, s) for s, d in after.pending_copies)
+    token_ids = after.token_ids.get(request_id, ())
+    salt = after.cache_salts.get(request_id)
+    block_size = after.block_size
     for group, kind in enumerate(after.group_windows):
-        if not is_state_group(kind):
-            continue
-        (block_id,) = after.group_tables[group][request_id].block_ids
-        if cached_tokens == 0:
-            if block_id in copies:
+        table = after.group_tables[group][request_id]
+        keys = kind.hit_keys(block_size, token_ids, cached_tokens, salt)
+        if not keys:
+            if any(block_id in copies for block_id in table.block_ids):
                 return False
             continue
-        token_ids = after.token_ids.get(request_id, ())
-        key = CacheKey(after.cache_salts.get(request_id), token_ids[:cached_tokens])
-        if copies.get(block_id) != before.group_caches[group].get(key, -1):
-            return False
+        if kind.rewrites_last_block(block_size, cached_tokens) and kind.copies_before_write(
+            shared=False, cached=True
+        ):
+            block_id = table.block_ids[len(keys) - 1]
+            if copies.get(block_id) != before.group_caches[group].get(keys[-1], -1):
+                return False
     return True
+
+
+def _group_views(
+    state: AllocatorState,
+) -> Iterator[tuple[str, Callable[[GroupView], bool], GroupView]]:
+    """Each group's own invariants (its kind's ``invariants``), with the group to check."""
+    for kind, tables, cache in zip(
+        state.group_windows, state.group_tables, state.group_caches, strict=True
+    ):
+        view = GroupView(state.block_size, tables, cache, state.token_ids, state.cache_salts)
+        for name, holds in kind.invariants().items():
+            yield name, holds, view
+
+
+def _kind_invariant(name: str) -> Callable[[AllocatorState], bool]:
+    """The state predicate of the kinds' invariant ``name``: it holds in every group whose
+    kind keeps it."""
+
+    def holds_in_every_group(state: AllocatorState) -> bool:
+        return all(holds(view) for kept, holds, view in _group_views(state) if kept == name)
+
+    holds_in_every_group.__name__ = f"is_{name}"
+    return holds_in_every_group
+
+
+# The kinds' own invariants (``GroupKind.invariants``), by name, over every registered kind.
+KIND_INVARIANT_NAMES = tuple(
+    dict.fromkeys(name for kind in KIND_EXAMPLES for name in kind.invariants())
+)
+is_cached_content_exact = _kind_invariant("cached_content_exact")
+is_shared_only_over_a_common_prefix = _kind_invariant("shared_over_common_prefix")
+is_checkpoint_unwritten = _kind_invariant("checkpoint_unwritten")
+is_checkpoint_on_grid = _kind_invariant("checkpoint_on_grid")
+is_state_shared_only_by_forks = _kind_invariant("state_shared_only_by_forks")
 
 
 INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
@@ -437,9 +335,7 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "keyed_by_request_id": is_keyed_by_request_id,
     "token_tracking": is_token_tracking_sound,
     "cache_sound": is_cache_sound,
-    "cached_content_exact": is_cached_content_exact,
     "salt_isolated": is_salt_isolated,
-    "shared_over_common_prefix": is_shared_only_over_a_common_prefix,
     "copy_destination_held": is_copy_destination_held,
     "grouped_consistently": is_grouped_consistently,
     "window_readable": is_window_readable,
@@ -447,10 +343,7 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "host_partition": is_host_partitioned,
     "swapped_sound": is_swapped_sound,
     "copy_source_in_flight": is_copy_source_in_flight,
-    "state_table_single": is_state_table_single,
-    "checkpoint_unwritten": is_checkpoint_unwritten,
-    "checkpoint_on_grid": is_checkpoint_on_grid,
-    "state_shared_only_by_forks": is_state_shared_only_by_forks,
+    **{name: _kind_invariant(name) for name in KIND_INVARIANT_NAMES},
 }
 
 

@@ -9,6 +9,7 @@ ids) and its ``AppendedSlots`` a faster-built twin, and ``impl.spec_backed.as_im
 these to those in one place.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -178,3 +179,14 @@ class Transfers:
     copies: tuple[tuple[int, int], ...] = ()
     host_to_device: tuple[tuple[int, int], ...] = ()
     skipped_block_ids: tuple[int, ...] = ()
+
+
+class GroupView(NamedTuple):
+    """One KV cache group of a state, as its kind's invariants read it
+    (``spec.invariants``): its tables and cache, and the pool's token ids and salts."""
+
+    block_size: int
+    tables: Mapping[str, RequestBlockTable]
+    cache: Mapping[CacheKey, int]
+    token_ids: Mapping[str, tuple[int, ...]]
+    cache_salts: Mapping[str, str]

@@ -13,8 +13,6 @@ from dataclasses import replace
 from spec.blocks import drop_references, with_host
 from spec.errors import check_token_count, check_truncate
 from spec.host_tier import release_host_blocks
-from spec.kinds import attention_window, is_state_group
-from spec.rules import blocks_for_tokens, first_window_token
 from spec.state import (
     AllocatorState,
     forget_request,
@@ -73,16 +71,11 @@ def truncate(state: AllocatorState, request_id: str, token_count: int) -> Alloca
         block_size=state.block_size,
         group_windows=state.group_windows,
         skipped_blocks=[tables[request_id].skipped_blocks for tables in state.group_tables],
-        first_reads=[
-            first_window_token(token_count, attention_window(kind)) for kind in state.group_windows
-        ],
     )
-    keep = blocks_for_tokens(state.block_size, token_count)
     for group, tables in enumerate(state.group_tables):
         table = tables[request_id]
-        if is_state_group(state.group_windows[group]):
-            continue  # truncated to its own length (anything shorter was refused)
-        held = keep - table.skipped_blocks
+        kind = state.group_windows[group]
+        held = kind.table_blocks(state.block_size, token_count) - table.skipped_blocks
         state = drop_references(state, table.block_ids[held:])
         kept = table.block_ids[:held]
         state = set_table(state, group, replace(table, block_ids=kept, token_count=token_count))

@@ -19,12 +19,12 @@ Block order is part of the contract, so that impl can be compared with it exactl
   block left with none goes to the tail of the cached free queue if it holds a cached
   prefix, else to the tail of the free queue.
 
-KV cache groups (vLLM v1's word): ``group_windows`` lists them, ``None`` for a group of
-full-attention layers, W for a group of layers with a sliding window of W tokens, a
-``RecurrentState`` for a group of recurrent state layers (``spec.kinds``). All
-groups share the one pool and its two queues; a request has one table per group, all
-with the same ``token_count``, and every operation acts on all of them, group 0 first.
-The default ``(None,)`` is the allocator without groups.
+KV cache groups (vLLM v1's word): ``group_windows`` lists their kinds (``spec.kinds``):
+``FullAttention()`` (shorthand ``None``), ``SlidingWindow(W)`` (shorthand W) or
+``RecurrentState(C)``. All groups share the one pool and its two queues; a request has
+one table per group, all with the same ``token_count``, and every operation acts on all
+of them, group 0 first, asking each group's kind where the groups' rules differ. The
+default ``(None,)`` is the allocator without groups.
 
 Errors (``spec.errors``; checked in the order each operation lists; a refused operation
 changes nothing): ``TypeError`` for an argument of the wrong type; ``ValueError`` for bad
@@ -39,18 +39,15 @@ from typing import TypeVar
 
 from spec.errors import (
     check_group,
-    check_group_windows,
     check_host_tier,
     check_pool_shape,
-    check_state_groups,
     unknown_request,
 )
 from spec.events import KVCacheEvent
 from spec.frozen_map import FrozenMap
 from spec.host_tier import HostTier, host_free_blocks, init_host_tier, swapped_host_block_ids
-from spec.kinds import GroupKind, attention_window
+from spec.kinds import FullAttention, GroupEntry, GroupKind, group_kinds
 from spec.records import CacheKey, KVBlockUsage, RequestBlockTable
-from spec.rules import skipped_blocks_at
 
 TokenIds = tuple[int, ...]
 T = TypeVar("T")
@@ -92,7 +89,7 @@ class AllocatorState:
     group_caches: tuple[FrozenMap[CacheKey, int], ...]
     pending_copies: tuple[tuple[int, int], ...]
     counters: SharingCounters
-    group_windows: tuple[GroupKind, ...] = (None,)
+    group_windows: tuple[GroupKind, ...] = (FullAttention(),)
     pending_skipped_block_ids: tuple[int, ...] = ()
     cache_salts: FrozenMap[str, str] = field(default_factory=FrozenMap[str, str])
     events: tuple[KVCacheEvent, ...] = ()
@@ -112,7 +109,7 @@ class AllocatorState:
 def init(
     total_blocks: int,
     block_size: int,
-    group_windows: Sequence[GroupKind] = (None,),
+    group_windows: Sequence[GroupEntry] = (None,),
     host_blocks: int = 0,
     host_prefix_cache: bool = False,
 ) -> AllocatorState:
@@ -122,14 +119,12 @@ def init(
     (``spec.host_tier``), all free, in id order.
 
     Checks: both sizes ``int`` (TypeError), in [1, MAX_TOTAL_BLOCKS] and [1, MAX_BLOCK_SIZE]
-    (ValueError); ``group_windows`` as ``spec.errors.check_group_windows`` says; the host
-    tier as ``spec.errors.check_host_tier`` says; a state group as
-    ``spec.errors.check_state_groups`` says.
+    (ValueError); the host tier as ``spec.errors.check_host_tier`` says; ``group_windows``
+    as ``spec.kinds.group_kinds`` says (held as their kinds).
     """
     check_pool_shape(total_blocks, block_size)
-    windows = check_group_windows(group_windows)
     check_host_tier(host_blocks, host_prefix_cache)
-    check_state_groups(windows, block_size, host_blocks)
+    windows = group_kinds(group_windows, block_size, host_blocks)
     return AllocatorState(
         block_size=block_size,
         total_blocks=total_blocks,
@@ -174,8 +169,7 @@ def compute_skipped_blocks(state: AllocatorState, group: int, computed_tokens: i
     """How many leading blocks of a table in ``group`` no query at a position at or past
     ``computed_tokens`` reads: max(0, computed_tokens - W + 1) // block_size, 0 in a full
     or a state group (the window rule of ``spec.growth``)."""
-    window = attention_window(state.group_windows[group])
-    return skipped_blocks_at(state.block_size, computed_tokens, window)
+    return state.group_windows[group].skipped_blocks_at(state.block_size, computed_tokens)
 
 
 def is_request_known(state: AllocatorState, request_id: str) -> bool:

@@ -63,6 +63,7 @@ from harness.prompts import (
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.preemption import PREEMPT_MODES
 from harness.settings import CheckSettings, CheckSettingsError
+from spec import RecurrentState
 
 PROG = "python -m harness"
 PROGRESS_PREFIX = "[harness]"
@@ -280,18 +281,16 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
         if loaded.tokenizer is None:
             raise UsageError(f"model {loaded.name} has no tokenizer")
         if isinstance(args.events, ZmqTarget):
-            windows = kv_layout(loaded).group_windows
-            if not all(window is None or isinstance(window, int) for window in windows):
+            kinds = kv_layout(loaded).group_windows
+            if any(isinstance(kind, RecurrentState) for kind in kinds):
                 raise UsageError(
                     f"--events {args.events}: the wire formats have no recurrent state "
                     f"group, which {loaded.name} has (write the events to a file instead)"
                 )
             wait = f"{SUBSCRIBER_WAIT_S:g} s"
             progress(f"binding {args.events}; waiting up to {wait} for a router to subscribe")
-            attention_windows = tuple(w for w in windows if w is None or isinstance(w, int))
-            kv_events = open_event_stream(
-                args.events, args.events_format, args.block_size, attention_windows
-            )
+            windows = tuple(kind.window for kind in kinds)
+            kv_events = open_event_stream(args.events, args.events_format, args.block_size, windows)
         report = check_model(
             loaded.model,
             loaded.tokenizer,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from spec.kinds import GroupKind
+from spec.kinds import GroupEntry
 
 # The operations an adapter may support, named and shaped as spec's functions:
 #   allocate_prompt(request_id, token_ids) -> cached (hit) tokens
@@ -154,7 +154,7 @@ class _Target(Protocol):
     @property
     def block_size(self) -> int: ...
     @property
-    def group_windows(self) -> tuple[GroupKind, ...]:
+    def group_windows(self) -> tuple[GroupEntry, ...]:
         """Each KV cache group's kind: full attention (``None``), a window W, or a
         recurrent state group (``spec.RecurrentState``)."""
         ...

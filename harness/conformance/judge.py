@@ -49,7 +49,7 @@ from harness.conformance.shadow import (
 )
 from harness.conformance.validate import AdapterError, blamed_on_adapter, observed
 from harness.conformance.view import Bijection, Contents, duplicate_cached_blocks, to_state
-from spec.kinds import is_state_group
+from spec.kinds import group_kinds
 
 
 class Tally:
@@ -84,8 +84,9 @@ class Judge:
         self.exact = bool(getattr(adapter, "exact", False))
         self.groups = len(adapter.group_windows)
         self.bijection = Bijection(adapter.pool_block_ids)
-        kinds = enumerate(adapter.group_windows)
-        self.contents = Contents(self.groups, frozenset(g for g, k in kinds if is_state_group(k)))
+        kinds = enumerate(group_kinds(adapter.group_windows, adapter.block_size, 0))
+        state_groups = frozenset(g for g, kind in kinds if isinstance(kind, spec.RecurrentState))
+        self.contents = Contents(self.groups, state_groups)
         self.shadow = Shadow(self.groups)
         self.token_ids: dict[str, tuple[int, ...]] = {}
         self.cache_salts: dict[str, str] = {}

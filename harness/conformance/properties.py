@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import spec
 from harness.conformance.adapter import OPERATION_NAMES, REFUSAL_CAUSES, Observation, Outcome
 from spec.invariants import INVARIANTS
-from spec.kinds import is_state_group
 
 # The kit's operation names (``adapter.OPERATION_NAMES``) that are another row of
 # ``spec.api``: token ids or a count, the same ``allocate`` and ``append``.
@@ -49,7 +48,6 @@ STATE_PROPERTIES: Mapping[str, Callable[[spec.AllocatorState], bool]] = {
         "shared_over_common_prefix",
         "grouped_consistently",
         "window_readable",
-        "state_table_single",
         "checkpoint_unwritten",
         "checkpoint_on_grid",
         "state_shared_only_by_forks",
@@ -298,7 +296,7 @@ def _hit_findings(
         target_after=target_after,
     )
     for group, tables in enumerate(target_after.tables):
-        if is_state_group(after.group_windows[group]):
+        if isinstance(after.group_windows[group], spec.RecurrentState):
             continue  # one running block: _state_hit_findings
         skipped = after.group_tables[group][request_id].skipped_blocks
         for index in range(skipped, hit // block_size):
@@ -332,7 +330,7 @@ def _state_hit_findings(
     cached under exactly the prompt's first h tokens; a hit of 0 copies none."""
     sources = {destination: source for source, destination in target_after.pending_copies}
     for group, kind in enumerate(after.group_windows):
-        if not is_state_group(kind):
+        if not isinstance(kind, spec.RecurrentState):
             continue
         (running,) = target_after.tables[group][request_id].block_ids
         source = sources.get(running)
@@ -365,16 +363,16 @@ def _window_findings(
         computed_tokens = 0
     else:
         computed_tokens = before.tables[request_id].token_count
-    for group, window in enumerate(after.group_windows):
-        if not isinstance(window, int):
-            continue  # full attention or a state group: never skips
-        allowed = spec.skipped_blocks_at(after.block_size, computed_tokens, window)
+    for group, kind in enumerate(after.group_windows):
+        # Full attention and a state group skip nothing: allowed is 0 there.
+        allowed = kind.skipped_blocks_at(after.block_size, computed_tokens)
         skipped = after.group_tables[group][request_id].skipped_blocks
         if skipped > allowed:
             return [
                 Finding(
                     "window_untouched",
-                    f"group {group} (W={window}) skipped {skipped} blocks at L0={computed_tokens}",
+                    f"group {group} (W={kind.window}) skipped {skipped} blocks at "
+                    f"L0={computed_tokens}",
                     f"at most {allowed}",
                 )
             ]

@@ -62,7 +62,7 @@ def computed_keys(state: spec.AllocatorState, request_id: str, computed_from: in
             continue
         if isinstance(kind, spec.RecurrentState):
             # A state group checkpoints the state a call starts from, on its grid.
-            on_grid = spec.kinds.is_checkpoint_at(kind.interval, computed_from)
+            on_grid = kind.is_checkpoint_at(computed_from)
             found.append(
                 frozenset({spec.CacheKey(salt, token_ids[:computed_from])} if on_grid else ())
             )
@@ -111,7 +111,9 @@ def extra_state_blocks(
         held, now, spec_now = old.get(request_id), new.get(request_id), spec_new.get(request_id)
         took = held is not None and now is not None and now.block_ids != held.block_ids
         spec_took = spec_now is not None and spec_now.block_ids != held.block_ids if held else True
-        extra.append(1.0 if spec.kinds.is_state_group(kind) and took and not spec_took else 0.0)
+        extra.append(
+            1.0 if isinstance(kind, spec.RecurrentState) and took and not spec_took else 0.0
+        )
     return extra
 
 

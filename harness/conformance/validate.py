@@ -39,7 +39,8 @@ from harness.conformance.properties import (
     STATE_PROPERTIES,
     STEP_PROPERTIES,
 )
-from spec.errors import check_group_windows, check_pool_shape, check_state_groups
+from spec.errors import check_pool_shape
+from spec.kinds import group_kinds
 
 Target = Adapter | EngineAdapter
 
@@ -176,8 +177,7 @@ def _check_shape(adapter: Target) -> None:
             raise AdapterError(f"adapter {_name(adapter)}: it has no method {attribute}()")
     with _refused(adapter):
         _check_pool(adapter)
-        kinds = check_group_windows(_attribute(adapter, "group_windows"))
-        check_state_groups(kinds, adapter.block_size, 0)
+        group_kinds(_attribute(adapter, "group_windows"), adapter.block_size, 0)
         _check_supports(adapter)
         _check_declarations(adapter)
 

@@ -63,6 +63,7 @@ from harness.runtime.state_mixer import using_paged_state
 from harness.runtime.step_batch import StepMetadata, pack_step
 from harness.state_models import checkpoint_interval_of
 from impl import AppendedSlots, KVCacheManager
+from spec.kinds import kind_names
 
 
 class Engine:
@@ -96,8 +97,9 @@ class Engine:
         self.attention = attention
         if manager.group_windows != model_groups:
             raise ValueError(
-                f"the manager's group_windows {manager.group_windows} are not the model's KV "
-                f"cache groups {model_groups} (harness.runtime.kv_pool.new_manager)"
+                f"the manager's group_windows {kind_names(manager.group_windows)} are not the "
+                f"model's KV cache groups {kind_names(model_groups)} "
+                "(harness.runtime.kv_pool.new_manager)"
             )
         self.model = model
         self.manager = manager

@@ -31,6 +31,7 @@ from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.kv_store import KVPlan
 from impl import AppendedSlots, BlockAllocationError, KVCacheManager
 from spec import blocks_for_tokens, first_window_token
+from spec.kinds import kind_names
 
 
 class PagedCache(Cache):
@@ -46,8 +47,9 @@ class PagedCache(Cache):
             )
         if manager.group_windows != pool.layout.group_windows:
             raise ValueError(
-                f"the manager's group_windows {manager.group_windows} are not the pool's KV "
-                f"cache groups {pool.layout.group_windows} (kv_pool.new_manager)"
+                f"the manager's group_windows {kind_names(manager.group_windows)} are not the "
+                f"pool's KV cache groups {kind_names(pool.layout.group_windows)} "
+                "(kv_pool.new_manager)"
             )
         if pool.layout.state_layers:
             raise ValueError(

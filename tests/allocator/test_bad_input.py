@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+import spec
 from impl import KVCacheManager
 from impl.spec_backed import SpecBackedManager
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
@@ -160,7 +161,8 @@ def test_the_extras_are_keyword_only_so_a_tuple_of_windows_is_not_taken_for_a_ha
     make: Callable[..., KVCacheManager] = KVCacheManager  # the call mypy would refuse
     with pytest.raises(TypeError, match="positional argument"):
         make(8, 4, (None, 4))
-    assert KVCacheManager(8, 4, group_windows=(None, 4)).group_windows == (None, 4)
+    kinds = (spec.FullAttention(), spec.SlidingWindow(4))
+    assert KVCacheManager(8, 4, group_windows=(None, 4)).group_windows == kinds
 
 
 def test_a_block_hash_that_is_not_callable_is_refused_at_construction() -> None:

@@ -305,7 +305,9 @@ def test_a_spec_step_that_keeps_a_block_outside_its_window_is_reported(
         state: AllocatorState, request_id: str, tokens: int
     ) -> tuple[AllocatorState, object]:
         # The spec's own append, on the pool as if its window were full attention.
-        full = dataclasses.replace(state, group_windows=(None,) * len(state.group_windows))
+        full = dataclasses.replace(
+            state, group_windows=(spec.FullAttention(),) * len(state.group_windows)
+        )
         after, appended = OPERATIONS["append"].transition(full, request_id, tokens)
         return dataclasses.replace(after, group_windows=state.group_windows), appended
 

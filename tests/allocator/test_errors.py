@@ -4,12 +4,11 @@ import pickle
 
 import pytest
 
-from spec import BlockAllocationError
+from spec import BlockAllocationError, FullAttention, SlidingWindow, group_kinds
 from spec.errors import (
     MAX_BLOCK_SIZE,
     MAX_TOKEN_ID,
     MAX_TOTAL_BLOCKS,
-    check_group_windows,
     check_host_tier,
     check_pool_shape,
     check_token_ids,
@@ -52,9 +51,9 @@ def test_each_bound_is_inclusive_and_the_value_past_it_is_refused() -> None:
     check_token_ids([0, MAX_TOKEN_ID])
     with pytest.raises(ValueError, match="token"):
         check_token_ids([MAX_TOKEN_ID + 1])
-    assert check_group_windows([1, None]) == (1, None)
+    assert group_kinds([1, None], 4, 0) == (SlidingWindow(1), FullAttention())
     with pytest.raises(ValueError, match="window"):
-        check_group_windows([0])
+        group_kinds([0], 4, 0)
 
 
 def test_a_host_tier_argument_of_another_type_is_refused_with_its_type() -> None:
@@ -73,9 +72,8 @@ def test_truncating_to_the_tokens_held_is_allowed_and_one_more_is_refused() -> N
             token_count,
             5,
             block_size=2,
-            group_windows=(None,),
+            group_windows=(FullAttention(),),
             skipped_blocks=(0,),
-            first_reads=(0,),
         )
 
     check(5)

@@ -355,18 +355,22 @@ def test_a_table_that_skipped_a_block_the_next_query_reads_is_a_hole_read() -> N
     assert not is_window_readable(hole)
 
 
-def test_groups_that_disagree_on_requests_or_counts_or_skip_a_full_group_are_inconsistent() -> None:
+def test_a_full_attention_table_that_skips_a_block_reads_a_hole() -> None:
+    skipping_full = with_group_table(WINDOWED, 0, RequestBlockTable("a", (1, 2, 6), 7, 1))
+    assert is_grouped_consistently(skipping_full)
+    assert not is_window_readable(skipping_full)
+
+
+def test_groups_that_disagree_on_requests_or_counts_are_inconsistent() -> None:
     longer = with_group_table(WINDOWED, 1, RequestBlockTable("a", (5, 7), 8, skipped_blocks=2))
     assert not is_grouped_consistently(longer)
-    skipping_full = with_group_table(WINDOWED, 0, RequestBlockTable("a", (1, 2, 6), 7, 1))
-    assert not is_grouped_consistently(skipping_full)
     both_groups = with_group_table(WINDOWED, 1, RequestBlockTable("a", (6, 7), 7, 2))
     assert not is_grouped_consistently(both_groups)
 
 
 def test_a_state_without_a_table_and_a_cache_per_group_is_checked_no_further() -> None:
     two_groups = spec.init(4, 2, (None, 2))
-    one_window = replace(two_groups, group_windows=(None,))  # two tables and caches
+    one_window = replace(two_groups, group_windows=(spec.FullAttention(),))  # two tables and caches
     one_cache = replace(two_groups, group_caches=two_groups.group_caches[:1])
     one_table = replace(two_groups, group_tables=two_groups.group_tables[:1])
     for broken in (one_window, one_cache, one_table):

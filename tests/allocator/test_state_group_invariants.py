@@ -15,7 +15,7 @@ from spec.invariants import (
     is_shared_only_over_a_common_prefix,
     is_state_hit_exact,
     is_state_shared_only_by_forks,
-    is_state_table_single,
+    is_tightly_sized,
 )
 
 PROMPT = tuple(range(1, 9))
@@ -44,15 +44,15 @@ def test_the_hybrid_state_is_sound() -> None:
     assert state.group_caches[1] == FrozenMap({CacheKey(None, PROMPT[:4]): 1})
 
 
-def test_a_state_table_of_two_blocks_breaks_state_table_single() -> None:
+def test_a_state_table_of_two_blocks_breaks_tight_sizing() -> None:
     state = hybrid()
     broken = with_state_table(state, RequestBlockTable("a", (3, 4), 8))
-    assert "state_table_single" in spec.violated_invariants(broken)
+    assert "tight_sizing" in spec.violated_invariants(broken)
 
 
-def test_a_state_table_of_no_block_breaks_state_table_single_and_no_rule_raises() -> None:
+def test_a_state_table_of_no_block_breaks_tight_sizing_and_no_rule_raises() -> None:
     broken = with_state_table(hybrid(), RequestBlockTable("a", (), 8))
-    assert "state_table_single" in spec.violated_invariants(broken)
+    assert "tight_sizing" in spec.violated_invariants(broken)
     assert is_checkpoint_unwritten(broken)  # it holds no checkpoint
 
 
@@ -81,7 +81,7 @@ def test_checkpoint_unwritten_looks_past_a_table_holding_no_checkpoint() -> None
 
 def test_a_checkpoint_off_the_interval_grid_breaks_checkpoint_on_grid() -> None:
     # The same checkpoint at 4 tokens, in a group checkpointed every 8.
-    broken = replace(hybrid(), group_windows=(None, spec.RecurrentState(8)))
+    broken = replace(hybrid(), group_windows=(spec.FullAttention(), spec.RecurrentState(8)))
     assert spec.violated_invariants(broken) == ["checkpoint_on_grid"]
 
 
@@ -155,7 +155,7 @@ def test_the_state_rules_refuse_to_pair_lists_of_other_lengths() -> None:
     state = spec.init(10, 4, (None, spec.RecurrentState(8)))
     one_table = replace(state, group_tables=state.group_tables[:1])
     rules = (
-        is_state_table_single,
+        is_tightly_sized,
         is_checkpoint_unwritten,
         is_checkpoint_on_grid,
         is_state_shared_only_by_forks,

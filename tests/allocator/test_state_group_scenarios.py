@@ -139,7 +139,7 @@ def test_a_fork_at_a_checkpoint_copies_it_on_both_sides(make: Manager) -> None:
 @BOTH
 def test_a_state_group_the_pool_cannot_serve_is_refused_in_one_line(
     make: Manager,
-    group_windows: tuple[spec.GroupKind, ...],
+    group_windows: tuple[spec.GroupEntry, ...],
     host_blocks: int,
     error: type[Exception],
     message: str,
@@ -162,7 +162,7 @@ def test_the_article_layer_counts_one_block_for_a_state_group() -> None:
 def test_a_checkpoint_is_due_at_each_positive_multiple_of_the_interval(
     interval: int, computed_tokens: int, checkpointed: bool
 ) -> None:
-    assert spec.kinds.is_checkpoint_at(interval, computed_tokens) is checkpointed
+    assert spec.RecurrentState(interval).is_checkpoint_at(computed_tokens) is checkpointed
 
 
 @BOTH

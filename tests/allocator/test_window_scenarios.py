@@ -37,7 +37,7 @@ def make(request: pytest.FixtureRequest) -> Factory:
 def test_decoding_slides_the_window_over_a_block_at_the_exact_step(make: Factory) -> None:
     # Gemma-like: group 0 full attention, group 1 a window of 4 tokens; blocks of 4.
     pool = make(10, 4, (None, 4))
-    assert pool.group_windows == (None, 4)
+    assert pool.group_windows == (spec.FullAttention(), spec.SlidingWindow(4))
     assert pool.allocate("a", 6).table() == RequestBlockTable("a", (0, 1), 6)
     assert table(pool, "a", 1) == RequestBlockTable("a", (2, 3), 6)
     # L0 = 6: the next query (position 6) reads keys 3..6, so block 0 (tokens 0-3) stays.
@@ -177,7 +177,8 @@ def test_a_refused_append_counts_blocks_its_skips_would_free_and_changes_nothing
         (
             (True,),
             TypeError,
-            "window of group 0 must be None, an int or a RecurrentState, got bool True",
+            "window of group 0 must be None, an int or a FullAttention, SlidingWindow or "
+            "RecurrentState, got bool True",
         ),
         (4, TypeError, "group_windows must be a tuple, got int 4"),
     ],

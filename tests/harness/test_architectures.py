@@ -240,10 +240,14 @@ def test_the_engine_and_paged_cache_refuse_a_manager_without_the_models_groups()
     layout = kv_layout(loaded)
     pool = PagedKVPool(layout, 30, 4)
     with pytest.raises(
-        ValueError, match=r"group_windows \(None,\) are not the model's KV cache groups \(None, 8\)"
+        ValueError,
+        match=r"group_windows \[full attention\] are not the model's KV cache groups "
+        r"\[full attention, window 8\]",
     ):
         Engine(loaded.model, KVCacheManager(30, 4), pool, None)
     with pytest.raises(
-        ValueError, match=r"group_windows \(None,\) are not the pool's KV cache groups \(None, 8\)"
+        ValueError,
+        match=r"group_windows \[full attention\] are not the pool's KV cache groups "
+        r"\[full attention, window 8\]",
     ):
         PagedCache(KVCacheManager(30, 4), pool, 1)

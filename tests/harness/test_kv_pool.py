@@ -7,7 +7,7 @@ from harness.runtime.contiguous_kv import ContiguousKVBuffers
 from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 from harness.runtime.kv_store import KVPlan, KVStore
 from impl import AppendedSlots
-from spec import RequestBlockTable
+from spec import FullAttention, RequestBlockTable, SlidingWindow
 
 LAYOUT = KVLayout(
     num_layers=2, num_kv_heads=2, head_dim=3, dtype=torch.float32, device=torch.device("cpu")
@@ -177,7 +177,7 @@ GROUPED = KVLayout(2, 2, 3, torch.float32, torch.device("cpu"), layer_windows=(5
 
 def test_a_grouped_pool_shares_one_tensor_between_the_groups_layers() -> None:
     pool = PagedKVPool(GROUPED, total_blocks=4, block_size=2)
-    assert GROUPED.group_windows == (None, 5)
+    assert GROUPED.group_windows == (FullAttention(), SlidingWindow(5))
     assert len(pool.keys) == 1  # layer 1 (full) and layer 0 (window) share it
     assert pool.nbytes == 4 * 2 * GROUPED.bytes_per_token // 2
 

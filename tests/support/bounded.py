@@ -77,7 +77,7 @@ class Bounds:
     # the prefix query); none means the walk tries only the count-based operations.
     prompts: tuple[tuple[int, ...], ...] = ()
     # The pool's KV cache groups (spec.init's group_windows).
-    group_windows: tuple[spec.GroupKind, ...] = (None,)
+    group_windows: tuple[spec.GroupEntry, ...] = (None,)
     # A sliding window frees blocks as a request grows, so with windows alone token counts
     # are not bounded by the pool: a state with a request longer than the pool's capacity
     # by more than this is checked on arrival but not walked from. (A full-attention group
@@ -654,7 +654,7 @@ def all_host_bounds() -> Iterator[Bounds]:
 # slides, so in 3 blocks a request decodes past two checkpoints and a prompt hits one (a
 # full-attention group needs 4 blocks for that: 4,584 states, ~80 s under load). Then a
 # full-attention group beside a state group checkpointed every token.
-HYBRID_SHAPES: tuple[tuple[int, int, tuple[spec.GroupKind, ...]], ...] = (
+HYBRID_SHAPES: tuple[tuple[int, int, tuple[spec.GroupEntry, ...]], ...] = (
     (3, 1, (1, spec.RecurrentState(2))),
     (3, 1, (None, spec.RecurrentState(1))),
 )

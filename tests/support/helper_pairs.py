@@ -46,7 +46,10 @@ def spec_blocks_for_tokens(block_size: int, token_count: int) -> int:
 
 def impl_blocks_for_tokens(block_size: int, token_count: int) -> int:
     _check_count_domain(block_size, token_count)
-    return KVCacheManager(1, block_size)._blocks_for(token_count)
+    # The blocks the impl gives a new table of ``token_count`` tokens, in a pool just large
+    # enough for a table of one token per block.
+    manager = KVCacheManager(max(token_count, 1), block_size)
+    return len(manager.allocate("a", token_count).block_ids[0])
 
 
 def _spec_state_before_the_token(

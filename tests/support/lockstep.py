@@ -424,7 +424,7 @@ class WindowedAllocatorMachine(AllocatorMachine):
         group_windows=GROUP_WINDOWS,
     )
     def init_pool(
-        self, total_blocks: int, block_size: int, group_windows: tuple[spec.GroupKind, ...]
+        self, total_blocks: int, block_size: int, group_windows: tuple[spec.GroupEntry, ...]
     ) -> None:
         self.model = spec.init(total_blocks, block_size, group_windows)
         self.target = self.target_class(
@@ -454,7 +454,7 @@ class WindowedAllocatorMachine(AllocatorMachine):
 
 
 @st.composite
-def hybrid_groups(draw: st.DrawFn) -> tuple[int, tuple[spec.GroupKind, ...]]:
+def hybrid_groups(draw: st.DrawFn) -> tuple[int, tuple[spec.GroupEntry, ...]]:
     """A block size and hybrid groups whose state interval is 1 or 2 blocks of it."""
     block_size = draw(st.integers(1, 3))
     state = spec.RecurrentState(block_size * draw(st.sampled_from([1, 2])))
@@ -471,7 +471,7 @@ class HybridAllocatorMachine(WindowedAllocatorMachine):
 
     @initialize(total_blocks=st.integers(1, 24), groups=hybrid_groups())
     def init_pool(  # the block size comes with the groups
-        self, total_blocks: int, groups: tuple[int, tuple[spec.GroupKind, ...]]
+        self, total_blocks: int, groups: tuple[int, tuple[spec.GroupEntry, ...]]
     ) -> None:
         block_size, group_windows = groups
         self.model = spec.init(total_blocks, block_size, group_windows)

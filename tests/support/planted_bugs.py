@@ -5,8 +5,8 @@ plants one kind of bug met in real allocators.
 """
 
 import dataclasses
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import spec
 from impl import (
@@ -16,7 +16,7 @@ from impl import (
     ReleasedBlocks,
 )
 from impl.block_pool import BlockPool
-from impl.group_kinds import SlidingWindowGroup
+from impl.group_kinds import IMPL_KINDS, FullAttentionGroup, SlidingWindowGroup
 from impl.groups import KVCacheGroups
 from impl.host_tier import GroupBlock, HostTier
 from impl.prefix_cache import BlockKey, EventSink, PrefixCache
@@ -64,7 +64,7 @@ class RefusedAllocateTakesBlocks(KVCacheManager):
         self, request_id: str, tokens: int | Sequence[int], cache_salt: str | None = None
     ) -> AppendedSlots:
         if type(tokens) is int and tokens >= 0:
-            needed = self._blocks_for(tokens) * len(self.group_windows)
+            needed = blocks_for_tokens(self.block_size, tokens) * len(self.group_windows)
             check_request_id(request_id)
             if request_id in self._tables:
                 duplicate_request(request_id)
@@ -75,12 +75,25 @@ class RefusedAllocateTakesBlocks(KVCacheManager):
         return super().allocate(request_id, tokens, cache_salt)
 
 
+class _OffByOneGroup(FullAttentionGroup):
+    __slots__ = ()
+
+    def table_blocks(self, block_size: int, token_count: int) -> int:
+        return token_count // block_size + 1
+
+
+class _OffByOne(KVCacheGroups):
+    __slots__ = ()
+    kind_classes: ClassVar[Mapping[type, type[FullAttentionGroup]]] = {
+        **IMPL_KINDS,
+        spec.FullAttention: _OffByOneGroup,
+    }
+
+
 class OffByOneAtBlockBoundary(KVCacheManager):
     """(d) Sizes tables as token_count // block_size + 1: one block too many on a boundary."""
 
-    def _blocks_for(self, token_count: int) -> int:
-        super()._blocks_for(token_count)  # the argument checks
-        return token_count // self.block_size + 1
+    groups_class = _OffByOne
 
 
 class DecodeSlotFromStaleBlock(KVCacheManager):
@@ -280,7 +293,10 @@ class _SkipsEarlyWindow(SlidingWindowGroup):
 
 class _SkipsEarly(KVCacheGroups):
     __slots__ = ()
-    sliding_window_group = _SkipsEarlyWindow
+    kind_classes: ClassVar[Mapping[type, type[FullAttentionGroup]]] = {
+        **IMPL_KINDS,
+        spec.SlidingWindow: _SkipsEarlyWindow,
+    }
 
 
 class SkipsABlockOneStepEarly(KVCacheManager):
@@ -299,7 +315,10 @@ class _NeverSkippingWindow(SlidingWindowGroup):
 
 class _NeverSkipping(KVCacheGroups):
     __slots__ = ()
-    sliding_window_group = _NeverSkippingWindow
+    kind_classes: ClassVar[Mapping[type, type[FullAttentionGroup]]] = {
+        **IMPL_KINDS,
+        spec.SlidingWindow: _NeverSkippingWindow,
+    }
 
 
 class NeverSkips(KVCacheManager):

@@ -2,21 +2,38 @@
 machine and the bounded walk fail. Each is the smallest change to ``KVCacheManager`` that
 plants one class of bug the trackers show in hybrid allocators (issue 34)."""
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from impl import KVCacheManager
-from impl.block_pool import BlockPool
-from impl.group_kinds import RecurrentStateGroup
+from impl.group_kinds import IMPL_KINDS, FullAttentionGroup, HitPart, RecurrentStateGroup
 from impl.groups import KVCacheGroups
 from impl.prefix_cache import BlockKey, PrefixCache
-from impl.prefix_hits import PrefixHits
 from impl.tables import Table
+from spec import RecurrentState
 
 
-class _RestoresAnEarlierCheckpoint(PrefixHits):
+class _RestoresAnEarlierCheckpointGroup(RecurrentStateGroup):
     __slots__ = ()
 
-    def state_hit(self, found: list[int | None], hit_blocks: int) -> list[int] | None:
+    def hit_part(
+        self,
+        block_size: int,
+        found: list[int | None],
+        on_host: dict[int, int],
+        run: list[int],
+        hit_blocks: int,
+    ) -> HitPart | None:
         earlier = [b for b in found[:hit_blocks] if b is not None]
-        return earlier[-1:] or None
+        return (earlier[-1:], []) if earlier else None
+
+
+class _RestoresAnEarlierCheckpoint(KVCacheGroups):
+    __slots__ = ()
+    kind_classes: ClassVar[Mapping[type, type[FullAttentionGroup]]] = {
+        **IMPL_KINDS,
+        RecurrentState: _RestoresAnEarlierCheckpointGroup,
+    }
 
 
 class HitsPastTheLastCheckpoint(KVCacheManager):
@@ -24,7 +41,7 @@ class HitsPastTheLastCheckpoint(KVCacheManager):
     issue 34 cites them): the state group accepts a hit of h with any checkpoint at or
     before h, and restores that one."""
 
-    prefix_hits_class = _RestoresAnEarlierCheckpoint
+    groups_class = _RestoresAnEarlierCheckpoint
 
 
 class _KeysInIntervals(RecurrentStateGroup):
@@ -39,7 +56,10 @@ class _KeysInIntervals(RecurrentStateGroup):
 
 class _KeysCheckpointsInIntervals(KVCacheGroups):
     __slots__ = ()
-    recurrent_state_group = _KeysInIntervals
+    kind_classes: ClassVar[Mapping[type, type[FullAttentionGroup]]] = {
+        **IMPL_KINDS,
+        RecurrentState: _KeysInIntervals,
+    }
 
 
 class CheckpointKeyedInIntervals(KVCacheManager):
@@ -50,11 +70,26 @@ class CheckpointKeyedInIntervals(KVCacheManager):
     groups_class = _KeysCheckpointsInIntervals
 
 
-class _TakesTheLongestCheckpoint(PrefixHits):
+class _TakesTheLongestCheckpointGroup(RecurrentStateGroup):
     __slots__ = ()
 
-    def state_hit(self, found: list[int | None], hit_blocks: int) -> list[int] | None:
-        return [b for b in found if b is not None][-1:]
+    def hit_part(
+        self,
+        block_size: int,
+        found: list[int | None],
+        on_host: dict[int, int],
+        run: list[int],
+        hit_blocks: int,
+    ) -> HitPart | None:
+        return [b for b in found if b is not None][-1:], []
+
+
+class _TakesTheLongestCheckpoint(KVCacheGroups):
+    __slots__ = ()
+    kind_classes: ClassVar[Mapping[type, type[FullAttentionGroup]]] = {
+        **IMPL_KINDS,
+        RecurrentState: _TakesTheLongestCheckpointGroup,
+    }
 
 
 class CommonHitIsTheMax(KVCacheManager):
@@ -62,19 +97,20 @@ class CommonHitIsTheMax(KVCacheManager):
     groups' alone (the max over groups), and the state group restores its own longest
     checkpoint, or none."""
 
-    prefix_hits_class = _TakesTheLongestCheckpoint
+    groups_class = _TakesTheLongestCheckpoint
 
 
-class _FreesTheCheckpoint(BlockPool):
+class _FreesTheCheckpoint(KVCacheGroups):
     __slots__ = ()
 
-    def copy_state(self, block_ids: list[int], destination: int, group: int) -> None:
-        source = block_ids[0]
-        super().copy_state(block_ids, destination, group)
-        if source in self.cached_free:
-            del self.cached_free[source]
-            self.evict(source)
-            self.free.append(source)
+    def copy_before_write(self, held: list[int], destination: int, group: int) -> None:
+        source = held[-1]
+        super().copy_before_write(held, destination, group)
+        pool = self.pool
+        if source in pool.cached_free:
+            del pool.cached_free[source]
+            pool.evict(source)
+            pool.free.append(source)
 
 
 class FreesTheCheckpointBeforeItsCopy(KVCacheManager):
@@ -82,7 +118,7 @@ class FreesTheCheckpointBeforeItsCopy(KVCacheManager):
     checkpoint's block back as a free block (its key dropped) while its copy is pending,
     so the next allocation may take it, and a poisoned pool fills it before the copy."""
 
-    block_pool_class = _FreesTheCheckpoint
+    groups_class = _FreesTheCheckpoint
 
 
 STATE_PLANTED_BUGS: list[type[KVCacheManager]] = [

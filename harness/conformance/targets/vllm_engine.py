@@ -151,7 +151,7 @@ class VLLMEngine:
     def _start(
         self,
         *,
-        group_windows: tuple[spec.GroupKind, ...],
+        group_windows: tuple[spec.GroupEntry, ...],
         specs: list[Any],  # Any: vLLM's KVCacheSpec classes
         config: Any,  # Any: vLLM's config
         differences: Mapping[str, str],
