@@ -20,8 +20,9 @@
 # example database .hypothesis/fuzz-db, so `pagedkv fuzz --replay` there replays them; paste
 # each one into tests/allocator/test_regressions.py, since saved cases do not survive a
 # Hypothesis upgrade.
-# At the end, the saved cases are replayed: a failure found as the time ran out is still
-# being shrunk at the interrupt and reported by no worker, but it is saved.
+# At the end, the saved cases are replayed (python -m harness.cluster.replay, the replay of
+# `pagedkv fuzz --replay` and of each Ray worker): a failure found as the time ran out is
+# still being shrunk at the interrupt and reported by no worker, but it is saved.
 # Logs and tallies go to .hypothesis/fuzz-logs/. Exits 1 if any worker found a failure, or
 # a saved case fails on that replay.
 set -euo pipefail
@@ -120,11 +121,12 @@ cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(dat
 if [ "$failed" -eq 0 ]; then
     # A failure found shortly before the deadline is still being shrunk at the interrupt,
     # and pytest reports nothing; Hypothesis has saved it in the database as it shrank.
-    # So replay what is saved (seconds: nothing is generated): it fails if such a case,
-    # or an older one that still fails, is there.
+    # So replay what is saved (seconds: nothing is generated; killed at 120 s, status 124):
+    # it fails if such a case, or an older one that still fails, is there.
     status=0
-    HYPOTHESIS_PROFILE=fuzz-replay timeout --foreground -s INT -k 10 120 \
-        python -m pytest -q -p no:cacheprovider "$fuzz_file" >"$logs/replay.log" 2>&1 || status=$?
+    python -m harness.cluster.replay "$fuzz_file" --timeout 120 \
+        ${PAGEDKV_FUZZ_DATABASE:+--database "$PAGEDKV_FUZZ_DATABASE"} \
+        >"$logs/replay.log" 2>&1 || status=$?
     if [ "$status" -eq 1 ]; then
         grep '^FAILED ' "$logs/replay.log" >&2 || true
         echo "fuzz: a saved case fails on replay (found as the time ran out, or before; see $logs/replay.log)" >&2
