@@ -135,8 +135,10 @@ class PairMachine(RuleBasedStateMachine):
         self.prompts: set[tuple[int, ...]] = set()
         self.running: list[str] = []
         self.diverged = False
-        # The duplicates each pair's watched pool holds (``stops_at_a_duplicate_lost_by``).
+        # The duplicates each pair's watched pool holds (``stops_at_a_duplicate_lost_by``),
+        # and the cached blocks its tables held at the end of the last step.
         self.duplicates: dict[int, dict[int, CacheKey]] = {}
+        self.cached_held: dict[int, dict[int, CacheKey]] = {}
 
     def make_pair(self, factory: Factory, shape: tuple[int, int], data: st.DataObject) -> Pair:
         """The two pools of one kind for a drawn ``shape`` (total blocks, block size)."""
@@ -160,11 +162,6 @@ class PairMachine(RuleBasedStateMachine):
     def step(self, name: str, *args: object) -> None:
         """Apply ``name`` to every pool and judge each pair's answers, then do what the
         engine does next (``after``)."""
-        side = self.stops_at_a_duplicate_lost_by
-        # Only a write forgets a held block's key (the rollback rule); a rule that forgets
-        # one elsewhere (the planted rollback bug) is judged, not excused.
-        watched = [pair[side] for pair in self.pairs] if side is not None else []
-        before = [held_keys(pool.to_spec()) if name == "append" else {} for pool in watched]
         for a, b in self.pairs:
             answers = (
                 answer(a, name, *self.arguments(0, name, args)),
@@ -173,12 +170,23 @@ class PairMachine(RuleBasedStateMachine):
             if not self.diverged:
                 self.judge(f"{name}{args}", *answers)
         self.after(name)
-        if side is not None:
-            for index, pair in enumerate(self.pairs):
-                state = pair[side].to_spec()
-                known = self.duplicates.get(index, {})
-                self.duplicates[index], lost = track_duplicates(known, state)
-                self.diverged |= lost or forgets_a_held_key(before[index], state)
+        side = self.stops_at_a_duplicate_lost_by
+        if side is None:
+            return
+        for index, pair in enumerate(self.pairs):
+            # NOTE: one ``to_spec`` a step: a relation that watches a pool changes its
+            # pools in ``step`` only, so what the tables held at the end of the last step is
+            # what they hold at this one's start (a new pool's: nothing).
+            state = pair[side].to_spec()
+            held = held_block_ids(state)
+            cached_held = held_keys(state, held)
+            known = self.duplicates.get(index, {})
+            self.duplicates[index], lost = track_duplicates(known, state)
+            # Only a write forgets a held block's key (the rollback rule); a rule that
+            # forgets one elsewhere (the planted rollback bug) is judged, not excused.
+            before = self.cached_held.get(index, {}) if name == "append" else {}
+            self.diverged |= lost or forgets_a_held_key(before, cached_held, held)
+            self.cached_held[index] = cached_held
 
     def judge(self, step: str, a: Answer, b: Answer) -> None:
         """The relation on one step's answers; by default the same answer."""
@@ -442,9 +450,13 @@ def track_duplicates(
     return now, lost
 
 
-def held_keys(state: AllocatorState) -> dict[int, CacheKey]:
-    """The cached blocks a table holds, with their keys."""
-    held = {b for tables in state.group_tables for t in tables.values() for b in t.block_ids}
+def held_block_ids(state: AllocatorState) -> set[int]:
+    """Every block a table of ``state`` holds."""
+    return {b for tables in state.group_tables for t in tables.values() for b in t.block_ids}
+
+
+def held_keys(state: AllocatorState, held: set[int]) -> dict[int, CacheKey]:
+    """The cached blocks of ``held`` (``held_block_ids(state)``), with their keys."""
     return {
         block_id: key
         for cache in state.group_caches
@@ -453,12 +465,13 @@ def held_keys(state: AllocatorState) -> dict[int, CacheKey]:
     }
 
 
-def forgets_a_held_key(before: dict[int, CacheKey], state: AllocatorState) -> bool:
-    """Whether a block a table held cached ``before`` a step is still held, its key gone:
-    a write into a block a rollback cut into forgot it. The cache lost K/V it had, where a
-    pool in which the writer held its own copy (a salted one) keeps the shared one."""
-    now = held_keys(state)
-    held = {b for tables in state.group_tables for t in tables.values() for b in t.block_ids}
+def forgets_a_held_key(
+    before: dict[int, CacheKey], now: dict[int, CacheKey], held: set[int]
+) -> bool:
+    """Whether a block a table held cached ``before`` a step is still held (in ``held``),
+    its key gone (not in ``now``, the held cached blocks after it): a write into a block a
+    rollback cut into forgot it. The cache lost K/V it had, where a pool in which the writer
+    held its own copy (a salted one) keeps the shared one."""
     return any(b in held and now.get(b) != key for b, key in before.items())
 
 
