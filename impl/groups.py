@@ -39,6 +39,7 @@ class KVCacheGroups:
     __slots__ = (
         "block_hash",
         "block_size",
+        "checkpointing",
         "fast_open",
         "groups",
         "host",
@@ -65,6 +66,8 @@ class KVCacheGroups:
         self.windowed = any(kind.next_skip_at(block_size, 0) is not None for kind in group_windows)
         # The groups whose blocks hold no per-token slot: a table's ``slotless_groups``.
         self.slotless_groups = tuple(g for g, kind in enumerate(self.groups) if not kind.has_slots)
+        # The groups whose kind may checkpoint a table's running block as it grows.
+        self.checkpointing = tuple(g for g, kind in enumerate(self.groups) if kind.checkpoints)
         # Whether ``grow`` may take its block-opening case: one group, growing by token.
         self.fast_open = len(self.groups) == 1 and self.groups[0].grows_by_token
         self.pool = pool
@@ -192,21 +195,19 @@ class KVCacheGroups:
         needed: list[int] = []
         copies: list[int] = []  # the groups whose last block is copied before the write
         forgets: list[int] = []  # ... and those whose cached last block forgets its key
-        checkpoints: dict[int, BlockKey] = {}
         caches = pool.caches
+        checkpoints: dict[int, BlockKey] = {
+            group: key
+            for group in self.checkpointing
+            if (key := self.groups[group].checkpoint_key(table, token_count, caches[group]))
+        }
+        end = position + token_count
         for group, (kind, held) in enumerate(zip(self.groups, group_block_ids, strict=True)):
             spec_kind = kind.spec
-            key = kind.checkpoint_key(table, token_count, caches[group])
-            if key is not None:
-                checkpoints[group] = key
-            count = (
-                kind.table_blocks(block_size, position + token_count)
-                - table.skipped_blocks[group]
-                - len(held)
-            )
+            count = kind.table_blocks(block_size, end) - table.skipped_blocks[group] - len(held)
             if token_count and spec_kind.rewrites_last_block(block_size, position):
                 last = held[-1]
-                cached = key is not None or caches[group].block_keys[last] is not None
+                cached = group in checkpoints or caches[group].block_keys[last] is not None
                 if spec_kind.copies_before_write(ref_counts[last] > 1, cached):
                     copies.append(group)
                     count += 1
