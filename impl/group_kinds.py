@@ -86,14 +86,9 @@ class SlidingWindowGroup(FullAttentionGroup):
     """A group of layers with a sliding window of ``window`` tokens: a hit needs only the
     blocks its window reads, so a miss before them does not end the search."""
 
-    __slots__ = ("window",)
+    __slots__ = ()
 
     needs_every_block = False
-
-    def __init__(self, kind: GroupKind) -> None:
-        super().__init__(kind)
-        assert kind.window is not None, "a sliding window has a width"
-        self.window = kind.window
 
     def skip_target(self, block_size: int, computed_tokens: int) -> int:
         return self.spec.skipped_blocks_at(block_size, computed_tokens)

@@ -3,8 +3,9 @@ the host's back, and caching the blocks a prompt fills.
 
 ``PrefixHits.match`` applies the hit rule of ``spec.caching`` to every group's prefix cache
 (``impl.prefix_cache``, one per group in the ``BlockPool``) and, with the host prefix
-cache, to the host tier's: the longest hit every group allows, a sliding-window group
-each group's kind saying which part of its cached blocks a hit holds (``hit_part``). The
+cache, to the host tier's: the longest hit every group allows, each group's kind saying
+which part of its cached blocks a hit holds (``hit_part``: a sliding window needs only the
+blocks its window reads, a state group a checkpoint at exactly the hit). The
 admission (``KVCacheManager.allocate``) checks the blocks it needs, then holds the device
 hits (``hold_hits``), takes a device block for each host hit with its copy in
 (``held_blocks``), copies a hit's last block where its kind's write rule says so
@@ -19,17 +20,17 @@ from spec import BlockAllocationError
 
 
 class PrefixHits:
-    """The prefix-cache operations of a prompt over a pool's groups (``tables``: their
+    """The prefix-cache operations of a prompt over a pool's groups (``cache_groups``: their
     kinds, the pool's caches and the host tier's)."""
 
-    __slots__ = ("block_hash", "block_size", "groups", "host", "pool", "tables")
+    __slots__ = ("block_hash", "block_size", "cache_groups", "groups", "host", "pool")
 
-    def __init__(self, tables: KVCacheGroups, block_hash: BlockHash) -> None:
-        self.tables = tables
-        self.block_size = tables.block_size
-        self.groups = tables.groups
-        self.pool = tables.pool
-        self.host = tables.host
+    def __init__(self, cache_groups: KVCacheGroups, block_hash: BlockHash) -> None:
+        self.cache_groups = cache_groups
+        self.block_size = cache_groups.block_size
+        self.groups = cache_groups.groups
+        self.pool = cache_groups.pool
+        self.host = cache_groups.host
         self.block_hash = block_hash
 
     def allocate(
@@ -50,11 +51,9 @@ class PrefixHits:
         for group, kind in enumerate(self.groups):
             spec_kind = kind.spec
             hit = len(group_hits[group]) + len(group_host_hits[group])
-            count = (
-                kind.table_blocks(block_size, tokens)
-                - spec_kind.skipped_blocks_at(block_size, cached_tokens)
-                - hit
-            )
+            # The blocks born skipped are those before the hit's part (``hit_part``'s first).
+            skipped = kind.skip_target(block_size, cached_tokens)
+            count = kind.table_blocks(block_size, tokens) - skipped - hit
             if (
                 hit
                 and spec_kind.rewrites_last_block(block_size, cached_tokens)
@@ -85,7 +84,7 @@ class PrefixHits:
             list(token_ids),
             keys,
             cache_salt=cache_salt,
-            slotless_groups=self.tables.slotless_groups,
+            slotless_groups=self.cache_groups.slotless_groups,
         )
         return table, cached_tokens
 
@@ -136,7 +135,7 @@ class PrefixHits:
             ]
             taken = self.pool.take(per_group[group], group)
             if group in copies:
-                self.tables.copy_before_write(row, taken.pop(0), group)
+                self.cache_groups.copy_before_write(row, taken.pop(0), group)
             held.append(row + taken)
         return held
 

@@ -84,8 +84,10 @@ class Judge:
         self.exact = bool(getattr(adapter, "exact", False))
         self.groups = len(adapter.group_windows)
         self.bijection = Bijection(adapter.pool_block_ids)
-        kinds = enumerate(group_kinds(adapter.group_windows, adapter.block_size, 0))
-        state_groups = frozenset(g for g, kind in kinds if isinstance(kind, spec.RecurrentState))
+        self.kinds = group_kinds(adapter.group_windows, adapter.block_size, 0)
+        state_groups = frozenset(
+            g for g, kind in enumerate(self.kinds) if isinstance(kind, spec.RecurrentState)
+        )
         self.contents = Contents(self.groups, state_groups)
         self.shadow = Shadow(self.groups)
         self.token_ids: dict[str, tuple[int, ...]] = {}
@@ -114,7 +116,7 @@ class Judge:
         state = to_state(
             observation,
             block_size=self.adapter.block_size,
-            group_windows=self.adapter.group_windows,
+            group_windows=self.kinds,
             bijection=self.bijection,
             contents=self.contents,
             token_ids=self.token_ids,

@@ -116,7 +116,7 @@ def to_state(
     observation: Observation,
     *,
     block_size: int,
-    group_windows: Sequence[spec.GroupEntry],
+    group_windows: Sequence[spec.GroupKind],
     bijection: Bijection,
     contents: Contents,
     token_ids: Mapping[str, TokenIds],
@@ -176,7 +176,7 @@ def to_state(
             for source, destination in observation.pending_copies
         ),
         counters=spec.SharingCounters(),
-        group_windows=spec.group_kinds(tuple(group_windows), block_size, 0),
+        group_windows=tuple(group_windows),
         host=spec.HostTier(in_flight_block_ids=bijection.spec_ids(observation.in_flight_block_ids)),
         cache_salts=spec.FrozenMap(
             {r: salt for r, salt in (cache_salts or {}).items() if r in requests}

@@ -31,7 +31,7 @@ def test_a_target_state_becomes_the_spec_state_it_is_in() -> None:
     state = to_state(
         observation,
         block_size=4,
-        group_windows=(None,),
+        group_windows=(spec.FullAttention(),),
         bijection=Bijection(range(10, 14)),
         contents=contents,
         token_ids=tokens,
@@ -49,7 +49,7 @@ def test_a_cached_block_whose_content_was_never_seen_breaks_cache_soundness() ->
     state = to_state(
         observation,
         block_size=4,
-        group_windows=(None,),
+        group_windows=(spec.FullAttention(),),
         bijection=Bijection(range(10, 14)),
         contents=Contents(groups=1),
         token_ids={},
