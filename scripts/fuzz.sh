@@ -114,10 +114,17 @@ if [ -n "$watcher" ]; then
     kill "$watcher" 2>/dev/null || true
     wait "$watcher" 2>/dev/null || true
 fi
-cat "$logs"/tally/*.txt 2>/dev/null | awk -v workers="$workers" -v wall=$(($(date +%s) - started)) '
+tallies=("$logs"/tally/*.txt)
+if [ ! -e "${tallies[0]}" ]; then
+    # No pytest process got as far as writing its tally (the time ran out during
+    # collection, or pytest could not start): nothing was fuzzed, which is not a pass.
+    echo "fuzz: no worker finished a test run in ${seconds}s, so nothing was fuzzed (see $logs/worker-*.log)" >&2
+    exit 1
+fi
+awk -v workers="$workers" -v wall=$(($(date +%s) - started)) '
     { split($1, c, "="); split($2, s, "="); cases += c[2]; steps += s[2]; runs += 1 }
     END { printf "fuzz: %d worker(s), %d s, %d process(es), %d test cases, %d steps\n",
-          workers, wall, runs, cases, steps }' | tee "$logs/summary.txt"
+          workers, wall, runs, cases, steps }' "${tallies[@]}" | tee "$logs/summary.txt"
 if [ "$failed" -eq 0 ]; then
     # A failure found shortly before the deadline is still being shrunk at the interrupt,
     # and pytest reports nothing; Hypothesis has saved it in the database as it shrank.
