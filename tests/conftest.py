@@ -27,6 +27,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, settings
 
 from harness.cluster.shared_database import fuzz_database
 
+# The Triton kernel's tests run it on CPU tensors, in Triton's interpreter: a mode fixed
+# when a process first imports triton, so it is set here, before any test imports it.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 settings.register_profile(
     "ci",
     max_examples=300,

@@ -12,6 +12,7 @@ any check fails, 2 on bad input (a one-line error, no traceback), 130 when inter
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -171,7 +172,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="how the paged runs compute attention: gather (each request's K/V gathered, "
         "SDPA per request; the reference), varlen (FlashAttention with a block table; CUDA, "
         "fp16/bf16, block size a multiple of 256), varlen-emulated (its contract in plain "
-        "PyTorch), flex (compiled FlexAttention with a block mask). Check 2 always runs "
+        "PyTorch), flex (compiled FlexAttention with a block mask), triton (our Triton kernel, "
+        "one launch per layer; on CPU in Triton's interpreter, float32). Check 2 always runs "
         "gather; the gate runs the chosen one on both sides (default gather)",
     )
     parser.add_argument(
@@ -264,6 +266,10 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     kv_events: KVEventLog | None = None
     try:
         device, dtype = _device_and_dtype(args.device, args.dtype)
+        if args.attention == "triton" and device.type == "cpu":
+            # Triton runs CPU tensors in its interpreter, a mode fixed when triton is first
+            # imported: on here, before anything imports it (a no-op if it was imported).
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         settings = _settings(args)
         plot = None if args.plot is None else plot_target("--plot", args.plot)
         check_events_target(args.events, args.events_format)

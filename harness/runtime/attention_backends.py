@@ -7,7 +7,9 @@
   in plain PyTorch (CPU or CUDA);
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention with a block
   table), CUDA, fp16/bf16 and a block size that is a multiple of 256 only;
-- ``flex``: compiled FlexAttention with a block mask (``harness.runtime.flex_paged``).
+- ``flex``: compiled FlexAttention with a block mask (``harness.runtime.flex_paged``);
+- ``triton``: the project's own Triton kernel (``harness.runtime.triton_paged``), compiled
+  on CUDA, run by Triton's interpreter on CPU (``TRITON_INTERPRET=1``, float32).
 Every kernel backend reads the store's per-layer tensors in place as pages through one
 ``StepTensors`` built per step (``prepare``), and writes through the store as gather does.
 A backend refuses, in one line (``AttentionBackendError``), what it cannot compute: the
@@ -15,6 +17,7 @@ models with sliding windows or attention-logit softcapping (gather's alone), and
 kernel's own limits. This module is the seam; it holds no kernel.
 """
 
+import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -213,11 +216,34 @@ def _flex_mask(tensors: StepTensors, store: PagedStore) -> Any:  # Any: a BlockM
     return flex_block_mask(tensors, store.pages(0)[0].shape[0])
 
 
+def _triton(
+    query: torch.Tensor,
+    pages: tuple[torch.Tensor, torch.Tensor],
+    tensors: StepTensors,
+    scale: float,
+    prepared: Any,  # Any: nothing is precomputed for the Triton kernel
+) -> torch.Tensor:
+    # Imported on first use: importing triton fixes the process's Triton mode
+    # (interpreter or GPU), which a process that never runs this backend should not do.
+    from harness.runtime.triton_paged import triton_paged_attention  # noqa: PLC0415
+
+    return triton_paged_attention(query, pages, tensors, scale, prepared)
+
+
+def _triton_limits(layout: KVLayout, block_size: int) -> list[str]:
+    if importlib.util.find_spec("triton") is None:
+        return ["triton is not installed (pip install triton; the CUDA torch wheels bring it)"]
+    from harness.runtime.triton_paged import triton_limits  # noqa: PLC0415
+
+    return triton_limits(layout, block_size)
+
+
 GATHER = Gather()
 VARLEN = PagedKernel("varlen", varlen_attention, varlen_limits, _nothing)
+TRITON = PagedKernel("triton", _triton, _triton_limits, _nothing)
 FLEX = PagedKernel(
     "flex", flex_attention_paged, flex_limits, _flex_mask, poisoned_pool_type=FinitePoisonedKVPool
 )
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {
-    backend.name: backend for backend in (GATHER, VARLEN_EMULATED, VARLEN, FLEX)
+    backend.name: backend for backend in (GATHER, VARLEN_EMULATED, VARLEN, FLEX, TRITON)
 }

@@ -24,6 +24,7 @@ from spec import blocks_for_tokens
 from tests.support.harness_cases import (
     poisoned_pool,
     pool_layout,
+    repeating_requests,
     tiny_model,
 )
 
@@ -89,20 +90,6 @@ def test_acceptance_keeps_the_agreeing_drafts_and_the_models_next_token(
 
 
 # -- the engine ------------------------------------------------------------------------
-
-
-def repeating_requests(count: int, max_new_tokens: int, seed: int = 7) -> list[Request]:
-    """Prompts that quote themselves: a random text, then a stretch of it again."""
-    rng = random.Random(seed)
-    vocab = tiny_model().model.config.vocab_size
-    requests = []
-    for number in range(count):
-        text = [rng.randrange(vocab) for _ in range(rng.randint(6, 14))]
-        quoted = text[: rng.randint(2, len(text) - 1)]
-        requests.append(
-            Request(f"r{number}", tuple(text + quoted), max_new_tokens, arrival_step=number)
-        )
-    return requests
 
 
 class GuessingScheduler(Scheduler):

@@ -6,6 +6,7 @@ collaborators; each harness test that guards against one shows it catches it.
 
 import dataclasses
 import functools
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,20 @@ def make_requests(
     """``count`` token-id requests for the tiny model (``staggered_requests``)."""
     vocab_size = tiny_model().model.config.vocab_size
     return staggered_requests(count, vocab_size, max_new_tokens, arrival_gap, seed)
+
+
+def repeating_requests(count: int, max_new_tokens: int, seed: int = 7) -> list[Request]:
+    """Prompts that quote themselves: a random text, then a stretch of it again."""
+    rng = random.Random(seed)
+    vocab = tiny_model().model.config.vocab_size
+    requests = []
+    for number in range(count):
+        text = [rng.randrange(vocab) for _ in range(rng.randint(6, 14))]
+        quoted = text[: rng.randint(2, len(text) - 1)]
+        requests.append(
+            Request(f"r{number}", tuple(text + quoted), max_new_tokens, arrival_step=number)
+        )
+    return requests
 
 
 def run(
