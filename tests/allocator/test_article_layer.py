@@ -158,3 +158,30 @@ def test_append_tokens_reports_the_blocks_a_window_skipped() -> None:
     manager = KVBlockManager(8, 2, group_windows=(2,))
     manager.allocate("a", 4)
     assert manager.append_tokens("a", 2) == RequestBlockTable("a", [1, 2], 6, skipped_blocks=1)
+    assert manager.snapshot_request("a") == RequestBlockTable("a", [1, 2], 6, skipped_blocks=1)
+
+
+class CountingAppends(KVBlockManager):
+    """A subclass that overrides ``append_tokens`` and reaches the manager through the
+    article's own method (``super()``), as the article's ``TrackingManager`` does."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.appends = 0
+
+    def append_tokens(self, request_id: str, token_count: int = 1) -> RequestBlockTable:
+        self.appends += 1
+        if token_count == 1:
+            return super().append_tokens(request_id)  # the article's default: one token
+        return super().append_tokens(request_id, token_count)
+
+
+def test_a_subclass_keeps_its_append_tokens_and_super_reaches_the_manager() -> None:
+    manager = CountingAppends(8, 2)
+    manager.allocate("a", 1)
+    assert manager.append_tokens("a") == RequestBlockTable("a", [0], 2)
+    assert manager.append_tokens("a", 3) == RequestBlockTable("a", [0, 1, 2], 5)
+    assert manager.appends == 2
+    with pytest.raises(KeyError):
+        manager.append_tokens("b")
+    assert manager.snapshot_request("a") == RequestBlockTable("a", [0, 1, 2], 5)

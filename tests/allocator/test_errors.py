@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from spec import BlockAllocationError, FullAttention, SlidingWindow, group_kinds
+from spec import BlockAllocationError, FullAttention, RecurrentState, SlidingWindow, group_kinds
 from spec.errors import (
     MAX_BLOCK_SIZE,
     MAX_TOKEN_ID,
@@ -14,6 +14,7 @@ from spec.errors import (
     check_token_ids,
     check_truncate,
 )
+from spec.kinds import kind_names
 
 
 def test_the_error_constructs_from_a_message_as_the_articles_does() -> None:
@@ -54,6 +55,11 @@ def test_each_bound_is_inclusive_and_the_value_past_it_is_refused() -> None:
     assert group_kinds([1, None], 4, 0) == (SlidingWindow(1), FullAttention())
     with pytest.raises(ValueError, match="window"):
         group_kinds([0], 4, 0)
+
+
+def test_the_kinds_are_named_in_messages_by_their_plain_names() -> None:
+    kinds = (FullAttention(), SlidingWindow(8), RecurrentState(4))
+    assert kind_names(kinds) == "[full attention, window 8, recurrent state checkpointed every 4]"
 
 
 def test_a_host_tier_argument_of_another_type_is_refused_with_its_type() -> None:

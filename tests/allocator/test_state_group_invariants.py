@@ -201,3 +201,14 @@ def test_the_sharing_rule_leaves_a_state_group_to_its_own_rule() -> None:
     shared = with_state_table(state, RequestBlockTable("b", (a_state,), 3))
     assert not is_state_shared_only_by_forks(shared)
     assert is_shared_only_over_a_common_prefix(shared)
+
+
+def test_a_state_table_that_skips_its_block_reads_a_hole() -> None:
+    # Blocks of 1 token: one skipped block is position 0 alone, which a state group reads
+    # from (its first_read is 0), so even that one is a hole.
+    state = spec.init(6, 1, (None, spec.RecurrentState(1)))
+    state, _ = OPERATIONS["allocate"].transition(state, "a", (1, 2))
+    assert spec.violated_invariants(state) == []
+    table = state.group_tables[1]["a"]
+    broken = with_state_table(state, replace(table, skipped_blocks=1))
+    assert "window_readable" in spec.violated_invariants(broken)
