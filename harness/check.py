@@ -41,6 +41,7 @@ from harness.runtime.events import PoolObserver
 from harness.runtime.kv_pool import PagedKVPool
 from harness.runtime.requests import Request
 from harness.runtime.scheduler import Scheduling, group_counts
+from harness.runtime.user_kernel import user_kernel_backend
 from harness.settings import (
     CheckSettings,
     CheckSettingsError,
@@ -95,7 +96,11 @@ def check_model(
     else:
         check_attention_only_settings(chosen)
     check_options(model, chosen.block_size, chosen.max_new_tokens, chosen.n)
-    backend = ATTENTION_BACKENDS[chosen.attention]
+    backend = (
+        ATTENTION_BACKENDS[chosen.attention]
+        if isinstance(chosen.attention, str)
+        else user_kernel_backend(chosen.attention)
+    )
     backend.check(model, layout, chosen.block_size)
     requests = [
         Request(

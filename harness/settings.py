@@ -19,6 +19,7 @@ from typing import TypedDict
 
 from harness.runtime.attention_backends import ATTENTION_BACKENDS
 from harness.runtime.preemption import PREEMPT_MODES, PreemptMode
+from harness.runtime.user_kernel import UserKernel
 from spec import MAX_BLOCK_SIZE, MAX_TOTAL_BLOCKS
 
 
@@ -66,7 +67,9 @@ class CheckSettings:
     max_new_tokens: int = field(default=64, metadata=_within(1))
     block_size: int = field(default=16, metadata=_within(1, MAX_BLOCK_SIZE))
     total_blocks: int | None = field(default=None, metadata=_within(1, MAX_TOTAL_BLOCKS))
-    attention: str = field(default="gather", metadata=_one_of(ATTENTION_BACKENDS))
+    attention: str | UserKernel = field(
+        default="gather", metadata={**_one_of(ATTENTION_BACKENDS), "or_kernel": True}
+    )
     prefix_cache: bool = True
     poison_freed: bool = False
     n: int = field(default=1, metadata=_within(1))
@@ -99,7 +102,7 @@ class CheckSettingsKeywords(TypedDict, total=False):
     max_new_tokens: int
     block_size: int
     total_blocks: int | None
-    attention: str
+    attention: str | UserKernel
     prefix_cache: bool
     poison_freed: bool
     n: int
@@ -120,8 +123,14 @@ def _check_field(name: str, value: object, default: object, rule: Mapping[str, o
         return
     choices, least, most = rule.get("choices"), rule.get("least"), rule.get("most")
     if isinstance(choices, tuple):
+        kernel = rule.get("or_kernel") is True
+        if kernel and callable(value):
+            return  # your own kernel (harness.runtime.user_kernel)
         if type(value) is not str or value not in choices:
-            raise CheckSettingsError(name, f"{name} must be one of {list(choices)}, got {value!r}")
+            mine = " or your kernel (a callable)" if kernel else ""
+            raise CheckSettingsError(
+                name, f"{name} must be one of {list(choices)}{mine}, got {value!r}"
+            )
         return
     wanted = bool if least is None else int
     if type(value) is not wanted:

@@ -41,6 +41,7 @@ from harness.models import (
     kv_layout,
     load_model,
 )
+from harness.named_callables import NamedCallableError, load_callable
 from harness.oracle.equivalence import EquivalenceReport
 from harness.output_files import DEFAULT_PLOT_NAME, plot_target, write_replacing
 from harness.parsing import (
@@ -63,6 +64,7 @@ from harness.prompts import (
 )
 from harness.runtime.attention_backends import ATTENTION_BACKENDS, AttentionBackendError
 from harness.runtime.preemption import PREEMPT_MODES
+from harness.runtime.user_kernel import UserKernel
 from harness.settings import CheckSettings, CheckSettingsError
 from spec import RecurrentState
 
@@ -167,14 +169,16 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--attention",
-        choices=sorted(ATTENTION_BACKENDS),
+        type=attention_choice,
         default="gather",
+        metavar="{" + ",".join(sorted(ATTENTION_BACKENDS)) + "} or package.module:function",
         help="how the paged runs compute attention: gather (each request's K/V gathered, "
         "SDPA per request; the reference), varlen (FlashAttention with a block table; CUDA, "
         "fp16/bf16, block size a multiple of 256), varlen-emulated (its contract in plain "
         "PyTorch), flex (compiled FlexAttention with a block mask), triton (our Triton kernel, "
-        "one launch per layer; on CPU in Triton's interpreter, float32). Check 2 always runs "
-        "gather; the gate runs the chosen one on both sides (default gather)",
+        "one launch per layer; on CPU in Triton's interpreter, float32), or your own kernel "
+        "named package.module:function (its contract: harness/runtime/user_kernel.py). Check "
+        "2 always runs gather; the gate runs the chosen one on both sides (default gather)",
     )
     parser.add_argument(
         "--threads",
@@ -389,6 +393,21 @@ def _write_events(log: KVEventLog, path: Path, progress: Progress) -> str | None
         return f"--events: cannot write {str(path)!r}: {error}"
     progress(f"wrote {len(log.events)} events to {path}")
     return None
+
+
+def attention_choice(text: str) -> str | UserKernel:
+    """``--attention``: a bundled backend's name, or a kernel named package.module:function."""
+    if text in ATTENTION_BACKENDS:
+        return text
+    if ":" not in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a backend ({', '.join(sorted(ATTENTION_BACKENDS))}) nor "
+            "package.module:function"
+        )
+    try:
+        return load_callable(text, "a paged-attention kernel")
+    except NamedCallableError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def _device_and_dtype(

@@ -31,7 +31,8 @@ from harness.conformance.adapter import (
 )
 from harness.conformance.judge import Judge, Tally
 from harness.conformance.properties import expected_step
-from harness.conformance.validate import AdapterError, made, observed, one_line
+from harness.conformance.validate import AdapterError, made, observed
+from harness.named_callables import one_line
 
 REQUEST_IDS = ("r0", "r1", "r2", "r3", "r4")
 PICKS = st.integers(0, len(REQUEST_IDS) - 1)

@@ -39,6 +39,7 @@ from harness.conformance.properties import (
     STATE_PROPERTIES,
     STEP_PROPERTIES,
 )
+from harness.named_callables import one_line
 from spec.errors import check_pool_shape
 from spec.kinds import group_kinds
 
@@ -156,12 +157,6 @@ def blamed_on_adapter(adapter: Target, call: str, when: str) -> Iterator[None]:
         raise AdapterError(
             f"adapter {_name(adapter)}: {call} raised {one_line(error)} {when}"
         ) from error
-
-
-def one_line(error: BaseException) -> str:
-    """``error`` as one line: its type and its message, whitespace runs made one space (a
-    user's exception may span lines; a refusal is one)."""
-    return " ".join(f"{type(error).__name__}: {error}".split())
 
 
 def _check_shape(adapter: Target) -> None:

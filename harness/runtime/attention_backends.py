@@ -191,11 +191,13 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-def _no_limits(layout: KVLayout, block_size: int) -> list[str]:
+def no_limits(layout: KVLayout, block_size: int) -> list[str]:
+    """A kernel's ``limits`` when it refuses nothing beyond what every kernel does."""
     return []
 
 
-def _nothing(tensors: StepTensors, store: PagedStore) -> None:
+def nothing_precomputed(tensors: StepTensors, store: PagedStore) -> None:
+    """A kernel's ``precompute`` when it needs nothing but the step tensors."""
     return None
 
 
@@ -209,7 +211,7 @@ def _emulated(
     return varlen_attention_emulated(query, *pages, tensors, scale)
 
 
-VARLEN_EMULATED = PagedKernel("varlen-emulated", _emulated, _no_limits, _nothing)
+VARLEN_EMULATED = PagedKernel("varlen-emulated", _emulated, no_limits, nothing_precomputed)
 
 
 def _flex_mask(tensors: StepTensors, store: PagedStore) -> Any:  # Any: a BlockMask
@@ -239,8 +241,8 @@ def _triton_limits(layout: KVLayout, block_size: int) -> list[str]:
 
 
 GATHER = Gather()
-VARLEN = PagedKernel("varlen", varlen_attention, varlen_limits, _nothing)
-TRITON = PagedKernel("triton", _triton, _triton_limits, _nothing)
+VARLEN = PagedKernel("varlen", varlen_attention, varlen_limits, nothing_precomputed)
+TRITON = PagedKernel("triton", _triton, _triton_limits, nothing_precomputed)
 FLEX = PagedKernel(
     "flex", flex_attention_paged, flex_limits, _flex_mask, poisoned_pool_type=FinitePoisonedKVPool
 )

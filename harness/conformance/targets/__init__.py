@@ -5,15 +5,12 @@ A configuration's factory imports its target's package only when called, so nami
 target whose package is absent fails with ``TargetUnavailableError`` (one line), not at import.
 """
 
-import importlib
 import importlib.util
-import os
-import sys
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from harness.conformance.adapter import Adapter, EngineAdapter
-from harness.conformance.validate import one_line
+from harness.named_callables import NamedCallableError, load_callable
 
 Factory = Callable[[], Adapter | EngineAdapter]
 
@@ -123,28 +120,12 @@ def load_factory(target: str) -> Factory:
     """The factory ``target`` names, ``package.module:factory`` (a class or a function
     returning a fresh adapter); the module is looked up as ``python -m`` would, from the
     current directory first. ``TargetUnavailableError`` says in one line what is wrong."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
+    if ":" not in target:
         raise TargetUnavailableError(
             f"target {target!r} is neither a bundled target ({', '.join(TARGETS)}) nor "
             "package.module:factory"
         )
-    if module_name.startswith("."):
-        raise TargetUnavailableError(
-            f"{module_name!r} is a relative module name: name it from the top, "
-            "package.module:factory, as python -m would"
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise TargetUnavailableError(f"cannot import {module_name!r}: {error}") from error
-    except Exception as error:  # the module's own code failed (a SyntaxError, a raise)
-        raise TargetUnavailableError(f"cannot import {module_name!r}: {one_line(error)}") from error
-    factory = getattr(module, attribute, None)
-    if not callable(factory):
-        raise TargetUnavailableError(
-            f"module {module_name!r} has no callable {attribute!r} (a factory of adapters)"
-        )
-    return factory  # type: ignore[no-any-return]
+        return load_callable(target, "a factory of adapters")  # type: ignore[return-value]
+    except NamedCallableError as error:
+        raise TargetUnavailableError(str(error)) from error
