@@ -22,17 +22,19 @@ by ``--skip`` does not:
 3. ``engine_profile``: a bf16 ``Engine`` run at SmolLM2's shapes, tokens/s in torch's SDPA
    order and in the harness's (cuDNN off: ``harness/runtime/sdpa_order.py``), and
    ``torch.profiler``'s kernel launches, host waits and device time per step;
-4. ``checks``: the three checks for bfloat16/float32 x ``Engine``/``BatchInvariantEngine``
-   and ``Engine`` preempting by swap to a host tier (pinned memory), on the bundled
+4. ``checks``: the three checks for bfloat16/float32 x ``Engine``/``BatchInvariantEngine``,
+   ``Engine`` preempting by swap to a host tier (pinned memory) and ``Engine`` with the
+   Triton kernel (``--attention triton``), on the bundled
    SmolLM2 when it loads here, else on a seeded random model of its exact
    shapes (``random_smollm2``; the log says why), with every tie's margin in ulps; a run
    that fails is run once more and the repeat recorded beside it;
-5. ``kernels``: each attention backend (gather, varlen, flex; ``--attention``) at
+5. ``kernels``: each attention backend (gather, varlen, flex, triton; ``--attention``) at
    SmolLM2's shapes, B = 8 at 512 tokens and B = 64 at 4096, against SDPA on contiguous
    K/V: agreement, NaN (and finite) poison past each request's tokens, a request alone vs
    in the batch, ms per decode call (flex on CPU only: ``flex_limits``);
-6. ``decode_bench``: bf16 decode tokens/s, paged engine and HF ``generate_batch`` vs dense
-   ``generate`` (``harness.bench.decode``).
+6. ``decode_bench``: bf16 decode tokens/s, paged engine (on the Triton kernel where it
+   runs, else gather) and HF ``generate_batch`` vs dense ``generate``
+   (``harness.bench.decode``).
 ``--smoke`` runs every stage on CPU with a scaled-down model in about a minute; CI runs it
 (``tests/harness/test_gpu_check.py``), so a GPU run is never lost to a typo.
 Exit 0 when every stage asked for ran and passed, 1 when one failed or did not run, 2 on bad
@@ -52,6 +54,10 @@ for _path in (REPO, REPO / ".site"):
 # Before torch touches CUDA: check 2 on CUDA needs deterministic cuBLAS.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# --smoke runs the Triton kernel on CPU, in Triton's interpreter: a mode fixed when triton is
+# first imported, so chosen here, before anything imports it.
+if "--smoke" in sys.argv[1:]:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402

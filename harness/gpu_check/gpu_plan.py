@@ -53,6 +53,10 @@ class Plan:
     kernel_shapes: tuple[tuple[int, int], ...]  # (batch, context tokens)
     kernel_backends: tuple[str, ...]
     kernel_repeats: int
+    # Besides gather, the kernel backends the three checks also run with (``Engine``,
+    # recompute), and the paged engine's attention in the decode benchmark.
+    check_kernels: tuple[str, ...]
+    decode_attention: str
     bench_batch_sizes: tuple[int, ...]
     bench_new_tokens: int
     bench_repeats: int
@@ -77,8 +81,10 @@ FULL = Plan(
     requests=7,
     max_new_tokens=32,
     kernel_shapes=((8, 512), (64, 4096)),
-    kernel_backends=("gather", "varlen", "flex"),
+    kernel_backends=("gather", "varlen", "flex", "triton"),
     kernel_repeats=20,
+    check_kernels=("triton",),
+    decode_attention="triton",
     bench_batch_sizes=(1, 8, 32),
     bench_new_tokens=64,
     bench_repeats=3,
@@ -94,8 +100,11 @@ SMOKE = Plan(
     max_new_tokens=6,
     kernel_shapes=((2, 48),),
     # NOTE: not flex: its first compile takes minutes on a 2-core CPU (the smoke run is CI's).
-    kernel_backends=("gather", "varlen-emulated", "varlen"),
+    # triton: in Triton's interpreter, float32 (scripts/gpu_check.py turns it on for --smoke).
+    kernel_backends=("gather", "varlen-emulated", "varlen", "triton"),
     kernel_repeats=2,
+    check_kernels=("triton",),
+    decode_attention="triton",
     bench_batch_sizes=(2,),
     bench_new_tokens=3,
     bench_repeats=1,

@@ -29,7 +29,7 @@ from harness.gpu_check.gpu_plan import DTYPES, FULL, KERNEL_TOLERANCE, Json, Log
 from harness.gpu_check.gpu_profile import stage_engine_profile
 from harness.gpu_check.random_smollm2 import random_smollm2
 from harness.gpu_check.sdpa_probe import sdpa_backends, sdpa_new_shape_cost
-from harness.models import LoadedModel, ModelNotFoundError, load_model
+from harness.models import LoadedModel, ModelNotFoundError, kv_layout, load_model
 from harness.oracle.device_cases import (
     paged_cache_generate_failures,
     paged_equals_dense_failures,
@@ -41,6 +41,11 @@ from harness.oracle.equivalence import (
     tight_total_blocks,
 )
 from harness.prompts import BUILTIN_PROMPTS, render_prompt
+from harness.runtime.attention_backends import (
+    ATTENTION_BACKENDS,
+    AttentionBackend,
+    AttentionBackendError,
+)
 from harness.runtime.engine import BatchInvariantEngine, Engine
 from harness.runtime.kv_pool import PoisonedKVPool
 from harness.runtime.requests import Request
@@ -143,8 +148,37 @@ def stage_checks(plan: Plan, log: Log) -> Json:
                 # run (harness/runtime/sdpa_order.py).
                 runs[name]["repeat"] = _checks_run(loaded, requests, pool)
             log(f"   {name}: {json.dumps(runs[name])[:900]}")
+        for kernel in plan.check_kernels:
+            named = _kernel_checks_run(loaded, requests, blocks, kernel, log)
+            if named is not None:
+                runs[named[0]] = named[1]
     status = "ok" if all(run["passed"] for run in runs.values()) else "failed"
     return {"status": status, "runs": runs}
+
+
+def _kernel_checks_run(
+    loaded: LoadedModel, requests: list[Request], blocks: int, kernel: str, log: Log
+) -> tuple[str, Json] | None:
+    """The three checks with ``kernel`` computing the paged runs' attention (``Engine``,
+    recompute), named; ``None`` where the backend refuses this machine (logged)."""
+    backend = ATTENTION_BACKENDS[kernel]
+    layout = kv_layout(loaded)
+    name = f"{str(layout.dtype).removeprefix('torch.')}/Engine/{kernel}"
+    try:
+        backend.check(loaded.model, layout, 16)
+    except AttentionBackendError as error:
+        log(f"   {name} skipped: {error}")
+        return None
+    pool = PoolConfig(
+        total_blocks=blocks,
+        block_size=16,
+        engine_type=Engine,
+        pool_type=backend.poisoned_pool_type,
+        attention=backend,
+    )
+    result = _checks_run(loaded, requests, pool)
+    log(f"   {name}: {json.dumps(result)[:900]}")
+    return name, result
 
 
 def _checks_run(loaded: LoadedModel, requests: list[Request], pool: PoolConfig) -> Json:
@@ -235,6 +269,8 @@ def stage_kernels(plan: Plan, log: Log) -> Json:
             for backend in backends:
                 if backend == "varlen" and dtype == torch.float32:
                     continue
+                if backend == "triton" and not cuda and dtype != torch.float32:
+                    continue  # Triton's interpreter computes float32 only
                 name = f"{backend}/{dtype_name}/B{batch}x{context}"
                 agreement = _kernel_agreement_and_time(plan, backend, batch, context, dtype)
                 passed = passed and agreement.passed(backend, dtype)
@@ -325,6 +361,7 @@ def stage_decode_bench(plan: Plan, log: Log) -> Json:
         16,
         plan.bench_repeats,
         {"dense", "paged", "hf-cb"},
+        _decode_attention(plan, loaded, log),
     )
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -335,6 +372,17 @@ def stage_decode_bench(plan: Plan, log: Log) -> Json:
     paged = [row for row in rows if row.method == "paged"]
     result["status"] = "ok" if paged else "failed"
     return result
+
+
+def _decode_attention(plan: Plan, loaded: LoadedModel, log: Log) -> AttentionBackend:
+    """The plan's attention for the paged engine, or gather where this machine refuses it."""
+    backend = ATTENTION_BACKENDS[plan.decode_attention]
+    try:
+        backend.check(loaded.model, kv_layout(loaded), 16)
+    except AttentionBackendError as error:
+        log(f"   paged decode on gather: {error}")
+        return ATTENTION_BACKENDS["gather"]
+    return backend
 
 
 # The stages in priority order, by the name ``--skip`` takes.

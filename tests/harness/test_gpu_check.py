@@ -48,8 +48,14 @@ def test_the_smoke_run_passes_every_stage_and_writes_one_json_and_one_log(
         "float32/BatchInvariantEngine",
         "float32/Engine",
         "float32/Engine/swap",
+        "float32/Engine/triton",  # bfloat16 is refused by Triton's interpreter, logged
     ]
     assert all(run["seconds"] > 0 for run in checks.values())
+    kernels = results["stages"]["kernels"]
+    assert "triton" in kernels["backends"]
+    assert [name for name in kernels["shapes"] if name.startswith("triton/")] == [
+        "triton/float32/B2x48"
+    ]
     bench_methods = {row["method"] for row in results["stages"]["decode_bench"]["rows"]}
     assert bench_methods == {"dense", "paged", "hf-cb"}
     # On CPU the math kernel takes a decode call, cuDNN cannot (said in one line).
