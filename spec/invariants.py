@@ -13,6 +13,7 @@ next query may read.
 
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from spec.host_tier import copying_in_host_block_ids, demoting_block_ids, pinned_block_ids
 from spec.kinds import KIND_EXAMPLES
@@ -304,26 +305,26 @@ def _group_views(
             yield name, holds, view
 
 
-def _kind_invariant(name: str) -> Callable[[AllocatorState], bool]:
+@dataclass(frozen=True, slots=True)
+class _KindInvariant:
     """The state predicate of the kinds' invariant ``name``: it holds in every group whose
-    kind keeps it."""
+    kind keeps it. (A class, not a closure made at import: its rule runs when called.)"""
 
-    def holds_in_every_group(state: AllocatorState) -> bool:
-        return all(holds(view) for kept, holds, view in _group_views(state) if kept == name)
+    name: str
 
-    holds_in_every_group.__name__ = f"is_{name}"
-    return holds_in_every_group
+    def __call__(self, state: AllocatorState) -> bool:
+        return all(holds(view) for kept, holds, view in _group_views(state) if kept == self.name)
 
 
 # The kinds' own invariants (``GroupKind.invariants``), by name, over every registered kind.
 KIND_INVARIANT_NAMES = tuple(
     dict.fromkeys(name for kind in KIND_EXAMPLES for name in kind.invariants())
 )
-is_cached_content_exact = _kind_invariant("cached_content_exact")
-is_shared_only_over_a_common_prefix = _kind_invariant("shared_over_common_prefix")
-is_checkpoint_unwritten = _kind_invariant("checkpoint_unwritten")
-is_checkpoint_on_grid = _kind_invariant("checkpoint_on_grid")
-is_state_shared_only_by_forks = _kind_invariant("state_shared_only_by_forks")
+is_cached_content_exact = _KindInvariant("cached_content_exact")
+is_shared_only_over_a_common_prefix = _KindInvariant("shared_over_common_prefix")
+is_checkpoint_unwritten = _KindInvariant("checkpoint_unwritten")
+is_checkpoint_on_grid = _KindInvariant("checkpoint_on_grid")
+is_state_shared_only_by_forks = _KindInvariant("state_shared_only_by_forks")
 
 
 INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
@@ -343,7 +344,7 @@ INVARIANTS: dict[str, Callable[[AllocatorState], bool]] = {
     "host_partition": is_host_partitioned,
     "swapped_sound": is_swapped_sound,
     "copy_source_in_flight": is_copy_source_in_flight,
-    **{name: _kind_invariant(name) for name in KIND_INVARIANT_NAMES},
+    **{name: _KindInvariant(name) for name in KIND_INVARIANT_NAMES},
 }
 
 

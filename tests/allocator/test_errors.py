@@ -57,6 +57,13 @@ def test_each_bound_is_inclusive_and_the_value_past_it_is_refused() -> None:
         group_kinds([0], 4, 0)
 
 
+def test_a_window_kind_of_another_type_is_refused_with_its_group_and_type() -> None:
+    with pytest.raises(TypeError, match=r"^window of group 1 must be an int, got str '8'$"):
+        group_kinds([None, SlidingWindow("8")], 4, 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^window of group 0 must be an int, got bool True$"):
+        group_kinds([SlidingWindow(True)], 4, 0)
+
+
 def test_the_kinds_are_named_in_messages_by_their_plain_names() -> None:
     kinds = (FullAttention(), SlidingWindow(8), RecurrentState(4))
     assert kind_names(kinds) == "[full attention, window 8, recurrent state checkpointed every 4]"
