@@ -234,9 +234,7 @@ class VLLMEngine:
             for r in request_ids
         ]
         output = ModelRunnerOutput(
-            req_ids=request_ids,
-            req_id_to_index={r: i for i, r in enumerate(request_ids)},
-            sampled_token_ids=tokens,
+            req_ids=request_ids, sampled_token_ids=tokens, **_index_of(request_ids)
         )
         self.scheduler.update_from_output(scheduled, output)
 
@@ -406,3 +404,11 @@ def _neutral(event: Any) -> TargetEvent:  # Any: a vllm.distributed.kv_events re
         event.group_idx,
         event.medium,
     )
+
+
+def _index_of(request_ids: list[str]) -> dict[str, dict[str, int]]:
+    """``ModelRunnerOutput``'s ``req_id_to_index``, which vLLM 0.33 takes (required) and 0.34
+    dropped (each request's row is its place in ``req_ids``)."""
+    if "req_id_to_index" not in ModelRunnerOutput.__dataclass_fields__:
+        return {}
+    return {"req_id_to_index": {r: i for i, r in enumerate(request_ids)}}
