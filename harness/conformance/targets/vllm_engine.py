@@ -406,7 +406,8 @@ def _neutral(event: Any) -> TargetEvent:  # Any: a vllm.distributed.kv_events re
     )
 
 
-def _index_of(request_ids: list[str]) -> dict[str, dict[str, int]]:
+# Any: keyword arguments of vLLM's ModelRunnerOutput, whose fields differ between releases.
+def _index_of(request_ids: list[str]) -> dict[str, Any]:
     """``ModelRunnerOutput``'s ``req_id_to_index``, which vLLM 0.33 takes (required) and 0.34
     dropped (each request's row is its place in ``req_ids``)."""
     if "req_id_to_index" not in ModelRunnerOutput.__dataclass_fields__:
