@@ -82,3 +82,20 @@ def test_an_event_the_remembered_blocks_contradict_is_refused() -> None:
 def test_a_host_event_sink_that_cannot_be_called_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match="host_event_sink must be callable or None, got list"):
         KVCacheManager(4, 2, host_event_sink=[])  # type: ignore[arg-type]
+
+
+def test_a_salted_orphan_s_parent_is_its_own_salted_prefix_not_an_unsalted_one() -> None:
+    # An orphan (its parent block cached nowhere: the event carries the whole prefix) under
+    # a salt, while the same tokens' unsalted prefix is present: its parent hash is the
+    # salted prefix's, which no block publishes, so it is computed, never borrowed.
+    publisher = EventPublisher(2)
+    publisher.record(BlockStored(0, 0, None, (1, 2), None))
+    publisher.record(BlockStored(5, 0, None, (1, 2, 3, 4), "tenant"))
+    (batch,) = publisher.end_step()
+    unsalted, orphan = [e for e in batch.events if isinstance(e, KeyStored)]
+    salted_prefix = EventPublisher(2)
+    salted_prefix.record(BlockStored(0, 0, None, (1, 2), "tenant"))
+    ((salted,),) = [
+        [e for e in b.events if isinstance(e, KeyStored)] for b in salted_prefix.end_step()
+    ]
+    assert orphan.parent_block_hash == salted.block_hash != unsalted.block_hash
