@@ -29,6 +29,10 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3_5ForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3NextConfig,
@@ -95,6 +99,39 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
             "shared_expert_intermediate_size": 32,
         },
     ),
+    # Qwen3.5: gated DeltaNet beside attention, as Qwen3-Next, dense and mixture-of-experts.
+    "qwen3_5": (
+        Qwen3_5TextConfig,
+        Qwen3_5ForCausalLM,
+        {
+            "head_dim": 16,
+            "layer_types": ["linear_attention", "full_attention"],
+            "max_position_embeddings": 4096,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+        },
+    ),
+    "qwen3_5_moe": (
+        Qwen3_5MoeTextConfig,
+        Qwen3_5MoeForCausalLM,
+        {
+            "head_dim": 16,
+            "layer_types": ["linear_attention", "full_attention"],
+            "max_position_embeddings": 4096,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+        },
+    ),
     "bamba": (
         BambaConfig,
         BambaForCausalLM,
@@ -112,7 +149,7 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
     ),
 }
 # The architectures of TINY_ARCHITECTURES that are hybrids (a recurrent state group).
-HYBRID_ARCHITECTURES = ("lfm2", "qwen3_next", "bamba")
+HYBRID_ARCHITECTURES = ("lfm2", "qwen3_next", "qwen3_5", "qwen3_5_moe", "bamba")
 
 
 def tiny_model(architecture: str, seed: int) -> LoadedModel:
