@@ -18,6 +18,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GraniteMoeHybridConfig,
+    GraniteMoeHybridForCausalLM,
     Lfm2Config,
     Lfm2ForCausalLM,
     LlamaConfig,
@@ -132,6 +134,25 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
             "shared_expert_intermediate_size": 32,
         },
     ),
+    # Granite 4.0 hybrid: Mamba-2 beside attention, a mixture of experts and a shared MLP.
+    "granitemoehybrid": (
+        GraniteMoeHybridConfig,
+        GraniteMoeHybridForCausalLM,
+        {
+            "layer_types": ["mamba", "attention"],
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 32,
+            "max_position_embeddings": 4096,
+        },
+    ),
     "bamba": (
         BambaConfig,
         BambaForCausalLM,
@@ -149,7 +170,14 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
     ),
 }
 # The architectures of TINY_ARCHITECTURES that are hybrids (a recurrent state group).
-HYBRID_ARCHITECTURES = ("lfm2", "qwen3_next", "qwen3_5", "qwen3_5_moe", "bamba")
+HYBRID_ARCHITECTURES = (
+    "lfm2",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "granitemoehybrid",
+    "bamba",
+)
 
 
 def tiny_model(architecture: str, seed: int) -> LoadedModel:
