@@ -224,6 +224,8 @@ MIRRORED_ATTENTION = ("sdpa", "eager")
 # The layer types whose attention the hook computes (sliding: within the layer's window);
 # a hybrid's state layers (``harness.state_models``) run through the state wrapper.
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+# Layer types that hold no cache at all (Nemotron-H's MLP and MoE layers): nothing to page.
+CACHELESS_LAYER_TYPES = {"mlp", "moe"}
 
 
 def check_supported(model: Any) -> None:  # Any: a transformers PreTrainedModel
@@ -274,12 +276,16 @@ def _unsupported_features(model: Any) -> list[str]:  # Any: a transformers PreTr
         refusals.append("use_bidirectional_attention=True (the hook is causal)")
     # Without layer_types, inferred as HF's cache infers them (Mistral: all sliding).
     layer_types = getattr(config, "layer_types", None) or get_layer_types_and_kwargs(config)[0]
-    supported = SUPPORTED_LAYER_TYPES | (STATE_LAYER_TYPES if state_mixer(model) else set())
+    supported = (
+        SUPPORTED_LAYER_TYPES
+        | CACHELESS_LAYER_TYPES
+        | (STATE_LAYER_TYPES if state_mixer(model) else set())
+    )
     other_layers = sorted(set(layer_types) - supported)
     if other_layers:
         refusals.append(
             f"layer_types has {other_layers} (the hook implements full_attention and "
-            "sliding_attention, and the state layers of "
+            "sliding_attention, layers with no cache (mlp, moe), and the state layers of "
             f"{', '.join(sorted(STATE_MIXERS)[:-1])} and {sorted(STATE_MIXERS)[-1]} models)"
         )
     return refusals

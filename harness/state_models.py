@@ -3,8 +3,8 @@ module of such a layer mixes tokens (the one the paged state wrapper replaces), 
 shapes of its state.
 
 A hybrid (LFM2: short convolution beside attention; Qwen3-Next and Qwen3.5, dense and MoE:
-gated DeltaNet beside attention; Bamba and Granite 4.0: Mamba-2 beside attention) has
-layers whose per-request state is a fixed-size tensor, not a K/V that grows by token.
+gated DeltaNet beside attention; Bamba, Granite 4.0 and Nemotron-H: Mamba-2 beside
+attention) has layers whose per-request state is a fixed-size tensor, not a K/V that grows by token.
 transformers 5.23 keeps it in ``LinearAttentionLayer`` (``conv_states``,
 ``recurrent_states``); a recurrent state stays float32 in a bf16 model, so the shapes are
 read, dtype and all, from a one-token forward into HF's own ``DynamicCache``.
@@ -44,6 +44,7 @@ STATE_MIXERS: dict[str, StateMixer] = {
     "qwen3_5_moe_text": StateMixer("linear_attn", "cache_params"),
     "bamba": StateMixer("mamba", "cache_params"),
     "granitemoehybrid": StateMixer("mamba", "cache_params"),
+    "nemotron_h": StateMixer("mixer", "cache_params"),
 }
 
 # The checkpoint interval C a run takes unless told (tokens; rounded up to a multiple of

@@ -26,6 +26,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    NemotronHConfig,
+    NemotronHForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PreTrainedTokenizerFast,
@@ -153,6 +155,25 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
             "max_position_embeddings": 4096,
         },
     ),
+    # Nemotron-H: Mamba-2, attention and MLP layers, one mixer each (the MLP holds no cache).
+    "nemotron_h": (
+        NemotronHConfig,
+        NemotronHForCausalLM,
+        {
+            "num_hidden_layers": 3,
+            "layers_block_type": ["linear_attention", "full_attention", "mlp"],
+            "head_dim": 16,
+            "ssm_state_size": 16,
+            "mamba_num_heads": 4,
+            "mamba_head_dim": 32,
+            "n_groups": 1,
+            "conv_kernel": 4,
+            "expand": 2,
+            "chunk_size": 16,
+            "use_mamba_kernels": False,  # the CUDA kernels' package: absent here
+            "max_position_embeddings": 4096,
+        },
+    ),
     "bamba": (
         BambaConfig,
         BambaForCausalLM,
@@ -176,6 +197,7 @@ HYBRID_ARCHITECTURES = (
     "qwen3_5",
     "qwen3_5_moe",
     "granitemoehybrid",
+    "nemotron_h",
     "bamba",
 )
 
