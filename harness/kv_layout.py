@@ -54,6 +54,9 @@ class KVLayout:
     state_layers: tuple[int, ...] = ()
     checkpoint_interval: int = 0
     state_shapes: tuple[StateShape, ...] = ()
+    # The state layers that attend too (Falcon-H1: attention and Mamba side by side in one
+    # layer): the pool holds their K/V as well as their state.
+    attending_state_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
@@ -68,8 +71,13 @@ class KVLayout:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """The layers whose K/V the pool holds: every layer but the state layers."""
-        return tuple(i for i in range(self.num_layers) if i not in self.state_layers)
+        """The layers whose K/V the pool holds: every layer but the state layers that do
+        not attend."""
+        return tuple(
+            i
+            for i in range(self.num_layers)
+            if i not in self.state_layers or i in self.attending_state_layers
+        )
 
     def window(self, layer_idx: int) -> int | None:
         """Layer ``layer_idx``'s sliding window, or ``None`` for full attention."""

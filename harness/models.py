@@ -43,6 +43,7 @@ from harness.state_models import (
     DEFAULT_CHECKPOINT_INTERVAL,
     STATE_LAYER_TYPES,
     STATE_MIXERS,
+    attending_state_layers,
     state_layers,
     state_mixer,
     state_shapes,
@@ -198,6 +199,7 @@ def model_kv_layout(
         state_layers=states,
         checkpoint_interval=checkpoint_interval if states else 0,
         state_shapes=state_shapes(model),
+        attending_state_layers=attending_state_layers(config),
     )
 
 

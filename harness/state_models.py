@@ -4,10 +4,11 @@ shapes of its state.
 
 A hybrid (LFM2: short convolution beside attention; Qwen3-Next and Qwen3.5, dense and MoE:
 gated DeltaNet beside attention; Bamba, Granite 4.0 and Nemotron-H: Mamba-2 beside
-attention) has layers whose per-request state is a fixed-size tensor, not a K/V that grows by token.
-transformers 5.23 keeps it in ``LinearAttentionLayer`` (``conv_states``,
-``recurrent_states``); a recurrent state stays float32 in a bf16 model, so the shapes are
-read, dtype and all, from a one-token forward into HF's own ``DynamicCache``.
+attention; Falcon-H1: Mamba-2 and attention side by side in every layer) has layers whose
+per-request state is a fixed-size tensor, not a K/V that grows by token. transformers 5.23
+keeps it in ``LinearAttentionLayer`` (``conv_states``, ``recurrent_states``); a recurrent
+state stays float32 in a bf16 model, so the shapes are read, dtype and all, from a
+one-token forward into HF's own ``DynamicCache``.
 """
 
 from collections.abc import Sequence
@@ -22,7 +23,10 @@ from harness.kv_layout import StateShape
 from spec import GroupKind, RecurrentState
 
 # The layer types (HF's ``layer_types``) that hold a recurrent state.
-STATE_LAYER_TYPES = frozenset({"conv", "linear_attention"})
+STATE_LAYER_TYPES = frozenset({"conv", "linear_attention", "hybrid"})
+# Of those, the layer types that attend too (Falcon-H1's "hybrid": attention and Mamba-2
+# side by side in one layer).
+ATTENDING_STATE_LAYER_TYPES = frozenset({"hybrid"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,7 @@ STATE_MIXERS: dict[str, StateMixer] = {
     "bamba": StateMixer("mamba", "cache_params"),
     "granitemoehybrid": StateMixer("mamba", "cache_params"),
     "nemotron_h": StateMixer("mixer", "cache_params"),
+    "falcon_h1": StateMixer("mamba", "cache_params"),  # beside the layer's attention
 }
 
 # The checkpoint interval C a run takes unless told (tokens; rounded up to a multiple of
@@ -66,6 +71,12 @@ def state_layers(config: Any) -> tuple[int, ...]:  # Any: a transformers config
     """The indices of the layers of ``config`` that hold a recurrent state."""
     layer_types = getattr(config, "layer_types", None) or ()
     return tuple(i for i, kind in enumerate(layer_types) if kind in STATE_LAYER_TYPES)
+
+
+def attending_state_layers(config: Any) -> tuple[int, ...]:  # Any: a transformers config
+    """The indices of the state layers of ``config`` that attend too."""
+    layer_types = getattr(config, "layer_types", None) or ()
+    return tuple(i for i, kind in enumerate(layer_types) if kind in ATTENDING_STATE_LAYER_TYPES)
 
 
 def state_mixer(model: Any) -> StateMixer | None:  # Any: a transformers PreTrainedModel

@@ -14,6 +14,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     BambaConfig,
     BambaForCausalLM,
+    FalconH1Config,
+    FalconH1ForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -174,6 +176,22 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
             "max_position_embeddings": 4096,
         },
     ),
+    "falcon_h1": (
+        FalconH1Config,
+        FalconH1ForCausalLM,
+        {
+            "head_dim": 16,
+            "mamba_d_ssm": 64,
+            "mamba_n_heads": 4,
+            "mamba_d_head": 16,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 16,
+            "max_position_embeddings": 4096,
+        },
+    ),
     "bamba": (
         BambaConfig,
         BambaForCausalLM,
@@ -198,6 +216,7 @@ HYBRID_ARCHITECTURES = (
     "qwen3_5_moe",
     "granitemoehybrid",
     "nemotron_h",
+    "falcon_h1",
     "bamba",
 )
 

@@ -107,9 +107,10 @@ class PagedKVPool:
         places = {
             layer_idx: (group, index)
             for group, layers in enumerate(layout.group_layers)
+            if group != layout.state_group
             for index, layer_idx in enumerate(layers)
         }
-        # A hybrid's state layers hold no K/V: (-1, -1)
+        # A hybrid's state layers hold no K/V, unless they attend too: (-1, -1)
         self._places = tuple(places.get(i, (-1, -1)) for i in range(layout.num_layers))
         self.host = HostKVStore(layout, host_blocks, block_size)
         # A hybrid's recurrent states, one row per block id (the state group's)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import NemotronHConfig, NemotronHForCausalLM
+from transformers import JambaConfig, JambaForCausalLM
 
 from harness.check import check_model
 from harness.cli.main import main
@@ -331,23 +331,24 @@ def test_impls_planted_hit_bugs_fail_check_3(manager_type: type[KVCacheManager])
 
 
 def test_a_hybrid_whose_state_mixer_the_harness_does_not_know_is_refused() -> None:
-    # Nemotron-H's Mamba-2 layers are `linear_attention` too, but its mixer (`layer.mixer`)
-    # is not in STATE_MIXERS: refused in one line, never run with mixed requests.
-    config = NemotronHConfig(
+    # Jamba's Mamba layers are `linear_attention` too, but its decoder layer calls the mixer
+    # without the layer's keywords, so the step could not reach a paged wrapper: it is not
+    # in STATE_MIXERS, and is refused in one line, never run with mixed requests.
+    config = JambaConfig(
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
+        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        layers_block_type=["mamba", "attention"],
-        head_dim=8,
-        mamba_num_heads=4,
-        mamba_head_dim=16,
-        n_groups=1,
-        ssm_state_size=8,
-        chunk_size=16,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        num_experts=2,
+        mamba_d_state=8,
+        mamba_dt_rank=4,
+        use_mamba_kernels=False,
     )
-    model = NemotronHForCausalLM(config).eval()
+    model = JambaForCausalLM(config).eval()
     with pytest.raises(UnsupportedModelError, match=r"layer_types has \['linear_attention'\]"):
         check_supported(model)
 

@@ -126,8 +126,8 @@ def test_a_layer_type_other_than_full_or_sliding_is_refused() -> None:
     assert _refusal(model).endswith(
         "layer_types has ['chunked_attention'] (the hook implements full_attention and "
         "sliding_attention, layers with no cache (mlp, moe), and the state layers of bamba, "
-        "granitemoehybrid, lfm2, nemotron_h, qwen3_5_moe_text, qwen3_5_text and qwen3_next "
-        "models)"
+        "falcon_h1, granitemoehybrid, lfm2, nemotron_h, qwen3_5_moe_text, qwen3_5_text and "
+        "qwen3_next models)"
     )
 
 
