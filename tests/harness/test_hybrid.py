@@ -332,8 +332,10 @@ def test_impls_planted_hit_bugs_fail_check_3(manager_type: type[KVCacheManager])
 
 def test_a_hybrid_whose_state_mixer_the_harness_does_not_know_is_refused() -> None:
     # Jamba's Mamba layers are `linear_attention` too, but its decoder layer calls the mixer
-    # without the layer's keywords, so the step could not reach a paged wrapper: it is not
-    # in STATE_MIXERS, and is refused in one line, never run with mixed requests.
+    # without the layer's keywords, so the step cannot reach a paged wrapper (and with the
+    # step taken from the layer instead, tried on 2026-12-08, its tokens after a prefix hit
+    # were not generate's): it is not in STATE_MIXERS, and is refused in one line, never
+    # run with mixed requests.
     config = JambaConfig(
         vocab_size=64,
         hidden_size=32,
