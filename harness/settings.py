@@ -165,8 +165,9 @@ def check_hybrid_settings(settings: CheckSettings, interval: int, longest_prompt
     one line each: a checkpoint interval off the block grid (``spec.kinds``) or, given (not
     defaulted), past the last checkpoint a request of at most ``longest_prompt`` tokens can
     take, speculative decoding (a rejected draft would need a state rewind, which no state
-    has), the host tier (a swapped or demoted state is not specified) and a kernel attention
-    backend (the state layers run per request under gather only)."""
+    has) and the host tier (a swapped or demoted state is not specified). A kernel
+    attention backend runs the attention layers; the state layers run per request beside
+    it as beside gather."""
     if interval % settings.block_size:
         raise CheckSettingsError(
             "checkpoint_interval",
@@ -201,11 +202,6 @@ def check_hybrid_settings(settings: CheckSettings, interval: int, longest_prompt
             "host_blocks",
             settings.host_blocks is not None,
             "checkpoints are never demoted to a host tier",
-        ),
-        (
-            "attention",
-            settings.attention != "gather",
-            "the state layers run per request beside gather attention only",
         ),
     )
     for setting, refused, why in refusals:

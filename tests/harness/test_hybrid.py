@@ -28,6 +28,7 @@ from harness.models import LoadedModel, UnsupportedModelError, check_supported, 
 from harness.oracle.checks import TokenTrace, check_batch, tie_rule
 from harness.oracle.dense import DenseOutput, generate_dense
 from harness.oracle.equivalence import PoolConfig, run_equivalence
+from harness.runtime.attention_backends import TRITON, VARLEN_EMULATED, PagedKernel
 from harness.runtime.engine import Engine
 from harness.runtime.kv_pool import PagedKVPool, PoisonedKVPool
 from harness.runtime.paged_cache import PagedCache
@@ -155,6 +156,25 @@ def test_the_three_checks_pass_on_each_hybrid_with_hits_forks_and_preemption(
     assert all(row.prefix_hit_tokens % INTERVAL == 0 for row in report.rows)
 
 
+@pytest.mark.parametrize("backend", [VARLEN_EMULATED, TRITON], ids=lambda b: b.name)
+@pytest.mark.parametrize("architecture", ["lfm2", "falcon_h1"])
+def test_a_kernel_backend_computes_a_hybrid_s_attention_beside_its_state_layers(
+    architecture: str, backend: PagedKernel
+) -> None:
+    # The kernel takes the attention group's tables (group 0); the state layers run per
+    # request as under gather. Falcon-H1: every layer attends and holds a state.
+    pool = PoolConfig(
+        total_blocks=TIGHT_BLOCKS,
+        block_size=BLOCK_SIZE,
+        pool_type=PoisonedKVPool,
+        scheduling=Scheduling(checkpoint_interval=INTERVAL),
+        attention=backend,
+    )
+    report = run_equivalence(_hybrid(architecture), _requests(), pool, lambda _: None)
+    assert report.failures == []
+    assert report.prefix_hit_tokens > 0 and report.preemptions > 0
+
+
 def test_check_model_runs_on_a_users_hybrid_model() -> None:
     model = tiny_model("lfm2", seed=3).model
     rng = random.Random(4)
@@ -234,6 +254,7 @@ def test_python_m_harness_passes_on_a_saved_hybrid_with_state_hits(
         ["--max-batch-tokens", "24"],
         ["--n", "2"],
         ["--salts", "2"],
+        ["--attention", "triton"],
     ],
 )
 def test_python_m_harness_passes_on_a_saved_hybrid_with_other_options(
