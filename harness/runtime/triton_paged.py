@@ -49,26 +49,28 @@ MIN_ROWS = 16
 # A kernel's arguments are its launch ABI (pointers, strides, then compile-time constants,
 # upper case as Triton writes them): positional, and many. ``triton.jit`` compiles it below.
 def _paged_attention(  # noqa: PLR0917
-    out_ptr: Any,  # Any: Triton pointers and scalars are untyped at the Python level
-    q_ptr: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    block_table_ptr: Any,
-    seqused_k_ptr: Any,
-    cu_seqlens_q_ptr: Any,
-    scale: Any,
-    q_tiles: Any,
-    q_stride_t: Any,
-    q_stride_h: Any,
-    o_stride_t: Any,
-    o_stride_h: Any,
-    k_stride_block: Any,
-    k_stride_row: Any,
-    k_stride_head: Any,
-    v_stride_block: Any,
-    v_stride_row: Any,
-    v_stride_head: Any,
-    table_stride: Any,
+    # Inside a kernel every argument is a tl.tensor: the pointers, and the scalars as 0-d
+    # tensors. (Not ``Any``: Triton's compiler resolves annotations as kernel globals.)
+    out_ptr: tl.tensor,
+    q_ptr: tl.tensor,
+    k_ptr: tl.tensor,
+    v_ptr: tl.tensor,
+    block_table_ptr: tl.tensor,
+    seqused_k_ptr: tl.tensor,
+    cu_seqlens_q_ptr: tl.tensor,
+    scale: tl.tensor,
+    q_tiles: tl.tensor,
+    q_stride_t: tl.tensor,
+    q_stride_h: tl.tensor,
+    o_stride_t: tl.tensor,
+    o_stride_h: tl.tensor,
+    k_stride_block: tl.tensor,
+    k_stride_row: tl.tensor,
+    k_stride_head: tl.tensor,
+    v_stride_block: tl.tensor,
+    v_stride_row: tl.tensor,
+    v_stride_head: tl.tensor,
+    table_stride: tl.tensor,
     GROUP: tl.constexpr,  # noqa: N803
     GROUP_P: tl.constexpr,  # noqa: N803
     HEAD_DIM: tl.constexpr,  # noqa: N803
@@ -245,7 +247,7 @@ def triton_paged_attention(
         BLOCK_Q=block_q,
         BLOCK_N=BLOCK_N,
         # float32: full precision (Triton's default on NVIDIA is TF32, which would make the
-        # kernel disagree with gather by ~1e-3); other dtypes ignore it.
-        PRECISION="ieee",
+        # kernel disagree with gather by ~1e-3); other dtypes take Triton's default.
+        PRECISION="ieee" if query.dtype == torch.float32 else None,
     )
     return output

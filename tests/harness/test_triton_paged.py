@@ -8,6 +8,8 @@ those checks catch: each a one-line edit of the kernel's own source, compiled th
 
 import importlib.util
 import inspect
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -220,3 +222,37 @@ def test_the_real_kernel_passes_the_checks_the_planted_bugs_fail() -> None:
 def test_each_planted_kernel_bug_is_caught(bug: str, tmp_path: Path) -> None:
     kernel = _planted_kernel(tmp_path, *PLANTED_KERNEL_BUGS[bug])
     assert list(_checks(kernel)) != [], bug
+
+
+# -- the same kernel through Triton's compiler, for NVIDIA GPUs ---------------------------
+
+
+def _without_the_interpreter(*argv: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=600, env=environment,
+        check=False,
+    )  # fmt: skip
+
+
+def test_the_kernel_compiles_for_a100_and_h100_in_every_dtype() -> None:
+    done = _without_the_interpreter("-m", "tests.support.triton_cuda_compile")
+    assert done.returncode == 0, done.stdout + done.stderr
+    builds = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in builds] == [
+        f"sm_{capability} {dtype}" for capability in (80, 90) for dtype in ("fp32", "bf16", "fp16")
+    ]
+
+
+def test_the_compile_check_catches_what_the_interpreter_runs(tmp_path: Path) -> None:
+    # Planted: an annotation naming a module global, which the interpreter ignores and
+    # Triton's compiler cannot resolve inside a kernel (the first version had one).
+    _planted_kernel(tmp_path, "    out_ptr: tl.tensor,\n", "    out_ptr: Any,\n")
+    probe = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
+        "from planted_triton_paged import paged_attention_kernel as kernel; "
+        "from tests.support.triton_cuda_compile import build; build('bf16', 90, kernel)"
+    )
+    done = _without_the_interpreter("-c", probe)
+    assert done.returncode != 0
+    assert "Cannot access global variable Any" in done.stderr
