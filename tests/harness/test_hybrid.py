@@ -156,8 +156,11 @@ def test_the_three_checks_pass_on_each_hybrid_with_hits_forks_and_preemption(
     assert all(row.prefix_hit_tokens % INTERVAL == 0 for row in report.rows)
 
 
-@pytest.mark.parametrize("backend", [VARLEN_EMULATED, TRITON], ids=lambda b: b.name)
-@pytest.mark.parametrize("architecture", ["lfm2", "falcon_h1"])
+@pytest.mark.parametrize(
+    ("architecture", "backend"),
+    [("lfm2", VARLEN_EMULATED), ("falcon_h1", TRITON)],
+    ids=["lfm2-varlen-emulated", "falcon_h1-triton"],
+)
 def test_a_kernel_backend_computes_a_hybrid_s_attention_beside_its_state_layers(
     architecture: str, backend: PagedKernel
 ) -> None:
