@@ -212,10 +212,13 @@ def triton_paged_attention(
     group = num_heads // num_kv_heads
     group_padded = triton.next_power_of_2(group)
     block_q = max(1, MIN_ROWS // group_padded)
-    query = query.contiguous()  # the kernel reads head_dim at stride 1
+    # The kernel reads head_dim at stride 1 and the rest through strides: the hook's query,
+    # a transposed view, is read in place (no copy a layer).
+    if query.stride(2) != 1:
+        query = query.contiguous()
     if key_pages.stride(3) != 1 or value_pages.stride(3) != 1:
         raise ValueError("the pages' head_dim must be contiguous (stride 1)")
-    output = torch.empty_like(query)
+    output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     q_tiles = triton.cdiv(step.max_q, block_q)
     grid = (step.batch_size * q_tiles, num_kv_heads)
     kernel[grid](

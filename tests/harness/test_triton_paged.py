@@ -135,6 +135,16 @@ def test_every_query_head_group_agrees_with_the_emulator(num_heads: int, num_kv_
     torch.testing.assert_close(kernel_output(step), reference, rtol=1e-5, atol=1e-5)
 
 
+def test_a_transposed_query_view_is_read_in_place_with_the_same_bits() -> None:
+    # The attention hook hands the kernel query[0].transpose(0, 1) of a [1, H, T, D] tensor.
+    step = make_step(*STEPS["mixed"], block_size=4)
+    heads_first = step.query.transpose(0, 1).contiguous()  # [H, T, D]
+    view = heads_first.transpose(0, 1)  # [T, H, D], strides (D, T * D, 1)
+    assert not view.is_contiguous()
+    ours = triton_paged_attention(view, step.pages, step.tensors, SCALE, None)
+    assert ours.is_contiguous() and torch.equal(ours, kernel_output(step))
+
+
 def test_where_the_blocks_lie_changes_no_bit() -> None:
     scattered = make_step(*STEPS["mixed"], block_size=4)
     contiguous = make_step(*STEPS["mixed"], block_size=4, contiguous=True)
