@@ -520,3 +520,22 @@ def test_a_swap_of_three_groups_brings_each_group_its_own_host_copies_back(
         (4, 10),
         (5, 11),
     )
+
+
+def test_a_host_hit_makes_its_host_blocks_the_most_recently_used_while_the_request_runs(
+    make: Factory,
+) -> None:
+    pool = make(3, 2, host_blocks=2, host_prefix_cache=True)
+    for request_id, prompt in (("a", [1, 2]), ("b", [5, 6])):
+        pool.allocate(request_id, prompt)  # one full block, cached
+        pool.release(request_id)  # demoted: host blocks 0 (1, 2), then 1 (5, 6)
+        pool.take_transfers()
+    pool.allocate("x", 6)  # every device block: the host alone caches both
+    pool.release("x")
+    pool.allocate("c", [1, 2, 9])  # a host hit on (1, 2): its host block is now the newest
+    pool.take_transfers()
+    pool.allocate("s", 1)
+    pool.swap_out("s")  # while c runs: the least recently used host block goes, (5, 6)'s
+    assert pool.take_transfers().device_to_host == ((2, 1),)
+    assert pool.cached_prefix_tokens([5, 6, 9]) == 0
+    assert pool.cached_prefix_tokens([1, 2, 9]) == 2
