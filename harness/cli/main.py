@@ -19,6 +19,13 @@ from pathlib import Path
 
 import torch
 
+# Triton runs CPU tensors only in its interpreter, a mode fixed when triton is first
+# imported, which torch does on the way to FlexAttention (below). Without a GPU it is the
+# only mode that runs, so it is on unless set otherwise (--attention triton on CPU).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# isort: split
 from harness.check import check_model
 from harness.cli.events_target import (
     SUBSCRIBER_WAIT_S,
@@ -270,10 +277,6 @@ def _run(args: argparse.Namespace, prog: str, progress: Progress) -> int:
     kv_events: KVEventLog | None = None
     try:
         device, dtype = _device_and_dtype(args.device, args.dtype)
-        if args.attention == "triton" and device.type == "cpu":
-            # Triton runs CPU tensors in its interpreter, a mode fixed when triton is first
-            # imported: on here, before anything imports it (a no-op if it was imported).
-            os.environ.setdefault("TRITON_INTERPRET", "1")
         settings = _settings(args)
         plot = None if args.plot is None else plot_target("--plot", args.plot)
         check_events_target(args.events, args.events_format)
