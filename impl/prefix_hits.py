@@ -17,6 +17,7 @@ from impl.groups import KVCacheGroups
 from impl.prefix_cache import BlockHash, BlockKey, default_block_hash
 from impl.tables import Table
 from spec import BlockAllocationError
+from spec.kinds import copies_hit
 
 
 class PrefixHits:
@@ -49,16 +50,11 @@ class PrefixHits:
         per_group: list[int] = []  # each group's blocks past the hit, and its copy's
         copies: list[int] = []  # the groups whose hit's last block is copied (``spec.growth``)
         for group, kind in enumerate(self.groups):
-            spec_kind = kind.spec
             hit = len(group_hits[group]) + len(group_host_hits[group])
             # The blocks born skipped are those before the hit's part (``hit_part``'s first).
             skipped = kind.skip_target(block_size, cached_tokens)
             count = kind.table_blocks(block_size, tokens) - skipped - hit
-            if (
-                hit
-                and spec_kind.rewrites_last_block(block_size, cached_tokens)
-                and spec_kind.copies_before_write(shared=False, cached=True)
-            ):
+            if hit and copies_hit(kind.spec, block_size, cached_tokens):
                 copies.append(group)
                 count += 1
             per_group.append(count)

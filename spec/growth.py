@@ -53,6 +53,7 @@ from spec.errors import (
 )
 from spec.events import BlockRemoved
 from spec.frozen_map import FrozenMap
+from spec.kinds import copies_hit
 from spec.records import RequestBlockTable
 from spec.state import (
     AllocatorState,
@@ -117,9 +118,7 @@ def _allocate_token_ids(
     # The hit's last block is cached; where the prompt's tokens past it write into it (a
     # state group's checkpoint), the kind's write rule may copy it into a fresh block.
     copies = [
-        bool(keys[group])
-        and kind.rewrites_last_block(block_size, hit_tokens)
-        and kind.copies_before_write(shared=False, cached=True)
+        bool(keys[group]) and copies_hit(kind, block_size, hit_tokens)
         for group, kind in enumerate(state.group_windows)
     ]
     per_group = [

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from spec.host_tier import copying_in_host_block_ids, demoting_block_ids, pinned_block_ids
-from spec.kinds import KIND_EXAMPLES
+from spec.kinds import KIND_EXAMPLES, copies_hit
 from spec.records import GroupView, KVBlockUsage, RequestBlockTable
 from spec.rules import blocks_for_tokens
 from spec.state import AllocatorState, compute_skipped_blocks, usage
@@ -284,9 +284,7 @@ def is_state_hit_exact(
             if any(block_id in copies for block_id in table.block_ids):
                 return False
             continue
-        if kind.rewrites_last_block(block_size, cached_tokens) and kind.copies_before_write(
-            shared=False, cached=True
-        ):
+        if copies_hit(kind, block_size, cached_tokens):
             block_id = table.block_ids[len(keys) - 1]
             if copies.get(block_id) != before.group_caches[group].get(keys[-1], -1):
                 return False

@@ -78,6 +78,15 @@ KINDS = (FullAttention, SlidingWindow, RecurrentState)
 KIND_EXAMPLES: tuple[GroupKind, ...] = (FullAttention(), SlidingWindow(1), RecurrentState(1))
 
 
+def copies_hit(kind: GroupKind, block_size: int, hit_tokens: int) -> bool:
+    """Whether an admission with a hit of ``hit_tokens`` tokens copies the hit's last block
+    into a fresh one: the prompt past the hit writes into that cached, unshared block, and
+    ``kind`` copies such a block before a write (a state group's checkpoint)."""
+    return kind.rewrites_last_block(block_size, hit_tokens) and kind.copies_before_write(
+        shared=False, cached=True
+    )
+
+
 def kind_names(kinds: Sequence[GroupKind]) -> str:
     """``kinds`` by their names, for a message: ``[full attention, window 8]``."""
     return f"[{', '.join(kind.name for kind in kinds)}]"
@@ -130,6 +139,7 @@ __all__ = [
     "GroupKind",
     "RecurrentState",
     "SlidingWindow",
+    "copies_hit",
     "group_kind",
     "group_kinds",
     "kind_names",

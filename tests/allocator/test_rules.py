@@ -1,4 +1,5 @@
-"""spec.rules, the paged-KV arithmetic everything else imports, on literal values."""
+"""spec.rules, the paged-KV arithmetic everything else imports, and the rule the kinds share
+(``spec.kinds.copies_hit``), on literal values."""
 
 import pytest
 
@@ -9,6 +10,7 @@ from spec import (
     skipped_blocks_at,
     slot_index,
 )
+from spec.kinds import FullAttention, RecurrentState, SlidingWindow, copies_hit
 from spec.rules import blocks_for_request
 
 
@@ -50,3 +52,13 @@ def test_a_window_of_w_tokens_reads_from_position_l_minus_w_plus_1() -> None:
     assert skipped_blocks_at(2, 11, 4) == 4
     assert skipped_blocks_at(2, 10, 4) == 3
     assert next_skip_token_count(2, 3, None) is None
+
+
+def test_an_admission_copies_its_hit_only_where_the_kind_copies_a_cached_block_it_writes() -> None:
+    # A state group rewrites its checkpoint and copies a cached block first: always.
+    assert copies_hit(RecurrentState(4), 4, 8)
+    # Attention writes into the hit's last block only off a block boundary, and copies a
+    # block only when it is shared: never, on a boundary or off it.
+    for kind in (FullAttention(), SlidingWindow(8)):
+        assert not copies_hit(kind, 4, 8)
+        assert not copies_hit(kind, 4, 6)
