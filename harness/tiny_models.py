@@ -60,6 +60,37 @@ from harness.parsing import OneLineParser, fail, int_in, interrupts_raise, run_i
 # layers, Qwen3-Next a gated DeltaNet layer (2 key heads, 4 value heads, 4-tap conv) and
 # a mixture of 4 experts, top 2, Bamba a Mamba-2 layer (4 heads of 32, state 16, chunk
 # 16). Any: transformers' config and model classes, untyped at this boundary.
+# The state mixers' sizes the tiny hybrids share. Gated DeltaNet (Qwen3-Next, Qwen3.5):
+GATED_DELTANET: dict[str, object] = {
+    "head_dim": 16,
+    "layer_types": ["linear_attention", "full_attention"],
+    # Byte-level prompts (``save_tiny_model``): the long built-in ones run ~1,700.
+    "max_position_embeddings": 4096,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+}
+# Four experts, two a token (Qwen3-Next, Qwen3.5 MoE).
+FOUR_EXPERTS: dict[str, object] = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+}
+# Mamba-2 (Bamba, Granite 4.0, Falcon-H1), in the keywords their configs share.
+MAMBA2: dict[str, object] = {
+    "mamba_n_heads": 4,
+    "mamba_d_head": 32,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 16,
+    "max_position_embeddings": 4096,
+}
+
 TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
@@ -90,71 +121,29 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
     "qwen3_next": (
         Qwen3NextConfig,
         Qwen3NextForCausalLM,
-        {
-            "head_dim": 16,
-            "layer_types": ["linear_attention", "full_attention"],
-            "max_position_embeddings": 4096,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 32,
-            "shared_expert_intermediate_size": 32,
-        },
+        {**GATED_DELTANET, **FOUR_EXPERTS},
     ),
     # Qwen3.5: gated DeltaNet beside attention, as Qwen3-Next, dense and mixture-of-experts.
     "qwen3_5": (
         Qwen3_5TextConfig,
         Qwen3_5ForCausalLM,
-        {
-            "head_dim": 16,
-            "layer_types": ["linear_attention", "full_attention"],
-            "max_position_embeddings": 4096,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
-        },
+        GATED_DELTANET,
     ),
     "qwen3_5_moe": (
         Qwen3_5MoeTextConfig,
         Qwen3_5MoeForCausalLM,
-        {
-            "head_dim": 16,
-            "layer_types": ["linear_attention", "full_attention"],
-            "max_position_embeddings": 4096,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 32,
-            "shared_expert_intermediate_size": 32,
-        },
+        {**GATED_DELTANET, **FOUR_EXPERTS},
     ),
     # Granite 4.0 hybrid: Mamba-2 beside attention, a mixture of experts and a shared MLP.
     "granitemoehybrid": (
         GraniteMoeHybridConfig,
         GraniteMoeHybridForCausalLM,
         {
+            **MAMBA2,
             "layer_types": ["mamba", "attention"],
-            "mamba_n_heads": 4,
-            "mamba_d_head": 32,
-            "mamba_n_groups": 1,
-            "mamba_d_state": 16,
-            "mamba_d_conv": 4,
-            "mamba_expand": 2,
-            "mamba_chunk_size": 16,
             "num_local_experts": 4,
             "num_experts_per_tok": 2,
             "shared_intermediate_size": 32,
-            "max_position_embeddings": 4096,
         },
     ),
     # Nemotron-H: Mamba-2, attention and MLP layers, one mixer each (the MLP holds no cache).
@@ -180,32 +169,16 @@ TINY_ARCHITECTURES: dict[str, tuple[type[Any], type[Any], dict[str, object]]] = 
         FalconH1Config,
         FalconH1ForCausalLM,
         {
+            **MAMBA2,
             "head_dim": 16,
             "mamba_d_ssm": 64,
-            "mamba_n_heads": 4,
             "mamba_d_head": 16,
-            "mamba_n_groups": 1,
-            "mamba_d_state": 16,
-            "mamba_d_conv": 4,
-            "mamba_expand": 2,
-            "mamba_chunk_size": 16,
-            "max_position_embeddings": 4096,
         },
     ),
     "bamba": (
         BambaConfig,
         BambaForCausalLM,
-        {
-            "attn_layer_indices": [1],
-            "mamba_n_heads": 4,
-            "mamba_d_head": 32,
-            "mamba_n_groups": 1,
-            "mamba_d_state": 16,
-            "mamba_d_conv": 4,
-            "mamba_expand": 2,
-            "mamba_chunk_size": 16,
-            "max_position_embeddings": 4096,
-        },
+        {**MAMBA2, "attn_layer_indices": [1]},
     ),
 }
 # The architectures of TINY_ARCHITECTURES that are hybrids (a recurrent state group).

@@ -136,17 +136,22 @@ def test_prefix_hits_restore_the_state_and_tokens_equal_generate(architecture: s
     assert _batch_failures(outputs, architecture) == []
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("architecture", HYBRID_ARCHITECTURES)
-def test_the_three_checks_pass_on_each_hybrid_with_hits_forks_and_preemption(
-    architecture: str, dtype: torch.dtype
-) -> None:
-    pool = PoolConfig(
+def _tight_pool() -> PoolConfig:
+    """A pool too small for the requests at once, poisoned, checkpointing every INTERVAL."""
+    return PoolConfig(
         total_blocks=TIGHT_BLOCKS,
         block_size=BLOCK_SIZE,
         pool_type=PoisonedKVPool,
         scheduling=Scheduling(checkpoint_interval=INTERVAL),
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("architecture", HYBRID_ARCHITECTURES)
+def test_the_three_checks_pass_on_each_hybrid_with_hits_forks_and_preemption(
+    architecture: str, dtype: torch.dtype
+) -> None:
+    pool = _tight_pool()
     report = run_equivalence(_hybrid(architecture, dtype), _requests(), pool, lambda _: None)
     assert report.failures == []
     assert report.prefix_hit_tokens > 0
@@ -166,13 +171,7 @@ def test_a_kernel_backend_computes_a_hybrid_s_attention_beside_its_state_layers(
 ) -> None:
     # The kernel takes the attention group's tables (group 0); the state layers run per
     # request as under gather. Falcon-H1: every layer attends and holds a state.
-    pool = PoolConfig(
-        total_blocks=TIGHT_BLOCKS,
-        block_size=BLOCK_SIZE,
-        pool_type=PoisonedKVPool,
-        scheduling=Scheduling(checkpoint_interval=INTERVAL),
-        attention=backend,
-    )
+    pool = replace(_tight_pool(), attention=backend)
     report = run_equivalence(_hybrid(architecture), _requests(), pool, lambda _: None)
     assert report.failures == []
     assert report.prefix_hit_tokens > 0 and report.preemptions > 0
